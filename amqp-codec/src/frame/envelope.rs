@@ -1,0 +1,178 @@
+//! The frame envelope: streaming only here.
+//!
+//! Read the 7-byte header; refuse a size above `frame_max` before buffering
+//! anything more; wait for the whole frame; check the end byte; then parse the
+//! payload completely, so a short payload is `Malformed`, never `Incomplete`.
+//! Must never allocate for a frame before its size has been checked.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::header::{content_header, HeaderPayload};
+use super::{
+    Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
+};
+use crate::error::{DecodeErrorKind, Error};
+use crate::method::Method;
+use crate::parse::{ArgReader, Ctx};
+use crate::types::DEFAULT_MAX_DEPTH;
+
+/// Decodes frames from a read buffer, in place.
+///
+/// ```
+/// use amqp_codec::{Frame, FrameDecoder};
+/// let mut buf = bytes::BytesMut::from(&[8u8, 0, 0, 0, 0, 0, 0, 0xCE][..]);
+/// let decoder = FrameDecoder::new(131_072);
+/// assert_eq!(decoder.decode(&mut buf).unwrap(), Some(Frame::Heartbeat));
+/// assert_eq!(decoder.decode(&mut buf).unwrap(), None); // needs more bytes
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameDecoder {
+    frame_max: u32,
+    max_depth: usize,
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        FrameDecoder::new(DEFAULT_FRAME_MAX)
+    }
+}
+
+impl FrameDecoder {
+    /// A decoder that refuses frames larger than `frame_max` bytes (the whole
+    /// frame, envelope included; 0 = no limit) and nests field values at most
+    /// [`DEFAULT_MAX_DEPTH`] levels deep.
+    pub fn new(frame_max: u32) -> Self {
+        FrameDecoder {
+            frame_max,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+
+    /// The same decoder with another nesting limit (at least 1).
+    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
+        self.max_depth = max_depth.max(1);
+        self
+    }
+
+    /// Changes `frame_max`, e.g. once `tune` is done.
+    pub fn set_frame_max(&mut self, frame_max: u32) {
+        self.frame_max = frame_max;
+    }
+
+    /// The current `frame_max`.
+    pub fn frame_max(&self) -> u32 {
+        self.frame_max
+    }
+
+    /// The nesting limit.
+    pub fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    /// Takes one whole frame off the front of `buf`. `Ok(None)` means more
+    /// bytes are needed (and `buf` has been reserved for them); an error
+    /// means the stream is corrupt and must be closed, except that a content
+    /// header with bad properties is not an error but
+    /// [`Frame::UndecodableHeader`].
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
+        let total = match self.frame_size(buf)? {
+            Ok(total) => total,
+            Err(_) => return Ok(None),
+        };
+        if buf.len() < total {
+            buf.reserve(total - buf.len());
+            return Ok(None);
+        }
+        let frame = buf.split_to(total).freeze();
+        self.parse_whole(&frame).map(Some)
+    }
+
+    /// Decodes the first frame of `input`, returning it and how many bytes it
+    /// took. Too few bytes is [`Error::Incomplete`].
+    pub fn decode_slice(&self, input: &Bytes) -> Result<(Frame, usize), Error> {
+        let total = match self.frame_size(input)? {
+            Ok(total) => total,
+            Err(needed) => return Err(Error::Incomplete { needed }),
+        };
+        if input.len() < total {
+            return Err(Error::Incomplete {
+                needed: total - input.len(),
+            });
+        }
+        let frame = self.parse_whole(&input.slice(..total))?;
+        Ok((frame, total))
+    }
+
+    /// From the 7-byte header: the total frame size, or how many more bytes
+    /// the header itself needs. Refuses unknown types and oversized frames.
+    fn frame_size(&self, buf: &[u8]) -> Result<Result<usize, usize>, Error> {
+        if buf.len() < 7 {
+            return Ok(Err(7 - buf.len()));
+        }
+        let frame_type = buf[0];
+        if !matches!(frame_type, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
+            return Err(Error::UnknownFrameType(frame_type));
+        }
+        let size = (&buf[3..7]).get_u32();
+        let total = u64::from(size) + FRAME_OVERHEAD as u64;
+        if self.frame_max != 0 && total > u64::from(self.frame_max) {
+            return Err(Error::FrameTooLarge {
+                size: total,
+                frame_max: self.frame_max,
+            });
+        }
+        usize::try_from(total).map(Ok).map_err(|_| Error::FrameTooLarge {
+            size: total,
+            frame_max: self.frame_max,
+        })
+    }
+
+    /// Parses a frame known to be complete: header, payload, end byte.
+    fn parse_whole(&self, frame: &Bytes) -> Result<Frame, Error> {
+        let end = frame[frame.len() - 1];
+        if end != FRAME_END {
+            return Err(Error::BadFrameEnd { found: end });
+        }
+        let frame_type = frame[0];
+        let channel = u16::from_be_bytes([frame[1], frame[2]]);
+        let payload = frame.slice(7..frame.len() - 1);
+        match frame_type {
+            FRAME_METHOD => self.method(channel, &payload),
+            FRAME_HEADER => match content_header(&payload, self.max_depth)? {
+                HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
+                HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
+            },
+            FRAME_BODY => Ok(Frame::Body(channel, payload)),
+            FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
+            FRAME_HEARTBEAT => Err(Error::Malformed {
+                context: "heartbeat",
+                kind: DecodeErrorKind::BadHeartbeat,
+            }),
+            other => Err(Error::UnknownFrameType(other)),
+        }
+    }
+
+    /// `method-payload = class-id method-id *amqp-field`.
+    fn method(&self, channel: u16, payload: &Bytes) -> Result<Frame, Error> {
+        if payload.len() < 4 {
+            return Err(Error::Malformed {
+                context: "method frame",
+                kind: DecodeErrorKind::Truncated,
+            });
+        }
+        let class_id = u16::from_be_bytes([payload[0], payload[1]]);
+        let method_id = u16::from_be_bytes([payload[2], payload[3]]);
+        let ctx = Ctx {
+            src: payload,
+            max_depth: self.max_depth,
+        };
+        let method = Method::decode_args(class_id, method_id, ArgReader::new(ctx, &payload[4..]))?;
+        Ok(Frame::Method(channel, method))
+    }
+}
+
+/// Decodes the first frame of `input` with `frame_max` and the default
+/// nesting limit; see [`FrameDecoder::decode_slice`].
+pub fn decode_frame(input: &Bytes, frame_max: u32) -> Result<(Frame, usize), Error> {
+    FrameDecoder::new(frame_max).decode_slice(input)
+}

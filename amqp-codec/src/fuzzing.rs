@@ -1,0 +1,254 @@
+//! Entry points for the cargo-fuzz targets in `fuzz/`, public so that a
+//! stable test can replay the committed corpus through exactly the same code.
+//!
+//! Each function takes arbitrary bytes and panics only when an invariant of
+//! the codec is broken: that panic is the finding. Input errors are expected
+//! and ignored. Not part of the API proper; it changes with the fuzz targets.
+
+use std::collections::{BTreeMap, HashSet};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::track::{
+    Assembly, Blocked, ConfirmError, Confirms, ContentAssembler, Outcome, ReturnKey, ReturnMatch, Returns,
+};
+use crate::{FieldTable, Frame, FrameDecoder, Method};
+
+/// The `frame_max` and nesting limit a fuzz input asks for, from its first byte.
+fn limits(selector: u8) -> (u32, usize) {
+    let frame_max = match selector & 0x3 {
+        0 => 0,
+        1 => crate::FRAME_MIN_SIZE,
+        2 => crate::DEFAULT_FRAME_MAX,
+        _ => 1 << 20,
+    };
+    let depth = 1 + (usize::from(selector >> 2) % 64);
+    (frame_max, depth)
+}
+
+/// Decodes frames from the input fed in uneven chunks, and checks that the
+/// streaming decoder and the one-shot decoder agree frame by frame.
+pub fn decode_frames(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let (frame_max, depth) = limits(selector);
+    let decoder = FrameDecoder::new(frame_max).with_max_depth(depth);
+    let whole = Bytes::copy_from_slice(rest);
+
+    let mut oneshot = Vec::new();
+    let mut offset = 0;
+    let oneshot_end = loop {
+        match decoder.decode_slice(&whole.slice(offset..)) {
+            Ok((frame, used)) => {
+                assert!(used >= crate::FRAME_OVERHEAD, "a frame is at least 8 bytes");
+                oneshot.push(frame);
+                offset += used;
+            }
+            Err(err) => break err,
+        }
+    };
+
+    let mut streamed = Vec::new();
+    let mut buf = BytesMut::new();
+    let chunk = 1 + usize::from(selector % 13);
+    let mut stream_error = None;
+    'outer: for part in rest.chunks(chunk) {
+        buf.extend_from_slice(part);
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => streamed.push(frame),
+                Ok(None) => break,
+                Err(err) => {
+                    stream_error = Some(err);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        oneshot.len(),
+        streamed.len(),
+        "one-shot and streaming decoders disagree"
+    );
+    for (a, b) in oneshot.iter().zip(&streamed) {
+        assert_eq!(encode(a), encode(b), "one-shot and streaming decoders disagree");
+    }
+    match (oneshot_end, stream_error) {
+        (crate::Error::Incomplete { .. }, None) => {}
+        (a, Some(b)) => assert_eq!(a, b, "decoders disagree on the error"),
+        (a, None) => panic!("one-shot decoder failed with {a:?}, streaming did not"),
+    }
+}
+
+/// Decodes each frame, encodes it, decodes that again: the second decode must
+/// succeed, and encoding it again must give the same bytes (decode → encode is
+/// stable after one pass; field values such as `t` normalise on the first).
+pub fn roundtrip(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let (_, depth) = limits(selector);
+    let decoder = FrameDecoder::new(0).with_max_depth(depth);
+    let mut buf = Bytes::copy_from_slice(rest);
+    while let Ok((frame, used)) = decoder.decode_slice(&buf) {
+        let first = encode(&frame);
+        let (again, used_again) = decoder
+            .decode_slice(&first)
+            .unwrap_or_else(|err| panic!("re-encoded {frame:?} does not decode: {err}"));
+        assert_eq!(used_again, first.len(), "re-encoded frame has trailing bytes");
+        let second = encode(&again);
+        assert_eq!(
+            first, second,
+            "encode(decode(encode(frame))) differs from encode(frame)"
+        );
+        buf = buf.slice(used..);
+    }
+}
+
+/// Decodes a field table; when it decodes, re-encoding and decoding again
+/// gives the same bytes.
+pub fn field_table(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let (_, depth) = limits(selector);
+    let input = Bytes::copy_from_slice(rest);
+    if let Ok(table) = FieldTable::decode(&input, depth) {
+        let mut first = BytesMut::new();
+        table.encode(&mut first).expect("a decoded table encodes");
+        let again = FieldTable::decode(&first.clone().freeze(), depth).expect("a re-encoded table decodes");
+        let mut second = BytesMut::new();
+        again.encode(&mut second).expect("a decoded table encodes");
+        assert_eq!(first, second);
+    }
+}
+
+/// Feeds the frames in the input to the trackers, as one peer would see them:
+/// content assembly per channel, confirms and returns for every publish, the
+/// blocked state. Checks that every publish is resolved at most once, that
+/// resolved and outstanding publishes add up, and that a return is paired
+/// with a mandatory publish that has not been confirmed yet.
+pub fn trackers(data: &[u8]) {
+    let decoder = FrameDecoder::new(1 << 20);
+    let mut buf = Bytes::copy_from_slice(data);
+    let mut channels: BTreeMap<u16, Channel> = BTreeMap::new();
+    let mut blocked = Blocked::new();
+    while let Ok((frame, used)) = decoder.decode_slice(&buf) {
+        buf = buf.slice(used..);
+        let channel = frame.channel();
+        if let Frame::Method(0, method) = &frame {
+            let was = blocked.is_blocked();
+            let change = blocked.handle(method);
+            assert_eq!(change.is_some(), was != blocked.is_blocked());
+            continue;
+        }
+        if matches!(frame, Frame::Heartbeat) {
+            continue;
+        }
+        let state = channels.entry(channel).or_default();
+        match state.assembler.push(frame) {
+            Ok(Assembly::Method(method)) => state.method(&method),
+            Ok(Assembly::Complete(content)) => {
+                let message_id = content
+                    .header
+                    .as_ref()
+                    .ok()
+                    .and_then(|h| h.properties.message_id.clone());
+                state.content(&content.method, message_id);
+            }
+            Ok(Assembly::Partial) => {}
+            Err(_) => state.assembler.reset(),
+        }
+        state.check();
+    }
+}
+
+#[derive(Default)]
+struct Channel {
+    assembler: ContentAssembler,
+    confirms: Confirms,
+    returns: Returns,
+    published: u64,
+    resolved: HashSet<u64>,
+    returned: HashSet<u64>,
+    scratch: Vec<u64>,
+}
+
+impl Channel {
+    fn method(&mut self, method: &Method) {
+        let (outcome, tag, multiple) = match method {
+            Method::ConfirmSelect(_) => {
+                self.confirms.select();
+                return;
+            }
+            Method::BasicAck(m) => (Outcome::Ack, m.delivery_tag, m.multiple),
+            Method::BasicNack(m) => (Outcome::Nack, m.delivery_tag, m.multiple),
+            _ => return,
+        };
+        self.scratch.clear();
+        let before = self.confirms.outstanding();
+        match self.confirms.on_confirm(outcome, tag, multiple, &mut self.scratch) {
+            Ok(()) => {
+                assert!(!self.scratch.is_empty(), "a confirm resolves at least one publish");
+                assert_eq!(before - self.scratch.len(), self.confirms.outstanding());
+                for &seq in &self.scratch {
+                    assert!(seq <= tag && seq >= 1);
+                    assert!(self.resolved.insert(seq), "publish {seq} resolved twice");
+                    let ret = self.returns.settle(seq);
+                    assert_eq!(ret.is_some(), self.returned.contains(&seq));
+                }
+            }
+            Err(ConfirmError::UnknownTag { published, .. }) => {
+                assert!(tag == 0 || tag > published, "a published tag is not unknown");
+                assert!(self.scratch.is_empty(), "a refused confirm resolves nothing");
+            }
+            Err(_) => assert!(self.scratch.is_empty(), "a refused confirm resolves nothing"),
+        }
+    }
+
+    fn content(&mut self, method: &Method, message_id: Option<crate::ShortString>) {
+        match method {
+            Method::BasicPublish(publish) => {
+                if let Some(seq) = self.confirms.on_publish() {
+                    self.published += 1;
+                    assert_eq!(seq, self.published, "sequence numbers start at 1 and have no gaps");
+                    if publish.mandatory {
+                        self.returns.on_mandatory_publish(
+                            seq,
+                            ReturnKey {
+                                exchange: publish.exchange.clone(),
+                                routing_key: publish.routing_key.clone(),
+                                message_id,
+                            },
+                        );
+                    }
+                }
+            }
+            Method::BasicReturn(ret) => match self.returns.on_return(ret.clone(), message_id.as_ref()) {
+                ReturnMatch::Matched(seq) => {
+                    assert!(!self.resolved.contains(&seq), "return paired with a confirmed publish");
+                    assert!(self.returned.insert(seq), "publish {seq} returned twice");
+                }
+                ReturnMatch::Unmatched(_) => {}
+            },
+            _ => {}
+        }
+    }
+
+    fn check(&self) {
+        assert_eq!(
+            self.resolved.len() as u64 + self.confirms.outstanding() as u64,
+            self.published,
+            "every publish is either resolved or outstanding"
+        );
+    }
+}
+
+fn encode(frame: &Frame) -> Bytes {
+    let mut out = BytesMut::new();
+    frame
+        .encode(&mut out)
+        .unwrap_or_else(|err| panic!("decoded frame {frame:?} does not encode: {err}"));
+    out.freeze()
+}

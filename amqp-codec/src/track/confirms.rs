@@ -1,0 +1,154 @@
+//! Publisher-confirm sequencing: numbers from 1 after `confirm.select`,
+//! `basic.ack`/`basic.nack` with `multiple`, each publish resolved exactly once.
+//!
+//! A confirm for a number never published, or resolved already, is a protocol
+//! violation by the peer and is reported as such, never ignored.
+
+use std::collections::VecDeque;
+
+/// How the broker resolved a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// `basic.ack`: the broker has taken responsibility for the message.
+    Ack,
+    /// `basic.nack`: the broker could not take it (e.g. `x-overflow=reject-publish`).
+    Nack,
+}
+
+/// A confirm the peer should not have sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfirmError {
+    /// A confirm on a channel that is not in confirm mode.
+    #[error("{0:?} for tag {1} on a channel not in confirm mode")]
+    NotInConfirmMode(Outcome, u64),
+    /// A confirm for a sequence number that was never published.
+    #[error("{outcome:?} for tag {tag}, but only {published} messages were published")]
+    UnknownTag {
+        /// Ack or nack.
+        outcome: Outcome,
+        /// The tag confirmed.
+        tag: u64,
+        /// How many publishes there have been.
+        published: u64,
+    },
+    /// A confirm for a sequence number (or, with `multiple`, a range) that is
+    /// already resolved.
+    #[error("{outcome:?} for tag {tag} (multiple: {multiple}), which is already resolved")]
+    AlreadyResolved {
+        /// Ack or nack.
+        outcome: Outcome,
+        /// The tag confirmed.
+        tag: u64,
+        /// Whether the confirm covered a range.
+        multiple: bool,
+    },
+}
+
+/// The publish sequence of one channel.
+///
+/// ```
+/// use amqp_codec::track::{Confirms, Outcome};
+/// let mut confirms = Confirms::new();
+/// confirms.select();
+/// let seqs: Vec<u64> = (0..3).map(|_| confirms.on_publish().unwrap()).collect();
+/// assert_eq!(seqs, [1, 2, 3]);
+/// let mut resolved = Vec::new();
+/// confirms.on_confirm(Outcome::Ack, 2, true, &mut resolved).unwrap();
+/// assert_eq!(resolved, [1, 2]);
+/// assert!(confirms.on_confirm(Outcome::Ack, 2, false, &mut resolved).is_err()); // twice
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Confirms {
+    /// The last sequence number handed out; `None` before `select`.
+    last: Option<u64>,
+    /// Unresolved sequence numbers, ascending.
+    outstanding: VecDeque<u64>,
+}
+
+impl Confirms {
+    /// A channel not yet in confirm mode.
+    pub fn new() -> Self {
+        Confirms::default()
+    }
+
+    /// Puts the channel in confirm mode (when `confirm.select` is sent; the
+    /// broker numbers every publish it processes after it). Selecting again
+    /// changes nothing, as in RabbitMQ.
+    pub fn select(&mut self) {
+        self.last.get_or_insert(0);
+    }
+
+    /// Whether the channel is in confirm mode.
+    pub fn is_selected(&self) -> bool {
+        self.last.is_some()
+    }
+
+    /// Records a publish; returns its sequence number in confirm mode.
+    pub fn on_publish(&mut self) -> Option<u64> {
+        let last = self.last.as_mut()?;
+        *last += 1;
+        self.outstanding.push_back(*last);
+        Some(*last)
+    }
+
+    /// The number the next publish will get, in confirm mode.
+    pub fn next_sequence(&self) -> Option<u64> {
+        self.last.map(|last| last + 1)
+    }
+
+    /// How many publishes wait for a confirm.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// The oldest unconfirmed sequence number.
+    pub fn oldest_outstanding(&self) -> Option<u64> {
+        self.outstanding.front().copied()
+    }
+
+    /// Applies a `basic.ack` or `basic.nack` from the broker and appends the
+    /// sequence numbers it resolves, ascending, to `resolved`. On error
+    /// nothing is resolved.
+    pub fn on_confirm(
+        &mut self,
+        outcome: Outcome,
+        tag: u64,
+        multiple: bool,
+        resolved: &mut Vec<u64>,
+    ) -> Result<(), ConfirmError> {
+        let Some(published) = self.last else {
+            return Err(ConfirmError::NotInConfirmMode(outcome, tag));
+        };
+        if tag == 0 || tag > published {
+            return Err(ConfirmError::UnknownTag {
+                outcome,
+                tag,
+                published,
+            });
+        }
+        let already = ConfirmError::AlreadyResolved { outcome, tag, multiple };
+        if multiple {
+            let count = self.outstanding.partition_point(|&seq| seq <= tag);
+            if count == 0 {
+                return Err(already);
+            }
+            resolved.extend(self.outstanding.drain(..count));
+        } else {
+            if self.outstanding.front() == Some(&tag) {
+                self.outstanding.pop_front();
+            } else {
+                let at = self.outstanding.binary_search(&tag).map_err(|_| already)?;
+                self.outstanding.remove(at);
+            }
+            resolved.push(tag);
+        }
+        Ok(())
+    }
+
+    /// Resolves everything outstanding (the channel closed); returns how many
+    /// publishes are left without an answer, appended to `unresolved`.
+    pub fn fail_all(&mut self, unresolved: &mut Vec<u64>) {
+        unresolved.extend(self.outstanding.drain(..));
+    }
+}

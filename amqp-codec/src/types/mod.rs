@@ -1,0 +1,69 @@
+//! AMQP data types: short and long strings, field values, tables, arrays and
+//! decimals, with RabbitMQ's type codes.
+
+mod strings;
+mod table;
+mod value;
+
+use bytes::Bytes;
+use nom::bytes::complete::take;
+use nom::number::complete::{be_u32, be_u8};
+
+pub use strings::{LongString, ShortString};
+pub use table::{FieldArray, FieldTable};
+pub use value::{Decimal, FieldValue};
+
+pub(crate) use table::field_table;
+
+use crate::error::{DecodeErrorKind, Error};
+use crate::parse::{fail, kind_of, Ctx, PResult};
+
+/// The default limit on how deep tables and arrays may nest inside each other.
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+
+/// `short-string = OCTET *string-char`: the raw bytes.
+pub(crate) fn short_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
+    let (i, len) = be_u8(i)?;
+    take(len)(i)
+}
+
+/// `long-string = long-uint *OCTET`: the raw bytes. A length past the end of
+/// the container is `BadLength`.
+pub(crate) fn long_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
+    let (i, len) = be_u32(i)?;
+    if len as usize > i.len() {
+        return fail(DecodeErrorKind::BadLength(len.into()));
+    }
+    take(len)(i)
+}
+
+impl FieldTable {
+    /// Decodes a table (its 32-bit length prefix included) that must fill
+    /// `input` exactly, allowing `max_depth` levels of tables and arrays.
+    /// Strings in the result are zero-copy slices of `input`.
+    ///
+    /// ```
+    /// use amqp_codec::{FieldTable, FieldValue};
+    /// let mut table = FieldTable::new();
+    /// table.insert("x-attempt", FieldValue::I32(2));
+    /// let mut buf = bytes::BytesMut::new();
+    /// table.encode(&mut buf).unwrap();
+    /// let back = FieldTable::decode(&buf.freeze(), 64).unwrap();
+    /// assert_eq!(back.get("x-attempt").and_then(FieldValue::as_i64), Some(2));
+    /// ```
+    pub fn decode(input: &Bytes, max_depth: usize) -> Result<FieldTable, Error> {
+        let ctx = Ctx { src: input, max_depth };
+        let malformed = |kind| Error::Malformed {
+            context: "field table",
+            kind,
+        };
+        if max_depth == 0 {
+            return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
+        }
+        match field_table(ctx, 1, input) {
+            Ok((rest, table)) if rest.is_empty() => Ok(table),
+            Ok((rest, _)) => Err(malformed(DecodeErrorKind::TrailingBytes(rest.len()))),
+            Err(err) => Err(malformed(kind_of(err))),
+        }
+    }
+}
