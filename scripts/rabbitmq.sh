@@ -358,7 +358,7 @@ kill_stale() {
 cmd_stop() {
     load_state
     if node_up; then
-        ctl -q stop "$PIDFILE" || ctl -q stop || true
+        ctl -q stop "$PIDFILE" >/dev/null || ctl -q stop >/dev/null || true
         log "stopped $NODENAME"
     else
         log "node $NODENAME is not running"

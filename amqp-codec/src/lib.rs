@@ -42,6 +42,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod arbitrary;
 mod error;
 mod frame;
 pub mod fuzzing;
@@ -49,6 +51,8 @@ mod method;
 mod parse;
 mod properties;
 mod reply_code;
+#[cfg(test)]
+mod roundtrip_tests;
 pub mod track;
 mod types;
 

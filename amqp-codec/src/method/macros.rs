@@ -143,6 +143,26 @@ macro_rules! methods {
                 }
             }
 
+            /// One default value of every method, for tests that must cover them all.
+            #[cfg(test)]
+            pub(crate) fn all_defaults() -> Vec<Method> {
+                vec![ $( $( Method::$method($method::default()), )* )* ]
+            }
+
+            /// Every method with arbitrary arguments, for property tests.
+            #[cfg(test)]
+            pub(crate) fn arbitrary() -> proptest::strategy::BoxedStrategy<Method> {
+                use proptest::strategy::Strategy;
+                proptest::strategy::Union::new(vec![
+                    $( $(
+                        (proptest::strategy::Just(()), $( $crate::arbitrary::$domain(), )*)
+                            .prop_map(|(_, $( $field, )*)| Method::$method($method { $( $field, )* }))
+                            .boxed(),
+                    )* )*
+                ])
+                .boxed()
+            }
+
             /// Appends the class id, the method id and the arguments.
             pub fn encode(&self, dst: &mut bytes::BytesMut) -> Result<(), $crate::error::EncodeError> {
                 use bytes::BufMut;
