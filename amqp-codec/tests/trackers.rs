@@ -1,0 +1,440 @@
+//! Tracker scenarios: publisher confirms, return pairing, content assembly and
+//! the blocked state, driven with the frames a broker would send.
+
+use amqp_codec::track::{
+    Assembly, ConfirmError, Confirms, ContentAssembler, ContentError, Outcome, ReturnKey, ReturnMatch, Returns,
+};
+use amqp_codec::{
+    BasicAck, BasicDeliver, BasicNack, BasicProperties, BasicPublish, BasicQosOk, BasicReturn, ContentHeader, Frame,
+    Method, ReplyCode, ShortString,
+};
+use bytes::Bytes;
+
+/// One publishing channel as acemq drives it: every publish mandatory with a
+/// message id, confirms on.
+struct Publisher {
+    confirms: Confirms,
+    returns: Returns,
+}
+
+/// What became of a publish once final.
+#[derive(Debug, PartialEq)]
+enum Fate {
+    Routed,
+    Returned(u16),
+    Nacked,
+}
+
+impl Publisher {
+    fn new() -> Self {
+        let mut confirms = Confirms::new();
+        confirms.select();
+        Publisher {
+            confirms,
+            returns: Returns::new(),
+        }
+    }
+
+    fn publish(&mut self, routing_key: &str, id: &str) -> u64 {
+        let seq = self.confirms.on_publish().unwrap();
+        self.returns.on_mandatory_publish(seq, key(routing_key, id));
+        seq
+    }
+
+    fn returned(&mut self, routing_key: &str, id: &str) -> ReturnMatch {
+        let ret = BasicReturn {
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+            exchange: "events".into(),
+            routing_key: routing_key.into(),
+        };
+        self.returns.on_return(ret, Some(&ShortString::from(id)))
+    }
+
+    fn confirm(&mut self, method: Method) -> Result<Vec<(u64, Fate)>, ConfirmError> {
+        let (outcome, tag, multiple) = match method {
+            Method::BasicAck(a) => (Outcome::Ack, a.delivery_tag, a.multiple),
+            Method::BasicNack(n) => (Outcome::Nack, n.delivery_tag, n.multiple),
+            other => panic!("{other:?}"),
+        };
+        let mut resolved = Vec::new();
+        self.confirms.on_confirm(outcome, tag, multiple, &mut resolved)?;
+        Ok(resolved
+            .into_iter()
+            .map(|seq| {
+                let ret = self.returns.settle(seq);
+                let fate = match (outcome, ret) {
+                    (Outcome::Nack, _) => Fate::Nacked,
+                    (Outcome::Ack, Some(ret)) => Fate::Returned(ret.reply_code),
+                    (Outcome::Ack, None) => Fate::Routed,
+                };
+                (seq, fate)
+            })
+            .collect())
+    }
+}
+
+fn key(routing_key: &str, id: &str) -> ReturnKey {
+    ReturnKey {
+        exchange: "events".into(),
+        routing_key: routing_key.into(),
+        message_id: Some(id.into()),
+    }
+}
+
+fn ack(tag: u64, multiple: bool) -> Method {
+    BasicAck {
+        delivery_tag: tag,
+        multiple,
+    }
+    .into()
+}
+
+fn nack(tag: u64, multiple: bool) -> Method {
+    BasicNack {
+        delivery_tag: tag,
+        multiple,
+        requeue: false,
+    }
+    .into()
+}
+
+#[test]
+fn sequence_numbers_start_at_one_after_select_and_only_then() {
+    let mut confirms = Confirms::new();
+    assert_eq!(confirms.on_publish(), None, "no numbers before confirm.select");
+    confirms.select();
+    confirms.select();
+    assert_eq!(confirms.on_publish(), Some(1));
+    assert_eq!(confirms.on_publish(), Some(2));
+    assert_eq!(confirms.next_sequence(), Some(3));
+    let mut resolved = Vec::new();
+    assert_eq!(
+        Confirms::new().on_confirm(Outcome::Ack, 1, false, &mut resolved),
+        Err(ConfirmError::NotInConfirmMode(Outcome::Ack, 1))
+    );
+}
+
+#[test]
+fn a_return_among_interleaved_mandatory_publishes_pairs_with_its_own_publish_under_a_multiple_ack() {
+    let mut p = Publisher::new();
+    // Three publishes to the same key: only the second reaches no queue. The
+    // return names exchange and key only; the message id tells them apart.
+    assert_eq!(p.publish("order.placed", "a"), 1);
+    assert_eq!(p.publish("order.placed", "b"), 2);
+    assert_eq!(p.publish("order.placed", "c"), 3);
+    assert_eq!(p.publish("order.paid", "d"), 4);
+    assert_eq!(p.returned("order.placed", "b"), ReturnMatch::Matched(2));
+    // A single ack for 1 arrives after the return for 2: 2 is still open.
+    assert_eq!(p.confirm(ack(1, false)).unwrap(), [(1, Fate::Routed)]);
+    assert_eq!(p.publish("order.placed", "e"), 5);
+    assert_eq!(p.returned("order.placed", "e"), ReturnMatch::Matched(5));
+    // One ack with multiple covers 2..=5.
+    assert_eq!(
+        p.confirm(ack(5, true)).unwrap(),
+        [
+            (2, Fate::Returned(312)),
+            (3, Fate::Routed),
+            (4, Fate::Routed),
+            (5, Fate::Returned(312)),
+        ]
+    );
+    assert_eq!(p.confirms.outstanding(), 0);
+    assert_eq!(p.returns.outstanding(), 0);
+}
+
+#[test]
+fn identical_publishes_pair_returns_oldest_first() {
+    // Without distinct message ids the oldest unreturned publish is taken: a
+    // second return for the same key pairs with the next one, not the first again.
+    let mut p = Publisher::new();
+    p.publish("k", "same");
+    p.publish("k", "same");
+    assert_eq!(p.returned("k", "same"), ReturnMatch::Matched(1));
+    assert_eq!(p.returned("k", "same"), ReturnMatch::Matched(2));
+    assert!(matches!(p.returned("k", "same"), ReturnMatch::Unmatched(_)));
+}
+
+#[test]
+fn a_return_for_an_already_confirmed_publish_or_unknown_message_is_reported_unmatched() {
+    let mut p = Publisher::new();
+    p.publish("k", "x");
+    p.confirm(ack(1, false)).unwrap();
+    match p.returned("k", "x") {
+        ReturnMatch::Unmatched(ret) => assert_eq!(ReplyCode::from_u16(ret.reply_code), ReplyCode::NoRoute),
+        other => panic!("{other:?}"),
+    }
+    p.publish("k", "y");
+    assert!(matches!(p.returned("k", "other-id"), ReturnMatch::Unmatched(_)));
+    assert!(matches!(p.returned("other-key", "y"), ReturnMatch::Unmatched(_)));
+}
+
+#[test]
+fn a_nack_with_multiple_resolves_every_outstanding_publish_up_to_its_tag() {
+    let mut p = Publisher::new();
+    for id in ["a", "b", "c", "d", "e"] {
+        p.publish("k", id);
+    }
+    assert_eq!(p.confirm(ack(2, false)).unwrap(), [(2, Fate::Routed)]);
+    assert_eq!(
+        p.confirm(nack(4, true)).unwrap(),
+        [(1, Fate::Nacked), (3, Fate::Nacked), (4, Fate::Nacked)]
+    );
+    assert_eq!(p.confirms.oldest_outstanding(), Some(5));
+}
+
+#[test]
+fn a_duplicate_ack_is_a_protocol_error_and_resolves_nothing() {
+    let mut p = Publisher::new();
+    p.publish("k", "a");
+    p.publish("k", "b");
+    p.publish("k", "c");
+    p.confirm(ack(2, false)).unwrap();
+    let dup = p.confirm(ack(2, false)).unwrap_err();
+    assert_eq!(
+        dup,
+        ConfirmError::AlreadyResolved {
+            outcome: Outcome::Ack,
+            tag: 2,
+            multiple: false
+        }
+    );
+    // A nack for a publish already acked: never both for one publish.
+    assert!(matches!(
+        p.confirm(nack(2, false)),
+        Err(ConfirmError::AlreadyResolved { .. })
+    ));
+    p.confirm(ack(1, true)).unwrap();
+    // A multiple ack covering only resolved publishes.
+    assert!(matches!(
+        p.confirm(ack(2, true)),
+        Err(ConfirmError::AlreadyResolved { .. })
+    ));
+    // A tag never published, and tag 0.
+    assert_eq!(
+        p.confirm(ack(9, true)).unwrap_err(),
+        ConfirmError::UnknownTag {
+            outcome: Outcome::Ack,
+            tag: 9,
+            published: 3
+        }
+    );
+    assert!(matches!(
+        p.confirm(ack(0, true)),
+        Err(ConfirmError::UnknownTag { tag: 0, .. })
+    ));
+    assert_eq!(p.confirms.outstanding(), 1, "the errors resolved nothing");
+    assert_eq!(p.confirm(ack(3, false)).unwrap(), [(3, Fate::Routed)]);
+}
+
+#[test]
+fn confirms_scale_to_a_window_of_thousands_with_out_of_order_single_acks() {
+    let mut confirms = Confirms::new();
+    confirms.select();
+    for _ in 0..10_000 {
+        confirms.on_publish();
+    }
+    let mut resolved = Vec::new();
+    for tag in (1..=5_000u64).rev().map(|n| n * 2) {
+        confirms.on_confirm(Outcome::Ack, tag, false, &mut resolved).unwrap();
+    }
+    confirms.on_confirm(Outcome::Ack, 9_999, true, &mut resolved).unwrap();
+    assert_eq!(resolved.len(), 10_000);
+    resolved.sort_unstable();
+    resolved.dedup();
+    assert_eq!(resolved.len(), 10_000, "each publish resolved once");
+}
+
+fn publish_frames(channel: u16, body: &[u8], split: usize) -> Vec<Frame> {
+    let mut frames = vec![
+        Frame::Method(channel, BasicPublish::default().into()),
+        Frame::Header(
+            channel,
+            ContentHeader::basic(body.len() as u64, BasicProperties::default()),
+        ),
+    ];
+    frames.extend(
+        body.chunks(split.max(1))
+            .map(|c| Frame::Body(channel, Bytes::copy_from_slice(c))),
+    );
+    frames
+}
+
+#[test]
+fn content_assembly_joins_body_frames_and_passes_other_methods_through() {
+    let mut channel = ContentAssembler::new();
+    assert_eq!(
+        channel.push(Frame::Method(1, BasicQosOk {}.into())).unwrap(),
+        Assembly::Method(BasicQosOk {}.into())
+    );
+    let body: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    let frames = publish_frames(1, &body, 4088);
+    let last = frames.len() - 1;
+    for (i, frame) in frames.into_iter().enumerate() {
+        match channel.push(frame).unwrap() {
+            Assembly::Partial => assert!(i < last),
+            Assembly::Complete(content) => {
+                assert_eq!(i, last);
+                assert_eq!(&content.body[..], &body[..]);
+                assert!(matches!(content.method, Method::BasicPublish(_)));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(!channel.in_progress());
+}
+
+#[test]
+fn an_empty_body_completes_at_the_header() {
+    let mut channel = ContentAssembler::new();
+    let frames = publish_frames(1, b"", 1);
+    assert_eq!(frames.len(), 2);
+    assert_eq!(channel.push(frames[0].clone()).unwrap(), Assembly::Partial);
+    assert!(matches!(channel.push(frames[1].clone()).unwrap(), Assembly::Complete(c) if c.body.is_empty()));
+}
+
+#[test]
+fn a_single_body_frame_is_not_copied() {
+    let mut channel = ContentAssembler::new();
+    let body = Bytes::from(vec![7u8; 256]);
+    channel.push(Frame::Method(1, BasicDeliver::default().into())).unwrap();
+    channel
+        .push(Frame::Header(1, ContentHeader::basic(256, BasicProperties::default())))
+        .unwrap();
+    let Assembly::Complete(content) = channel.push(Frame::Body(1, body.clone())).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        content.body.as_ptr(),
+        body.as_ptr(),
+        "the body shares the frame's buffer"
+    );
+}
+
+#[test]
+fn frames_out_of_sequence_are_unexpected_frame_errors() {
+    let header = Frame::Header(1, ContentHeader::basic(3, BasicProperties::default()));
+    let body = Frame::Body(1, Bytes::from_static(b"abc"));
+    let publish = Frame::Method(1, BasicPublish::default().into());
+
+    let mut channel = ContentAssembler::new();
+    let err = channel.push(header.clone()).unwrap_err();
+    assert_eq!(
+        err,
+        ContentError::UnexpectedFrame {
+            expected: "method",
+            got: "content header"
+        }
+    );
+    assert_eq!(err.reply_code(), ReplyCode::UnexpectedFrame);
+    assert!(channel.push(body.clone()).is_err());
+
+    channel.push(publish.clone()).unwrap();
+    assert!(matches!(
+        channel.push(publish.clone()),
+        Err(ContentError::UnexpectedFrame { .. })
+    ));
+    assert!(!channel.in_progress(), "an error resets the assembler");
+
+    channel.push(publish.clone()).unwrap();
+    channel.push(header.clone()).unwrap();
+    assert!(matches!(
+        channel.push(publish),
+        Err(ContentError::UnexpectedFrame {
+            expected: "content body",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_body_longer_than_announced_or_the_limit_is_refused() {
+    let mut channel = ContentAssembler::with_max_body(1000);
+    channel.push(Frame::Method(1, BasicPublish::default().into())).unwrap();
+    channel
+        .push(Frame::Header(1, ContentHeader::basic(3, BasicProperties::default())))
+        .unwrap();
+    channel.push(Frame::Body(1, Bytes::from_static(b"ab"))).unwrap();
+    assert_eq!(
+        channel.push(Frame::Body(1, Bytes::from_static(b"cd"))),
+        Err(ContentError::BodyOverrun {
+            body_size: 3,
+            received: 4
+        })
+    );
+
+    channel.push(Frame::Method(1, BasicPublish::default().into())).unwrap();
+    let err = channel
+        .push(Frame::Header(1, ContentHeader::basic(1001, BasicProperties::default())))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ContentError::TooLarge {
+            body_size: 1001,
+            max: 1000
+        }
+    );
+    assert_eq!(err.reply_code(), ReplyCode::PreconditionFailed);
+
+    // A header that announces 2^64-1 bytes allocates nothing up front.
+    let mut channel = ContentAssembler::with_max_body(u64::MAX);
+    channel.push(Frame::Method(1, BasicPublish::default().into())).unwrap();
+    channel
+        .push(Frame::Header(
+            1,
+            ContentHeader::basic(u64::MAX, BasicProperties::default()),
+        ))
+        .unwrap();
+    channel.push(Frame::Body(1, Bytes::from_static(b"x"))).unwrap();
+    assert_eq!(
+        channel.push(Frame::Body(1, Bytes::from_static(b"y"))),
+        Ok(Assembly::Partial)
+    );
+}
+
+#[test]
+fn a_header_for_another_class_is_refused() {
+    let mut channel = ContentAssembler::new();
+    channel.push(Frame::Method(1, BasicPublish::default().into())).unwrap();
+    let mut header = ContentHeader::basic(1, BasicProperties::default());
+    header.class_id = 50;
+    assert_eq!(
+        channel.push(Frame::Header(1, header)),
+        Err(ContentError::ClassMismatch {
+            method_class: 60,
+            header_class: 50
+        })
+    );
+}
+
+#[test]
+fn a_message_with_undecodable_properties_is_assembled_with_its_raw_header() {
+    let decoder = amqp_codec::FrameDecoder::new(0);
+    // Deliver, then a header whose headers table holds an unknown type 'Z', then the body.
+    let mut wire = bytes::BytesMut::new();
+    amqp_codec::encode_method(2, &BasicDeliver::default().into(), &mut wire).unwrap();
+    let header_payload = [
+        0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0x20, 0, 0, 0, 0, 4, 1, b'k', b'Z', 0,
+    ];
+    wire.extend_from_slice(&[2, 0, 2, 0, 0, 0, header_payload.len() as u8]);
+    wire.extend_from_slice(&header_payload);
+    wire.extend_from_slice(&[0xCE]);
+    amqp_codec::encode_body(2, b"body", &mut wire).unwrap();
+
+    let mut channel = ContentAssembler::new();
+    let mut last = None;
+    while let Some(frame) = decoder.decode(&mut wire).unwrap() {
+        last = Some(channel.push(frame).unwrap());
+    }
+    let Some(Assembly::Complete(content)) = last else {
+        panic!("{last:?}")
+    };
+    let raw = content.header.unwrap_err();
+    assert_eq!(raw.error, amqp_codec::DecodeErrorKind::UnknownFieldType(b'Z'));
+    assert_eq!(&raw.raw_properties[..], &header_payload[12..]);
+    assert_eq!(
+        &content.body[..],
+        b"body",
+        "the body still arrives, so the message can be set aside"
+    );
+}
