@@ -1,0 +1,367 @@
+//! `Channel`: every method of AMQP 0-9-1 a client sends, with the broker's
+//! reply as the result and a refusal as [`Error::ChannelClosed`] carrying its
+//! code and text.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use amqp_codec::*;
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::message::{Acker, Confirmation, Delivery, GetMessage};
+use super::{Connection, Error};
+use crate::io::driver::Command;
+use crate::proto::Reply;
+
+/// An open channel. Cheap to clone; all clones are the same channel.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    conn: Connection,
+    id: u16,
+    generation: u64,
+}
+
+/// The broker's answer to one publish; resolves when it is confirmed (or at
+/// once with [`Confirmation::NotRequested`] on a channel without confirms).
+#[derive(Debug)]
+pub struct PublishConfirm {
+    rx: oneshot::Receiver<Result<Confirmation, Error>>,
+    conn: Connection,
+}
+
+impl Future for PublishConfirm {
+    type Output = Result<Confirmation, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(result)) => Poll::Ready(result),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.conn.shared.closed_error())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The deliveries of one consumer, in order. Ends when the consumer is
+/// cancelled (by us or the broker) or the channel closes.
+#[derive(Debug)]
+pub struct Consumer {
+    tag: ShortString,
+    channel: Channel,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+}
+
+impl Consumer {
+    /// The consumer tag.
+    pub fn tag(&self) -> &ShortString {
+        &self.tag
+    }
+
+    /// The channel it consumes on.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// The next delivery, or `None` once the consumer has ended.
+    pub async fn next(&mut self) -> Option<Delivery> {
+        self.deliveries.recv().await
+    }
+
+    /// Deliveries already here, without waiting.
+    pub fn try_next(&mut self) -> Option<Delivery> {
+        self.deliveries.try_recv().ok()
+    }
+
+    /// Cancels the consumer (`basic.cancel`); deliveries already received
+    /// can still be taken and acknowledged.
+    pub async fn cancel(&self) -> Result<(), Error> {
+        self.channel
+            .basic_cancel(BasicCancel {
+                consumer_tag: self.tag.clone(),
+                no_wait: false,
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+macro_rules! rpc {
+    ($(#[$doc:meta])* $name:ident($method:ident) -> $reply:ident) => {
+        $(#[$doc])*
+        pub async fn $name(&self, method: $method) -> Result<Option<$reply>, Error> {
+            match self.call(Method::$method(method)).await? {
+                Some(Reply::Method(Method::$reply(ok))) => Ok(Some(ok)),
+                None => Ok(None),
+                Some(other) => Err(Error::UnexpectedReply(format!("{other:?}"))),
+            }
+        }
+    };
+}
+
+impl Channel {
+    pub(crate) fn new(conn: Connection, id: u16, generation: u64) -> Self {
+        Channel { conn, id, generation }
+    }
+
+    /// The channel number.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The connection it belongs to.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Whether the channel is still open.
+    pub fn is_open(&self) -> bool {
+        self.conn
+            .shared
+            .channels
+            .lock()
+            .map(|m| m.get(&self.id) == Some(&self.generation))
+            .unwrap_or(false)
+    }
+
+    /// Sends any client method and waits for its reply, if it has one
+    /// (`None` for methods without a reply or sent with `no-wait`). A
+    /// refusal closes the channel and comes back as [`Error::ChannelClosed`].
+    pub async fn call(&self, method: impl Into<Method>) -> Result<Option<Reply>, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.conn.send(Command::Call {
+            channel: self.id,
+            generation: self.generation,
+            method: method.into(),
+            reply,
+        })?;
+        rx.await.map_err(|_| self.conn.shared.closed_error())?
+    }
+
+    fn send(&self, method: Method) -> Result<(), Error> {
+        self.conn.send(Command::Send {
+            channel: self.id,
+            generation: self.generation,
+            method,
+        })
+    }
+
+    rpc!(
+        /// `exchange.declare`
+        exchange_declare(ExchangeDeclare) -> ExchangeDeclareOk
+    );
+    rpc!(
+        /// `exchange.delete`
+        exchange_delete(ExchangeDelete) -> ExchangeDeleteOk
+    );
+    rpc!(
+        /// `exchange.bind` (exchange to exchange)
+        exchange_bind(ExchangeBind) -> ExchangeBindOk
+    );
+    rpc!(
+        /// `exchange.unbind`
+        exchange_unbind(ExchangeUnbind) -> ExchangeUnbindOk
+    );
+    rpc!(
+        /// `queue.declare`: the reply has the name (server-chosen if empty) and counts.
+        queue_declare(QueueDeclare) -> QueueDeclareOk
+    );
+    rpc!(
+        /// `queue.bind`
+        queue_bind(QueueBind) -> QueueBindOk
+    );
+    rpc!(
+        /// `queue.unbind`
+        queue_unbind(QueueUnbind) -> QueueUnbindOk
+    );
+    rpc!(
+        /// `queue.purge`: the reply has the number of messages purged.
+        queue_purge(QueuePurge) -> QueuePurgeOk
+    );
+    rpc!(
+        /// `queue.delete`: the reply has the number of messages deleted.
+        queue_delete(QueueDelete) -> QueueDeleteOk
+    );
+    rpc!(
+        /// `basic.qos`
+        basic_qos(BasicQos) -> BasicQosOk
+    );
+    rpc!(
+        /// `basic.cancel`
+        basic_cancel(BasicCancel) -> BasicCancelOk
+    );
+    rpc!(
+        /// `basic.recover`
+        basic_recover(BasicRecover) -> BasicRecoverOk
+    );
+    rpc!(
+        /// `channel.flow`
+        flow(ChannelFlow) -> ChannelFlowOk
+    );
+
+    /// `basic.qos` for a per-consumer prefetch of `count` messages.
+    pub async fn qos(&self, count: u16) -> Result<(), Error> {
+        self.basic_qos(BasicQos {
+            prefetch_count: count,
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// `confirm.select`: numbers every later publish from 1; each
+    /// [`PublishConfirm`] then resolves with the broker's ack or nack.
+    pub async fn confirm_select(&self) -> Result<(), Error> {
+        self.call(ConfirmSelect { no_wait: false }).await.map(|_| ())
+    }
+
+    /// `tx.select`
+    pub async fn tx_select(&self) -> Result<(), Error> {
+        self.call(TxSelect {}).await.map(|_| ())
+    }
+
+    /// `tx.commit`
+    pub async fn tx_commit(&self) -> Result<(), Error> {
+        self.call(TxCommit {}).await.map(|_| ())
+    }
+
+    /// `tx.rollback`
+    pub async fn tx_rollback(&self) -> Result<(), Error> {
+        self.call(TxRollback {}).await.map(|_| ())
+    }
+
+    /// Publishes a message. The message is queued at once (nothing here
+    /// waits for the socket); the returned future resolves with the broker's
+    /// confirmation. Many publishes can be in flight at once.
+    pub fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: BasicProperties,
+        body: Bytes,
+    ) -> Result<PublishConfirm, Error> {
+        let publish = BasicPublish {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            mandatory,
+            ..Default::default()
+        };
+        self.basic_publish(publish, properties, body)
+    }
+
+    /// `basic.publish` with every field of the method under your control.
+    pub fn basic_publish(
+        &self,
+        publish: BasicPublish,
+        properties: BasicProperties,
+        body: Bytes,
+    ) -> Result<PublishConfirm, Error> {
+        let (confirm, rx) = oneshot::channel();
+        self.conn.send(Command::Publish {
+            channel: self.id,
+            generation: self.generation,
+            publish,
+            properties,
+            body,
+            confirm: Some(confirm),
+        })?;
+        Ok(PublishConfirm {
+            rx,
+            conn: self.conn.clone(),
+        })
+    }
+
+    /// `basic.consume`; deliveries come through the returned [`Consumer`].
+    pub async fn basic_consume(&self, method: BasicConsume) -> Result<Consumer, Error> {
+        let (tx, deliveries) = mpsc::unbounded_channel();
+        let (reply, rx) = oneshot::channel();
+        self.conn.send(Command::Consume {
+            channel: self.id,
+            generation: self.generation,
+            method,
+            deliveries: tx,
+            reply,
+        })?;
+        let tag = rx.await.map_err(|_| self.conn.shared.closed_error())??;
+        Ok(Consumer {
+            tag,
+            channel: self.clone(),
+            deliveries,
+        })
+    }
+
+    /// `basic.consume` on `queue` with a server-chosen tag and acks on.
+    pub async fn consume(&self, queue: &str) -> Result<Consumer, Error> {
+        self.basic_consume(BasicConsume {
+            queue: queue.into(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// `basic.get`: one message, or `None` when the queue is empty.
+    pub async fn basic_get(&self, queue: &str, no_ack: bool) -> Result<Option<GetMessage>, Error> {
+        let method = BasicGet {
+            queue: queue.into(),
+            no_ack,
+            ..Default::default()
+        };
+        match self.call(method).await? {
+            Some(Reply::Content(content)) => {
+                let Method::BasicGetOk(ok) = content.method else {
+                    return Err(Error::UnexpectedReply(content.method.name().into()));
+                };
+                Ok(Some(GetMessage {
+                    delivery_tag: ok.delivery_tag,
+                    redelivered: ok.redelivered,
+                    exchange: ok.exchange,
+                    routing_key: ok.routing_key,
+                    message_count: ok.message_count,
+                    properties: content.header.map(|h| h.properties),
+                    body: content.body,
+                    acker: Acker {
+                        commands: self.conn.commands.downgrade(),
+                        channel: self.id,
+                        generation: self.generation,
+                    },
+                }))
+            }
+            Some(Reply::Method(Method::BasicGetEmpty(_))) => Ok(None),
+            other => Err(Error::UnexpectedReply(format!("{other:?}"))),
+        }
+    }
+
+    /// `basic.ack` (queued at once).
+    pub fn basic_ack(&self, delivery_tag: u64, multiple: bool) -> Result<(), Error> {
+        self.send(BasicAck { delivery_tag, multiple }.into())
+    }
+
+    /// `basic.nack` (queued at once).
+    pub fn basic_nack(&self, delivery_tag: u64, multiple: bool, requeue: bool) -> Result<(), Error> {
+        self.send(
+            BasicNack {
+                delivery_tag,
+                multiple,
+                requeue,
+            }
+            .into(),
+        )
+    }
+
+    /// `basic.reject` (queued at once).
+    pub fn basic_reject(&self, delivery_tag: u64, requeue: bool) -> Result<(), Error> {
+        self.send(BasicReject { delivery_tag, requeue }.into())
+    }
+
+    /// `channel.close` with a normal close; waits for `close-ok`.
+    pub async fn close(&self) -> Result<(), Error> {
+        let close = ChannelClose {
+            reply_code: 200,
+            reply_text: "Goodbye".into(),
+            class_id: 0,
+            method_id: 0,
+        };
+        self.call(close).await.map(|_| ())
+    }
+}

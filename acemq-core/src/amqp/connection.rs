@@ -1,0 +1,256 @@
+//! `Connection`: dials a broker (TCP or TLS, several hosts in turn) or runs
+//! over any stream, spawns the driver task, and hands out channels.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use amqp_codec::{FieldTable, ShortString};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::channel::Channel;
+use super::message::ReturnedMessage;
+use super::url::AmqpUrl;
+use super::Error;
+use crate::io::driver::{self, Command, Shared};
+use crate::io::{connect_tcp, TlsConfig};
+use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, TuneRequest, Tuned};
+
+/// Connection settings that a URL does not carry (URL options override the
+/// matching fields here).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What to ask for in `tune-ok`.
+    pub tune: TuneRequest,
+    /// How long dialling, TLS and the handshake may take, per host.
+    pub connection_timeout: Duration,
+    /// TLS settings for `amqps://`.
+    pub tls: TlsConfig,
+    /// A name for the connection, shown in RabbitMQ's management UI.
+    pub connection_name: Option<String>,
+    /// Authenticate with the TLS client certificate (SASL EXTERNAL) instead
+    /// of the URL's user name and password.
+    pub external_auth: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tune: TuneRequest::default(),
+            connection_timeout: Duration::from_secs(30),
+            tls: TlsConfig::new(),
+            connection_name: None,
+            external_auth: false,
+        }
+    }
+}
+
+/// Something that happened to the connection as a whole.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConnectionEvent {
+    /// The broker blocked publishing (RabbitMQ stops reading the socket).
+    Blocked {
+        /// Why, e.g. `low on memory`.
+        reason: String,
+    },
+    /// The block is lifted.
+    Unblocked,
+    /// The broker cancelled a consumer (its queue went away).
+    ConsumerCancelled {
+        /// The channel.
+        channel: u16,
+        /// The consumer.
+        consumer_tag: ShortString,
+    },
+    /// A returned message that pairs with no confirmed publish (e.g. a
+    /// mandatory publish on a channel without confirms).
+    Returned {
+        /// The channel.
+        channel: u16,
+        /// The message.
+        message: ReturnedMessage,
+    },
+    /// The connection ended.
+    Closed(CloseReason),
+}
+
+/// An open AMQP connection. Cheap to clone; the connection closes when
+/// [`Connection::close`] is called or every handle (connections, channels,
+/// consumers) is dropped.
+#[derive(Clone)]
+pub struct Connection {
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("tuned", &self.shared.tuned.get())
+            .field("blocked", &self.is_blocked())
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Connects to `url` (`amqp://` or `amqps://`), trying each host in turn
+    /// until one completes the handshake. A refusal by a broker (bad
+    /// credentials, unknown vhost) is returned at once without trying others.
+    pub async fn open(url: &str, config: Config) -> Result<Connection, Error> {
+        let url: AmqpUrl = url.parse()?;
+        Connection::open_url(&url, config).await
+    }
+
+    /// [`Connection::open`] with a parsed URL.
+    pub async fn open_url(url: &AmqpUrl, mut config: Config) -> Result<Connection, Error> {
+        if let Some(h) = url.heartbeat {
+            config.tune.heartbeat = h;
+        }
+        if let Some(f) = url.frame_max {
+            config.tune.frame_max = f;
+        }
+        if let Some(c) = url.channel_max {
+            config.tune.channel_max = c;
+        }
+        if let Some(t) = url.connection_timeout {
+            config.connection_timeout = t;
+        }
+        let auth = match (url.auth_mechanism.as_deref(), config.external_auth) {
+            (Some("external"), _) | (None, true) => Auth::External,
+            (Some("amqplain"), _) => Auth::AmqPlain {
+                username: url.username.clone(),
+                password: Secret::new(url.password.expose()),
+            },
+            (None | Some("plain"), _) => Auth::plain(url.username.clone(), url.password.expose()),
+            (Some(other), _) => return Err(Error::Url(super::UrlError(format!("unknown auth_mechanism {other:?}")))),
+        };
+        let params = ConnectionParams {
+            auth,
+            vhost: url.vhost.clone(),
+            tune: config.tune,
+            connection_name: config.connection_name.clone(),
+        };
+        let mut last_error = None;
+        for (host, port) in &url.hosts {
+            let attempt = async {
+                let tcp = connect_tcp(host, *port, config.connection_timeout).await?;
+                if url.tls {
+                    let tls = config.tls.connect(host, tcp).await?;
+                    Connection::handshake(tls, params.clone()).await
+                } else {
+                    Connection::handshake(tcp, params.clone()).await
+                }
+            };
+            match tokio::time::timeout(config.connection_timeout, attempt).await {
+                Ok(Ok(conn)) => return Ok(conn),
+                Ok(Err(err @ Error::ConnectionClosed(CloseReason::ByServer(_)))) => return Err(err),
+                Ok(Err(err)) => {
+                    tracing::warn!(host, port, %err, "could not connect; trying the next host if any");
+                    last_error = Some(err);
+                }
+                Err(_) => last_error = Some(Error::Timeout(config.connection_timeout)),
+            }
+        }
+        Err(last_error.unwrap_or(Error::Url(super::UrlError("no host".into()))))
+    }
+
+    /// Runs the handshake over an already connected stream (e.g. a
+    /// `tokio::io::DuplexStream` to an in-process broker) and returns the
+    /// open connection.
+    pub async fn open_stream<S>(stream: S, params: ConnectionParams) -> Result<Connection, Error>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Connection::handshake(stream, params).await
+    }
+
+    async fn handshake<S>(stream: S, params: ConnectionParams) -> Result<Connection, Error>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new());
+        let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
+        let (opened_tx, opened_rx) = oneshot::channel();
+        tokio::spawn(driver::run(
+            stream,
+            machine,
+            shared.clone(),
+            commands.downgrade(),
+            rx,
+            opened_tx,
+        ));
+        match opened_rx.await {
+            Ok(Ok(())) => Ok(Connection { commands, shared }),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(shared.closed_error()),
+        }
+    }
+
+    /// Opens a channel.
+    pub async fn channel(&self) -> Result<Channel, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::OpenChannel { reply })?;
+        let (id, generation) = rx.await.map_err(|_| self.shared.closed_error())??;
+        Ok(Channel::new(self.clone(), id, generation))
+    }
+
+    /// Closes the connection with a normal close and waits for the broker's
+    /// `close-ok`. Closing a closed connection succeeds.
+    pub async fn close(&self) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        if self.commands.send(Command::Close { reply }).is_err() {
+            return Ok(());
+        }
+        rx.await.unwrap_or(Ok(()))
+    }
+
+    /// The negotiated limits.
+    pub fn tuned(&self) -> Tuned {
+        *self
+            .shared
+            .tuned
+            .get()
+            .expect("set before the connection is handed out")
+    }
+
+    /// The broker's `connection.start` properties (product, version, capabilities).
+    pub fn server_properties(&self) -> &FieldTable {
+        self.shared
+            .server_properties
+            .get()
+            .expect("set before the connection is handed out")
+    }
+
+    /// Whether the broker has blocked publishing on this connection.
+    pub fn is_blocked(&self) -> bool {
+        self.shared.blocked.load(Ordering::SeqCst)
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        *self.shared.closed.borrow()
+    }
+
+    /// Why the connection ended, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.shared.close_reason.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Waits until the connection has ended, and says why.
+    pub async fn closed(&self) -> CloseReason {
+        let mut rx = self.shared.closed.subscribe();
+        let _ = rx.wait_for(|closed| *closed).await;
+        self.close_reason().unwrap_or(CloseReason::ConnectionLost)
+    }
+
+    /// Events about the connection as a whole, from now on.
+    pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
+        self.shared.events.subscribe()
+    }
+
+    pub(crate) fn send(&self, command: Command) -> Result<(), Error> {
+        self.commands.send(command).map_err(|_| self.shared.closed_error())
+    }
+}

@@ -1,0 +1,76 @@
+//! Errors of the low-level API: what the broker said, or what went wrong on
+//! the way to it.
+
+use std::sync::Arc;
+
+use crate::proto::{CallError, CloseReason, CommandError, Refusal};
+
+/// An error from the low-level connection and channel API.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The broker closed the channel; the refusal carries its reply code and
+    /// text (e.g. 404 NOT_FOUND, 406 PRECONDITION_FAILED). The channel is gone;
+    /// the connection goes on.
+    #[error("the broker closed the channel: {0}")]
+    ChannelClosed(Refusal),
+    /// The channel was closed (by us) or is not open.
+    #[error("channel {0} is not open")]
+    ChannelNotOpen(u16),
+    /// The connection ended.
+    #[error("the connection is closed: {0}")]
+    ConnectionClosed(CloseReason),
+    /// The socket failed.
+    #[error("I/O error: {0}")]
+    Io(Arc<std::io::Error>),
+    /// The URL could not be parsed.
+    #[error(transparent)]
+    Url(#[from] super::url::UrlError),
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] crate::io::TlsError),
+    /// The connection could not be set up in time.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// A command the engine refused (e.g. a value the wire cannot carry).
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The broker answered something this call does not expect.
+    #[error("unexpected reply: {0}")]
+    UnexpectedReply(String),
+}
+
+impl Error {
+    /// The reply code the broker gave, if this is a refusal by the broker.
+    pub fn reply_code(&self) -> Option<u16> {
+        match self {
+            Error::ChannelClosed(r) => Some(r.code),
+            Error::ConnectionClosed(CloseReason::ByServer(r)) => Some(r.code),
+            Error::ConnectionClosed(CloseReason::ProtocolError { code, .. }) => Some(code.code()),
+            _ => None,
+        }
+    }
+
+    /// The refusal (code, text, method) if the broker refused something.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Error::ChannelClosed(r) | Error::ConnectionClosed(CloseReason::ByServer(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(Arc::new(e))
+    }
+}
+
+impl From<CallError> for Error {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::ChannelClosed(r) => Error::ChannelClosed(r),
+            CallError::ConnectionClosed(r) => Error::ConnectionClosed(r),
+        }
+    }
+}

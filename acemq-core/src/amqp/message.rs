@@ -1,0 +1,191 @@
+//! Messages as the low-level API hands them out: deliveries, `basic.get`
+//! results, returned messages, and publisher confirmations.
+
+use amqp_codec::track::Content;
+use amqp_codec::{BasicProperties, Method, ShortString, UndecodableHeader};
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::Error;
+use crate::io::driver::Command;
+
+/// Properties as received: decoded, or the raw header when the codec refused
+/// them (too deeply nested, an unknown field type). Such a message can still
+/// be acknowledged or set aside; the connection is fine.
+pub type Properties = Result<BasicProperties, UndecodableHeader>;
+
+/// A message delivered to a consumer.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The consumer it is for.
+    pub consumer_tag: ShortString,
+    /// The channel-wide delivery tag, for ack/nack/reject.
+    pub delivery_tag: u64,
+    /// Whether the broker delivered it before.
+    pub redelivered: bool,
+    /// The exchange it was published to.
+    pub exchange: ShortString,
+    /// The routing key it was published with.
+    pub routing_key: ShortString,
+    /// Its properties.
+    pub properties: Properties,
+    /// Its body (zero-copy when it arrived in one frame).
+    pub body: Bytes,
+    pub(crate) acker: Acker,
+}
+
+/// A message fetched with `basic.get`.
+#[derive(Debug)]
+pub struct GetMessage {
+    /// The delivery tag, for ack/nack/reject.
+    pub delivery_tag: u64,
+    /// Whether the broker delivered it before.
+    pub redelivered: bool,
+    /// The exchange it was published to.
+    pub exchange: ShortString,
+    /// The routing key it was published with.
+    pub routing_key: ShortString,
+    /// How many messages are left in the queue.
+    pub message_count: u32,
+    /// Its properties.
+    pub properties: Properties,
+    /// Its body.
+    pub body: Bytes,
+    pub(crate) acker: Acker,
+}
+
+/// A mandatory message the broker could not route (`basic.return`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReturnedMessage {
+    /// The reply code, e.g. 312 NO_ROUTE.
+    pub reply_code: u16,
+    /// The reply text, e.g. `NO_ROUTE`.
+    pub reply_text: ShortString,
+    /// The exchange it was published to.
+    pub exchange: ShortString,
+    /// The routing key it was published with.
+    pub routing_key: ShortString,
+    /// Its properties.
+    pub properties: Properties,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// What the broker said about a publish.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Confirmation {
+    /// `basic.ack`: the broker has it (routed to at least one queue, or
+    /// dropped as unroutable without `mandatory`).
+    Ack,
+    /// `basic.nack`: the broker refused it (e.g. `x-overflow=reject-publish`).
+    Nack,
+    /// Returned as unroutable (`basic.return`), then confirmed: the broker
+    /// dropped it.
+    Returned(ReturnedMessage),
+    /// The channel is not in confirm mode: nothing will be said.
+    NotRequested,
+}
+
+impl ReturnedMessage {
+    pub(crate) fn from_content(content: Content) -> Option<Self> {
+        let Method::BasicReturn(ret) = content.method else {
+            return None;
+        };
+        Some(ReturnedMessage {
+            reply_code: ret.reply_code,
+            reply_text: ret.reply_text,
+            exchange: ret.exchange,
+            routing_key: ret.routing_key,
+            properties: content.header.map(|h| h.properties),
+            body: content.body,
+        })
+    }
+}
+
+/// Sends acknowledgements for a delivery on the channel it came from; stale
+/// ones (the channel has since closed) are dropped by the driver.
+#[derive(Debug, Clone)]
+pub(crate) struct Acker {
+    pub(crate) commands: mpsc::WeakUnboundedSender<Command>,
+    pub(crate) channel: u16,
+    pub(crate) generation: u64,
+}
+
+impl Acker {
+    fn send(&self, method: Method) -> Result<(), Error> {
+        let commands = self.commands.upgrade().ok_or(Error::ChannelNotOpen(self.channel))?;
+        commands
+            .send(Command::Send {
+                channel: self.channel,
+                generation: self.generation,
+                method,
+            })
+            .map_err(|_| Error::ChannelNotOpen(self.channel))
+    }
+
+    pub(crate) fn ack(&self, tag: u64, multiple: bool) -> Result<(), Error> {
+        self.send(
+            amqp_codec::BasicAck {
+                delivery_tag: tag,
+                multiple,
+            }
+            .into(),
+        )
+    }
+
+    pub(crate) fn nack(&self, tag: u64, multiple: bool, requeue: bool) -> Result<(), Error> {
+        self.send(
+            amqp_codec::BasicNack {
+                delivery_tag: tag,
+                multiple,
+                requeue,
+            }
+            .into(),
+        )
+    }
+
+    pub(crate) fn reject(&self, tag: u64, requeue: bool) -> Result<(), Error> {
+        self.send(
+            amqp_codec::BasicReject {
+                delivery_tag: tag,
+                requeue,
+            }
+            .into(),
+        )
+    }
+}
+
+macro_rules! settle_methods {
+    ($ty:ty) => {
+        impl $ty {
+            /// Acknowledges this message.
+            pub fn ack(&self) -> Result<(), Error> {
+                self.acker.ack(self.delivery_tag, false)
+            }
+
+            /// Acknowledges this message and every earlier one on the channel.
+            pub fn ack_multiple(&self) -> Result<(), Error> {
+                self.acker.ack(self.delivery_tag, true)
+            }
+
+            /// Negatively acknowledges it; `requeue` puts it back in the queue,
+            /// otherwise it is dead-lettered or dropped.
+            pub fn nack(&self, requeue: bool) -> Result<(), Error> {
+                self.acker.nack(self.delivery_tag, false, requeue)
+            }
+
+            /// Rejects it (like `nack` for one message).
+            pub fn reject(&self, requeue: bool) -> Result<(), Error> {
+                self.acker.reject(self.delivery_tag, requeue)
+            }
+
+            /// The channel it arrived on.
+            pub fn channel_id(&self) -> u16 {
+                self.acker.channel
+            }
+        }
+    };
+}
+
+settle_methods!(Delivery);
+settle_methods!(GetMessage);

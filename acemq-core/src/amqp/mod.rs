@@ -1,0 +1,33 @@
+//! The low-level engine API: [`Connection`] and [`Channel`] with every method
+//! of AMQP 0-9-1, replies as values and broker refusals as typed errors with
+//! their reply code and text — enough to write a broker-conformance suite on.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), acemq_core::amqp::Error> {
+//! use acemq_core::amqp::{Config, Connection, Confirmation};
+//! use amqp_codec::{BasicProperties, QueueDeclare};
+//!
+//! let conn = Connection::open("amqp://guest:guest@localhost:5672/%2f", Config::default()).await?;
+//! let ch = conn.channel().await?;
+//! ch.confirm_select().await?;
+//! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
+//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into())?;
+//! assert_eq!(confirm.await?, Confirmation::Ack);
+//! conn.close().await?;
+//! # Ok(()) }
+//! ```
+
+mod channel;
+mod connection;
+mod error;
+pub(crate) mod message;
+mod url;
+
+pub use channel::{Channel, Consumer, PublishConfirm};
+pub use connection::{Config, Connection, ConnectionEvent};
+pub use error::Error;
+pub use message::{Confirmation, Delivery, GetMessage, Properties, ReturnedMessage};
+pub use url::{AmqpUrl, UrlError};
+
+pub use crate::io::TlsConfig;
+pub use crate::proto::{Auth, CloseReason, Refusal, TuneRequest, Tuned};

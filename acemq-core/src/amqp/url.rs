@@ -1,0 +1,257 @@
+//! AMQP URLs: `amqp[s]://user:pass@host:port[,host:port...]/vhost?heartbeat=&frame_max=&channel_max=&connection_timeout=`.
+//!
+//! The password never appears in `Debug` or `Display`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::proto::Secret;
+
+/// A parsed AMQP URL.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AmqpUrl {
+    /// `amqps`: TLS.
+    pub tls: bool,
+    /// The hosts to try in turn, with their ports.
+    pub hosts: Vec<(String, u16)>,
+    /// The user name (`guest` when absent).
+    pub username: String,
+    /// The password (`guest` when absent).
+    pub password: Secret,
+    /// The virtual host, percent-decoded (`/` when the path is empty).
+    pub vhost: String,
+    /// `heartbeat=` seconds.
+    pub heartbeat: Option<u16>,
+    /// `frame_max=` bytes.
+    pub frame_max: Option<u32>,
+    /// `channel_max=`.
+    pub channel_max: Option<u16>,
+    /// `connection_timeout=` milliseconds.
+    pub connection_timeout: Option<Duration>,
+    /// `auth_mechanism=external` (or `plain`, `amqplain`).
+    pub auth_mechanism: Option<String>,
+}
+
+/// Why a URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid AMQP URL: {0}")]
+pub struct UrlError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, UrlError> {
+    Err(UrlError(msg.into()))
+}
+
+/// Decodes `%XX` escapes; refuses malformed ones and non-UTF-8 results.
+fn percent_decode(s: &str) -> Result<String, UrlError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or_else(|| UrlError(format!("bad escape in {s:?}")))?;
+            let byte = u8::from_str_radix(hex, 16).map_err(|_| UrlError(format!("bad escape %{hex}")))?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| UrlError("escape decodes to invalid UTF-8".into()))
+}
+
+fn parse_host(part: &str, default_port: u16) -> Result<(String, u16), UrlError> {
+    let (host, port) = if let Some(rest) = part.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| UrlError("unclosed [ in host".into()))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return err(format!("unexpected {after:?} after host")),
+        };
+        (host.to_string(), port)
+    } else {
+        match part.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (part.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return err("empty host");
+    }
+    let port = match port {
+        None | Some("") => default_port,
+        Some(p) => p.parse().map_err(|_| UrlError(format!("bad port {p:?}")))?,
+    };
+    Ok((percent_decode(&host)?, port))
+}
+
+impl FromStr for AmqpUrl {
+    type Err = UrlError;
+
+    fn from_str(s: &str) -> Result<Self, UrlError> {
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| UrlError("missing scheme".into()))?;
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "amqp" => false,
+            "amqps" => true,
+            other => return err(format!("scheme {other:?} is not amqp or amqps")),
+        };
+        let default_port = if tls { 5671 } else { 5672 };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+            None => (rest, None),
+        };
+        let (userinfo, hostlist) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            Some(info) => match info.split_once(':') {
+                Some((u, p)) => (percent_decode(u)?, percent_decode(p)?),
+                None => (percent_decode(info)?, String::new()),
+            },
+            None => ("guest".to_string(), "guest".to_string()),
+        };
+        let hosts = if hostlist.is_empty() {
+            vec![("localhost".to_string(), default_port)]
+        } else {
+            hostlist
+                .split(',')
+                .map(|h| parse_host(h, default_port))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let vhost = match path {
+            None | Some("") => "/".to_string(),
+            Some(p) if p.contains('/') => return err("the vhost must be one path segment (write / as %2f)"),
+            Some(p) => percent_decode(p)?,
+        };
+        let mut url = AmqpUrl {
+            tls,
+            hosts,
+            username,
+            password: Secret::new(password),
+            vhost,
+            heartbeat: None,
+            frame_max: None,
+            channel_max: None,
+            connection_timeout: None,
+            auth_mechanism: None,
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let bad = || UrlError(format!("bad value {value:?} for {key}"));
+            match key {
+                "heartbeat" => url.heartbeat = Some(value.parse().map_err(|_| bad())?),
+                "frame_max" => url.frame_max = Some(value.parse().map_err(|_| bad())?),
+                "channel_max" => url.channel_max = Some(value.parse().map_err(|_| bad())?),
+                "connection_timeout" => {
+                    url.connection_timeout = Some(Duration::from_millis(value.parse().map_err(|_| bad())?))
+                }
+                "auth_mechanism" => url.auth_mechanism = Some(value.to_ascii_lowercase()),
+                // Other clients' options (e.g. `cacertfile`) are configured in code here.
+                other => return err(format!("unknown option {other:?}")),
+            }
+        }
+        Ok(url)
+    }
+}
+
+impl fmt::Display for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}:***@",
+            if self.tls { "amqps" } else { "amqp" },
+            self.username
+        )?;
+        for (i, (host, port)) in self.hosts.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if host.contains(':') {
+                write!(f, "[{host}]:{port}")?;
+            } else {
+                write!(f, "{host}:{port}")?;
+            }
+        }
+        let vhost = self.vhost.replace('%', "%25").replace('/', "%2f");
+        write!(f, "/{vhost}")
+    }
+}
+
+impl fmt::Debug for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AmqpUrl({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_url_parses_with_a_percent_decoded_vhost() {
+        let url: AmqpUrl = "amqps://user:p%40ss@broker.example:5999/%2f?heartbeat=10&frame_max=65536&channel_max=64&connection_timeout=2500"
+            .parse()
+            .unwrap();
+        assert!(url.tls);
+        assert_eq!(url.hosts, [("broker.example".to_string(), 5999)]);
+        assert_eq!(url.username, "user");
+        assert_eq!(url.password.expose(), "p@ss");
+        assert_eq!(url.vhost, "/");
+        assert_eq!(url.heartbeat, Some(10));
+        assert_eq!(url.frame_max, Some(65536));
+        assert_eq!(url.channel_max, Some(64));
+        assert_eq!(url.connection_timeout, Some(Duration::from_millis(2500)));
+    }
+
+    #[test]
+    fn defaults_and_several_hosts() {
+        let url: AmqpUrl = "amqp://h1,h2:5673,[::1]:5674/orders".parse().unwrap();
+        assert_eq!(
+            url.hosts,
+            [
+                ("h1".to_string(), 5672),
+                ("h2".to_string(), 5673),
+                ("::1".to_string(), 5674)
+            ]
+        );
+        assert_eq!((url.username.as_str(), url.password.expose()), ("guest", "guest"));
+        assert_eq!(url.vhost, "orders");
+        let url: AmqpUrl = "amqps://localhost".parse().unwrap();
+        assert_eq!(url.hosts, [("localhost".to_string(), 5671)]);
+        assert_eq!(url.vhost, "/");
+    }
+
+    #[test]
+    fn the_password_never_appears_in_debug_or_display() {
+        let url: AmqpUrl = "amqp://admin:s3cret-pw@localhost/".parse().unwrap();
+        assert!(!format!("{url}").contains("s3cret"));
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert_eq!(url.to_string(), "amqp://admin:***@localhost:5672/%2f");
+    }
+
+    #[test]
+    fn malformed_urls_are_refused() {
+        for bad in [
+            "http://localhost",
+            "localhost:5672",
+            "amqp://host:notaport",
+            "amqp://host/a/b",
+            "amqp://host/%zz",
+            "amqp://host?heartbeat=-1",
+            "amqp://host?bogus=1",
+            "amqp://[::1/",
+        ] {
+            assert!(bad.parse::<AmqpUrl>().is_err(), "{bad}");
+        }
+    }
+}

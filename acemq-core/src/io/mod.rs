@@ -1,0 +1,21 @@
+//! The only place that does IO: the tokio driver task and the transports
+//! (TCP, TLS with rustls, or any `AsyncRead + AsyncWrite` stream, which is
+//! how acemq-memory is reached in process).
+
+pub(crate) mod driver;
+mod tls;
+
+pub use tls::{TlsConfig, TlsError};
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+/// Connects TCP to `host:port` with `TCP_NODELAY`, within `timeout`.
+pub(crate) async fn connect_tcp(host: &str, port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {host}:{port}")))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}

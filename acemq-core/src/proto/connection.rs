@@ -1,0 +1,973 @@
+//! The client connection machine: bytes in, frames and events out, time
+//! passed in. It owns no socket, clock or task.
+//!
+//! A driver polls it in this order, again and again:
+//! 1. feed what the socket read with [`Connection::handle_input`] (or
+//!    [`Connection::handle_eof`]), and [`Connection::handle_timeout`] when the
+//!    deadline from [`Connection::poll_timeout`] has passed;
+//! 2. apply the application's commands ([`Connection::open_channel`],
+//!    [`Connection::call`], [`Connection::publish`], ...);
+//! 3. drain [`Connection::poll_event`] until `None`;
+//! 4. write what [`Connection::poll_transmit`] gives;
+//! 5. sleep until the socket is readable, a command arrives, or
+//!    [`Connection::poll_timeout`].
+//!
+//! Every rule of the protocol lives here, so it is testable without tokio.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use amqp_codec::track::{Assembly, Blocked, BlockedChange, Content, Outcome, ReturnKey, ReturnMatch};
+use amqp_codec::{
+    encode_content, encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk,
+    ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable,
+    Frame, FrameDecoder, Method, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+};
+use bytes::BytesMut;
+
+use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase};
+use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
+
+/// Identifies a synchronous call; its reply comes back as [`Event::Reply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(pub u64);
+
+/// A refusal from the broker: the reply code and text of a `channel.close`
+/// or `connection.close`, and the method that caused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The reply code, e.g. 404.
+    pub code: u16,
+    /// The reply text, e.g. `NOT_FOUND - no queue 'q' in vhost '/'`.
+    pub text: String,
+    /// The class of the method that caused it (0 if none).
+    pub class_id: u16,
+    /// The method that caused it (0 if none).
+    pub method_id: u16,
+}
+
+impl Refusal {
+    /// The reply code as a [`ReplyCode`].
+    pub fn reply_code(&self) -> ReplyCode {
+        ReplyCode::from_u16(self.code)
+    }
+
+    /// The name of the method that caused it, e.g. `queue.declare`.
+    pub fn method_name(&self) -> Option<&'static str> {
+        Method::name_of(self.class_id, self.method_id)
+    }
+
+    fn from_channel_close(close: &ChannelClose) -> Self {
+        Refusal {
+            code: close.reply_code,
+            text: close.reply_text.to_string(),
+            class_id: close.class_id,
+            method_id: close.method_id,
+        }
+    }
+
+    fn from_connection_close(close: &ConnectionClose) -> Self {
+        Refusal {
+            code: close.reply_code,
+            text: close.reply_text.to_string(),
+            class_id: close.class_id,
+            method_id: close.method_id,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.code, self.text)?;
+        if let Some(name) = self.method_name() {
+            write!(f, " (in reply to {name})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// We closed it and the broker agreed.
+    ByClient,
+    /// The broker closed it (e.g. 320 CONNECTION_FORCED, 403 ACCESS_REFUSED, 530 NOT_ALLOWED).
+    ByServer(Refusal),
+    /// The broker broke the protocol; we closed with this code and text.
+    ProtocolError {
+        /// The code we closed with.
+        code: ReplyCode,
+        /// What the broker did wrong.
+        text: String,
+    },
+    /// Nothing arrived for two heartbeat intervals.
+    HeartbeatTimeout,
+    /// The socket closed without a close handshake.
+    ConnectionLost,
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::ByClient => f.write_str("closed by the client"),
+            CloseReason::ByServer(r) => write!(f, "closed by the broker: {r}"),
+            CloseReason::ProtocolError { code, text } => write!(f, "protocol error ({code}): {text}"),
+            CloseReason::HeartbeatTimeout => f.write_str("no heartbeat from the broker for two intervals"),
+            CloseReason::ConnectionLost => f.write_str("the connection was lost"),
+        }
+    }
+}
+
+/// The answer to a synchronous call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// The reply method (e.g. `queue.declare-ok`, `basic.get-empty`).
+    Method(Method),
+    /// `basic.get-ok` with its message.
+    Content(Content),
+}
+
+/// Why a call got no reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The broker closed the channel (this call, or another on the channel, was refused).
+    ChannelClosed(Refusal),
+    /// The connection ended.
+    ConnectionClosed(CloseReason),
+}
+
+/// What happened, for the application.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
+pub enum Event {
+    /// The handshake is done; see [`Connection::tuned`].
+    Opened,
+    /// The reply to a synchronous call.
+    Reply {
+        /// The channel.
+        channel: u16,
+        /// The call.
+        token: Token,
+        /// The reply, or why there is none.
+        result: Result<Reply, CallError>,
+    },
+    /// A message for a consumer (`basic.deliver` with its content).
+    Delivery {
+        /// The channel.
+        channel: u16,
+        /// The message.
+        content: Content,
+    },
+    /// A publish was confirmed.
+    Confirm {
+        /// The channel.
+        channel: u16,
+        /// The publish sequence number.
+        seq: u64,
+        /// Ack or nack.
+        outcome: Outcome,
+        /// The `basic.return` paired with it, if it was returned.
+        returned: Option<Content>,
+    },
+    /// A `basic.return` that pairs with no outstanding publish (or arrived on
+    /// a channel without confirms).
+    Return {
+        /// The channel.
+        channel: u16,
+        /// The returned message.
+        content: Content,
+    },
+    /// The broker cancelled a consumer (its queue was deleted).
+    ConsumerCancelled {
+        /// The channel.
+        channel: u16,
+        /// The consumer.
+        consumer_tag: ShortString,
+    },
+    /// The broker asked to pause or resume content on a channel.
+    Flow {
+        /// The channel.
+        channel: u16,
+        /// Whether content may flow.
+        active: bool,
+    },
+    /// A channel closed: by the broker with a refusal, or by us (`None`).
+    ChannelClosed {
+        /// The channel.
+        channel: u16,
+        /// The broker's reason, if it closed it.
+        refusal: Option<Refusal>,
+        /// Publishes that were never confirmed.
+        unconfirmed: Vec<u64>,
+    },
+    /// The broker blocked publishing on this connection.
+    Blocked {
+        /// Why, e.g. `low on memory`.
+        reason: String,
+    },
+    /// The block is lifted.
+    Unblocked,
+    /// The connection ended. No event follows.
+    Closed(CloseReason),
+}
+
+/// A command the machine cannot carry out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// The connection is not open (still in the handshake, closing or closed).
+    #[error("the connection is not open")]
+    ConnectionNotOpen,
+    /// The channel is not open.
+    #[error("channel {0} is not open")]
+    ChannelNotOpen(u16),
+    /// Every channel number up to `channel_max` is in use.
+    #[error("no free channel (channel_max {0})")]
+    NoFreeChannel(u16),
+    /// The method cannot be sent by a client through this call.
+    #[error("{0} cannot be sent this way")]
+    NotAllowed(&'static str),
+    /// The message or method cannot be encoded.
+    #[error("cannot encode: {0}")]
+    Encode(#[from] EncodeError),
+}
+
+/// What the connection needs to know before it starts.
+#[derive(Debug, Clone)]
+pub struct ConnectionParams {
+    /// How to authenticate.
+    pub auth: Auth,
+    /// The virtual host to open.
+    pub vhost: String,
+    /// What to ask for in `tune-ok`.
+    pub tune: TuneRequest,
+    /// A name for the connection, shown in RabbitMQ's management UI.
+    pub connection_name: Option<String>,
+}
+
+impl Default for ConnectionParams {
+    fn default() -> Self {
+        ConnectionParams {
+            auth: Auth::plain("guest", "guest"),
+            vhost: "/".into(),
+            tune: TuneRequest::default(),
+            connection_name: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    ExpectStart,
+    ExpectTune,
+    ExpectOpenOk,
+    Open,
+    /// We sent `connection.close`; waiting for `close-ok`.
+    Closing(CloseReason),
+    Closed,
+}
+
+/// The client side of one AMQP connection. See the module docs for the
+/// polling order.
+#[derive(Debug)]
+pub struct Connection {
+    params: ConnectionParams,
+    state: State,
+    decoder: FrameDecoder,
+    outbox: BytesMut,
+    events: VecDeque<Event>,
+    tuned: Option<Tuned>,
+    server_properties: FieldTable,
+    /// Indexed by channel number; `None` is a free number.
+    channels: Vec<Option<Box<ChannelState>>>,
+    blocked: Blocked,
+    next_token: u64,
+    last_received: Instant,
+    last_sent: Instant,
+    scratch: Vec<u64>,
+}
+
+impl Connection {
+    /// A connection about to send the protocol header.
+    pub fn new(params: ConnectionParams, now: Instant) -> Self {
+        let mut outbox = BytesMut::with_capacity(4096);
+        outbox.extend_from_slice(&PROTOCOL_HEADER);
+        Connection {
+            params,
+            state: State::ExpectStart,
+            decoder: FrameDecoder::new(FRAME_MIN_SIZE.max(131_072)),
+            outbox,
+            events: VecDeque::new(),
+            tuned: None,
+            server_properties: FieldTable::new(),
+            channels: Vec::new(),
+            blocked: Blocked::new(),
+            next_token: 0,
+            last_received: now,
+            last_sent: now,
+            scratch: Vec::new(),
+        }
+    }
+
+    // ---- getters ----
+
+    /// The negotiated limits, once `tune` is done.
+    pub fn tuned(&self) -> Option<Tuned> {
+        self.tuned
+    }
+
+    /// What the broker said about itself in `connection.start`.
+    pub fn server_properties(&self) -> &FieldTable {
+        &self.server_properties
+    }
+
+    /// Whether the handshake is done and the connection is not closing.
+    pub fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Whether the broker has blocked publishing on this connection.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked.is_blocked()
+    }
+
+    /// Whether a channel is open.
+    pub fn is_channel_open(&self, channel: u16) -> bool {
+        matches!(self.channel(channel), Some(c) if c.phase == Phase::Open)
+    }
+
+    /// How many publishes on `channel` wait for a confirm.
+    pub fn unconfirmed(&self, channel: u16) -> usize {
+        self.channel(channel).map_or(0, |c| c.confirms.outstanding())
+    }
+
+    // ---- inputs ----
+
+    /// Feeds bytes read from the socket; whole frames are taken off the front
+    /// of `buf` and handled, a partial frame stays for the next read.
+    pub fn handle_input(&mut self, buf: &mut BytesMut, now: Instant) {
+        if buf.is_empty() {
+            return;
+        }
+        self.last_received = now;
+        while !matches!(self.state, State::Closed) {
+            match self.decoder.decode(buf) {
+                Ok(Some(frame)) => self.handle_frame(frame),
+                Ok(None) => break,
+                Err(err) => {
+                    buf.clear();
+                    self.protocol_error(err.reply_code(), format!("undecodable frame from the broker: {err}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The socket reached end of file or failed.
+    pub fn handle_eof(&mut self) {
+        match std::mem::replace(&mut self.state, State::Closed) {
+            State::Closed => {}
+            // We were closing and the broker just hung up: good enough.
+            State::Closing(reason) => self.finish(reason),
+            _ => self.finish(CloseReason::ConnectionLost),
+        }
+    }
+
+    /// Time has passed: sends a heartbeat when due and detects a dead peer.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(interval) = self.heartbeat_interval() else {
+            return;
+        };
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        if now.saturating_duration_since(self.last_received) >= interval * 2 {
+            self.state = State::Closed;
+            self.finish(CloseReason::HeartbeatTimeout);
+            return;
+        }
+        if now.saturating_duration_since(self.last_sent) >= interval / 2 {
+            // Heartbeats go out even while blocked; RabbitMQ still reads them... it
+            // does not, but a blocked connection is not judged dead by it either.
+            Frame::Heartbeat.encode(&mut self.outbox).ok();
+        }
+    }
+
+    // ---- commands ----
+
+    /// Opens a channel on the lowest free number. The reply (`channel.open-ok`)
+    /// comes as [`Event::Reply`] with the returned token.
+    pub fn open_channel(&mut self) -> Result<(u16, Token), CommandError> {
+        self.ensure_open()?;
+        let max = self.tuned.map_or(u16::MAX, |t| t.channel_max);
+        let id = (1..=max)
+            .find(|&id| self.channel(id).is_none())
+            .ok_or(CommandError::NoFreeChannel(max))?;
+        let index = usize::from(id);
+        if self.channels.len() <= index {
+            self.channels.resize_with(index + 1, || None);
+        }
+        self.channels[index] = Some(Box::new(ChannelState::opening()));
+        let token = self.push_call(id, &Method::ChannelOpen(Default::default()))?;
+        Ok((id, token.expect("channel.open has a reply")))
+    }
+
+    /// Sends a method on an open channel. Returns a token when the method
+    /// expects a reply (see [`Event::Reply`]). `channel.close` starts the
+    /// close handshake; `confirm.select` starts numbering publishes.
+    /// Content-bearing methods go through [`Connection::publish`].
+    pub fn call(&mut self, channel: u16, method: Method) -> Result<Option<Token>, CommandError> {
+        self.ensure_open()?;
+        if method.has_content() {
+            return Err(CommandError::NotAllowed(method.name()));
+        }
+        if method.class_id() == amqp_codec::class::CONNECTION || matches!(method, Method::ChannelOpen(_)) {
+            return Err(CommandError::NotAllowed(method.name()));
+        }
+        match self.channel(channel) {
+            Some(c) if c.phase == Phase::Open => {}
+            _ => return Err(CommandError::ChannelNotOpen(channel)),
+        }
+        let token = self.push_call(channel, &method)?;
+        let state = self.channel_mut(channel).expect("checked above");
+        match method {
+            Method::ConfirmSelect(_) => state.confirms.select(),
+            Method::ChannelClose(_) => state.phase = Phase::Closing,
+            _ => {}
+        }
+        Ok(token)
+    }
+
+    /// Publishes a message on an open channel. Returns its confirm sequence
+    /// number when the channel is in confirm mode.
+    pub fn publish(
+        &mut self,
+        channel: u16,
+        publish: &BasicPublish,
+        properties: &BasicProperties,
+        body: &[u8],
+    ) -> Result<Option<u64>, CommandError> {
+        self.ensure_open()?;
+        let frame_max = self.tuned.map_or(FRAME_MIN_SIZE, |t| t.frame_max);
+        let Some(state) = self
+            .channels
+            .get_mut(usize::from(channel))
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return Err(CommandError::ChannelNotOpen(channel));
+        };
+        if state.phase != Phase::Open {
+            return Err(CommandError::ChannelNotOpen(channel));
+        }
+        // `Method` owns its fields; a clone of the small publish costs three
+        // reference-count increments, not a copy of the strings.
+        encode_content(
+            channel,
+            &Method::BasicPublish(publish.clone()),
+            properties,
+            body,
+            frame_max,
+            &mut self.outbox,
+        )?;
+        let seq = state.confirms.on_publish();
+        if let (Some(seq), true) = (seq, publish.mandatory) {
+            state.returns.on_mandatory_publish(
+                seq,
+                ReturnKey {
+                    exchange: publish.exchange.clone(),
+                    routing_key: publish.routing_key.clone(),
+                    message_id: properties.message_id.clone(),
+                },
+            );
+        }
+        Ok(seq)
+    }
+
+    /// Starts closing the connection with a normal close (200).
+    pub fn close(&mut self) {
+        self.close_with(ReplyCode::Success.code(), "Goodbye".into(), CloseReason::ByClient);
+    }
+
+    // ---- outputs ----
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Moves every byte waiting to be written into `dst`; returns whether
+    /// there was any. Counts as sending for the heartbeat.
+    pub fn poll_transmit(&mut self, dst: &mut BytesMut, now: Instant) -> bool {
+        if self.outbox.is_empty() {
+            return false;
+        }
+        if dst.is_empty() {
+            std::mem::swap(dst, &mut self.outbox);
+        } else {
+            dst.extend_from_slice(&self.outbox);
+            self.outbox.clear();
+        }
+        self.last_sent = now;
+        true
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let interval = self.heartbeat_interval()?;
+        if matches!(self.state, State::Closed) {
+            return None;
+        }
+        Some((self.last_sent + interval / 2).min(self.last_received + interval * 2))
+    }
+
+    // ---- internals ----
+
+    fn heartbeat_interval(&self) -> Option<Duration> {
+        match self.tuned {
+            Some(t) if t.heartbeat > 0 => Some(Duration::from_secs(u64::from(t.heartbeat))),
+            _ => None,
+        }
+    }
+
+    fn ensure_open(&self) -> Result<(), CommandError> {
+        if self.state == State::Open {
+            Ok(())
+        } else {
+            Err(CommandError::ConnectionNotOpen)
+        }
+    }
+
+    fn channel(&self, id: u16) -> Option<&ChannelState> {
+        self.channels.get(usize::from(id)).and_then(|c| c.as_deref())
+    }
+
+    fn channel_mut(&mut self, id: u16) -> Option<&mut ChannelState> {
+        self.channels.get_mut(usize::from(id)).and_then(|c| c.as_deref_mut())
+    }
+
+    /// Writes a method and, if it expects a reply, queues the call.
+    fn push_call(&mut self, channel: u16, method: &Method) -> Result<Option<Token>, CommandError> {
+        encode_method(channel, method, &mut self.outbox)?;
+        let Some((reply_class, reply_methods)) = expected_reply(method) else {
+            return Ok(None);
+        };
+        self.next_token += 1;
+        let token = Token(self.next_token);
+        if let Some(state) = self.channel_mut(channel) {
+            state.calls.push_back(PendingCall {
+                token,
+                reply_class,
+                reply_methods,
+            });
+        }
+        Ok(Some(token))
+    }
+
+    fn send(&mut self, channel: u16, method: impl Into<Method>) {
+        // Methods the machine sends on its own are small and always encode.
+        encode_method(channel, &method.into(), &mut self.outbox).ok();
+    }
+
+    fn handle_frame(&mut self, frame: Frame) {
+        let channel = frame.channel();
+        if let State::Closing(_) = self.state {
+            // After our connection.close, only close and close-ok matter.
+            if let Frame::Method(0, method) = frame {
+                self.closing_method(method);
+            }
+            return;
+        }
+        if channel == 0 {
+            match frame {
+                Frame::Heartbeat => {}
+                Frame::Method(_, method) => self.connection_method(method),
+                _ => self.protocol_error(ReplyCode::CommandInvalid, "content frame on channel 0".into()),
+            }
+            return;
+        }
+        if self.state != State::Open {
+            self.protocol_error(
+                ReplyCode::ChannelError,
+                format!("frame on channel {channel} before the connection is open"),
+            );
+            return;
+        }
+        let Some(state) = self.channel_mut(channel) else {
+            self.protocol_error(
+                ReplyCode::ChannelError,
+                format!("frame on channel {channel}, which is not open"),
+            );
+            return;
+        };
+        if state.phase == Phase::Closing {
+            // Everything but channel.close / close-ok is ignored until close-ok.
+            if let Frame::Method(_, method) = frame {
+                self.closing_channel_method(channel, method);
+            }
+            return;
+        }
+        match state.assembler.push(frame) {
+            Ok(Assembly::Partial) => {}
+            Ok(Assembly::Method(method)) => self.channel_method(channel, method),
+            Ok(Assembly::Complete(content)) => self.channel_content(channel, content),
+            Err(err) => self.protocol_error(err.reply_code(), format!("on channel {channel}: {err}")),
+        }
+    }
+
+    fn connection_method(&mut self, method: Method) {
+        match (&self.state, method) {
+            (_, Method::ConnectionClose(close)) => {
+                self.send(0, ConnectionCloseOk {});
+                self.state = State::Closed;
+                self.finish(CloseReason::ByServer(Refusal::from_connection_close(&close)));
+            }
+            (State::ExpectStart, Method::ConnectionStart(start)) => self.on_start(start),
+            (State::ExpectTune, Method::ConnectionTune(tune)) => {
+                let tuned = negotiate(&tune, &self.params.tune);
+                self.tuned = Some(tuned);
+                self.decoder.set_frame_max(tuned.frame_max);
+                self.send(0, ConnectionTuneOk::from(tuned));
+                let open = ConnectionOpen {
+                    virtual_host: self.params.vhost.as_str().into(),
+                    ..Default::default()
+                };
+                self.send(0, open);
+                self.state = State::ExpectOpenOk;
+            }
+            (State::ExpectTune, Method::ConnectionSecure(_)) => {
+                self.protocol_error(
+                    ReplyCode::NotImplemented,
+                    "the broker sent a SASL challenge; acemq's mechanisms take none".into(),
+                );
+            }
+            (State::ExpectOpenOk, Method::ConnectionOpenOk(_)) => {
+                self.state = State::Open;
+                self.events.push_back(Event::Opened);
+            }
+            (State::Open, Method::ConnectionBlocked(m)) => {
+                let method = Method::ConnectionBlocked(m);
+                if let Some(BlockedChange::Blocked { reason }) = self.blocked.handle(&method) {
+                    self.events.push_back(Event::Blocked {
+                        reason: reason.to_string(),
+                    });
+                }
+            }
+            (State::Open, Method::ConnectionUnblocked(m)) => {
+                if let Some(BlockedChange::Unblocked) = self.blocked.handle(&Method::ConnectionUnblocked(m)) {
+                    self.events.push_back(Event::Unblocked);
+                }
+            }
+            (State::Open, Method::ConnectionUpdateSecretOk(_)) => {}
+            (_, other) => self.protocol_error(
+                ReplyCode::CommandInvalid,
+                format!("unexpected {} on channel 0", other.name()),
+            ),
+        }
+    }
+
+    fn on_start(&mut self, start: amqp_codec::ConnectionStart) {
+        if (start.version_major, start.version_minor) != (0, 9) {
+            self.protocol_error(
+                ReplyCode::NotImplemented,
+                format!("the broker speaks AMQP {}-{}", start.version_major, start.version_minor),
+            );
+            return;
+        }
+        let mechanism = self.params.auth.mechanism();
+        let offered = start.mechanisms.to_string_lossy();
+        if !offered.split_whitespace().any(|m| m == mechanism) {
+            self.protocol_error(
+                ReplyCode::AccessRefused,
+                format!("the broker does not offer {mechanism} (it offers {offered})"),
+            );
+            return;
+        }
+        self.server_properties = start.server_properties;
+        let start_ok = ConnectionStartOk {
+            client_properties: client_properties(self.params.connection_name.as_deref()),
+            mechanism: mechanism.into(),
+            response: self.params.auth.response(),
+            locale: "en_US".into(),
+        };
+        self.send(0, start_ok);
+        self.state = State::ExpectTune;
+    }
+
+    fn closing_method(&mut self, method: Method) {
+        match method {
+            Method::ConnectionCloseOk(_) => {
+                if let State::Closing(reason) = std::mem::replace(&mut self.state, State::Closed) {
+                    self.finish(reason);
+                }
+            }
+            Method::ConnectionClose(close) => {
+                // Both sides closed at once: answer, and end with the broker's reason.
+                self.send(0, ConnectionCloseOk {});
+                self.state = State::Closed;
+                let reason = CloseReason::ByServer(Refusal::from_connection_close(&close));
+                self.finish(reason);
+            }
+            _ => {}
+        }
+    }
+
+    fn closing_channel_method(&mut self, channel: u16, method: Method) {
+        match method {
+            Method::ChannelCloseOk(_) => {
+                let Some(mut state) = self.channels[usize::from(channel)].take() else {
+                    return;
+                };
+                // The close-ok answers our channel.close call, the last one queued.
+                let calls: Vec<PendingCall> = state.calls.drain(..).collect();
+                let (last, earlier) = calls.split_last().map_or((None, &[][..]), |(l, e)| (Some(l), e));
+                for call in earlier {
+                    self.events.push_back(Event::Reply {
+                        channel,
+                        token: call.token,
+                        result: Err(CallError::ChannelClosed(Refusal {
+                            code: ReplyCode::Success.code(),
+                            text: "channel closed by the client".into(),
+                            class_id: 0,
+                            method_id: 0,
+                        })),
+                    });
+                }
+                if let Some(call) = last {
+                    self.events.push_back(Event::Reply {
+                        channel,
+                        token: call.token,
+                        result: Ok(Reply::Method(Method::ChannelCloseOk(ChannelCloseOk {}))),
+                    });
+                }
+                let mut unconfirmed = Vec::new();
+                state.confirms.fail_all(&mut unconfirmed);
+                self.events.push_back(Event::ChannelClosed {
+                    channel,
+                    refusal: None,
+                    unconfirmed,
+                });
+            }
+            Method::ChannelClose(_) => self.send(channel, ChannelCloseOk {}),
+            _ => {}
+        }
+    }
+
+    fn channel_method(&mut self, channel: u16, method: Method) {
+        if is_reply(&method) {
+            self.resolve_call(channel, Reply::Method(method));
+            return;
+        }
+        match method {
+            Method::BasicAck(ack) => self.on_confirm(channel, Outcome::Ack, ack.delivery_tag, ack.multiple),
+            Method::BasicNack(nack) => self.on_confirm(channel, Outcome::Nack, nack.delivery_tag, nack.multiple),
+            Method::ChannelClose(close) => {
+                self.send(channel, ChannelCloseOk {});
+                self.server_closed_channel(channel, Refusal::from_channel_close(&close));
+            }
+            Method::BasicCancel(cancel) => {
+                if !cancel.no_wait {
+                    self.send(
+                        channel,
+                        amqp_codec::BasicCancelOk {
+                            consumer_tag: cancel.consumer_tag.clone(),
+                        },
+                    );
+                }
+                self.events.push_back(Event::ConsumerCancelled {
+                    channel,
+                    consumer_tag: cancel.consumer_tag,
+                });
+            }
+            Method::ChannelFlow(flow) => {
+                self.send(channel, ChannelFlowOk { active: flow.active });
+                self.events.push_back(Event::Flow {
+                    channel,
+                    active: flow.active,
+                });
+            }
+            other => self.protocol_error(
+                ReplyCode::CommandInvalid,
+                format!("unexpected {} on channel {channel}", other.name()),
+            ),
+        }
+    }
+
+    fn channel_content(&mut self, channel: u16, content: Content) {
+        match &content.method {
+            Method::BasicDeliver(_) => self.events.push_back(Event::Delivery { channel, content }),
+            Method::BasicGetOk(_) => self.resolve_call(channel, Reply::Content(content)),
+            Method::BasicReturn(ret) => {
+                let Some(state) = self.channel_mut(channel) else { return };
+                let message_id = content
+                    .header
+                    .as_ref()
+                    .ok()
+                    .and_then(|h| h.properties.message_id.as_ref());
+                match state.returns.on_return(ret.clone(), message_id) {
+                    ReturnMatch::Matched(seq) => {
+                        state.returned.insert(seq, content);
+                    }
+                    ReturnMatch::Unmatched(_) => self.events.push_back(Event::Return { channel, content }),
+                }
+            }
+            other => {
+                let name = other.name();
+                self.protocol_error(
+                    ReplyCode::CommandInvalid,
+                    format!("{name} with content from the broker"),
+                );
+            }
+        }
+    }
+
+    fn resolve_call(&mut self, channel: u16, reply: Reply) {
+        let (class_id, method_id) = match &reply {
+            Reply::Method(m) => (m.class_id(), m.method_id()),
+            Reply::Content(c) => (c.method.class_id(), c.method.method_id()),
+        };
+        let Some(state) = self.channel_mut(channel) else { return };
+        let Some(call) = state.calls.pop_front() else {
+            self.protocol_error(
+                ReplyCode::UnexpectedFrame,
+                format!(
+                    "{} on channel {channel}, which is waiting for no reply",
+                    Method::name_of(class_id, method_id).unwrap_or("reply")
+                ),
+            );
+            return;
+        };
+        if call.reply_class != class_id || !call.reply_methods.contains(&method_id) {
+            self.protocol_error(
+                ReplyCode::UnexpectedFrame,
+                format!(
+                    "{} on channel {channel} does not answer the call waiting there",
+                    Method::name_of(class_id, method_id).unwrap_or("reply")
+                ),
+            );
+            return;
+        }
+        if matches!(&reply, Reply::Method(Method::ChannelOpenOk(_))) {
+            state.phase = Phase::Open;
+        }
+        self.events.push_back(Event::Reply {
+            channel,
+            token: call.token,
+            result: Ok(reply),
+        });
+    }
+
+    fn on_confirm(&mut self, channel: u16, outcome: Outcome, tag: u64, multiple: bool) {
+        let mut resolved = std::mem::take(&mut self.scratch);
+        resolved.clear();
+        let Some(state) = self
+            .channels
+            .get_mut(usize::from(channel))
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        if let Err(err) = state.confirms.on_confirm(outcome, tag, multiple, &mut resolved) {
+            self.scratch = resolved;
+            self.protocol_error(ReplyCode::CommandInvalid, format!("on channel {channel}: {err}"));
+            return;
+        }
+        for &seq in &resolved {
+            let returned = if state.returns.settle(seq).is_some() {
+                state.returned.remove(&seq)
+            } else {
+                None
+            };
+            self.events.push_back(Event::Confirm {
+                channel,
+                seq,
+                outcome,
+                returned,
+            });
+        }
+        self.scratch = resolved;
+    }
+
+    fn server_closed_channel(&mut self, channel: u16, refusal: Refusal) {
+        let Some(mut state) = self.channels.get_mut(usize::from(channel)).and_then(Option::take) else {
+            return;
+        };
+        for call in state.calls.drain(..) {
+            self.events.push_back(Event::Reply {
+                channel,
+                token: call.token,
+                result: Err(CallError::ChannelClosed(refusal.clone())),
+            });
+        }
+        let mut unconfirmed = Vec::new();
+        state.confirms.fail_all(&mut unconfirmed);
+        self.events.push_back(Event::ChannelClosed {
+            channel,
+            refusal: Some(refusal),
+            unconfirmed,
+        });
+    }
+
+    /// The broker broke the protocol: close the connection with `code`.
+    fn protocol_error(&mut self, code: ReplyCode, text: String) {
+        tracing::warn!(code = code.code(), %text, "closing the connection: protocol error");
+        let reply_text = ShortString::from(truncate(&text, 255));
+        self.close_with(code.code(), reply_text, CloseReason::ProtocolError { code, text });
+    }
+
+    fn close_with(&mut self, code: u16, text: ShortString, reason: CloseReason) {
+        match self.state {
+            State::Closing(_) | State::Closed => return,
+            State::ExpectStart => {
+                // Nothing to close politely before connection.start.
+                self.state = State::Closed;
+                self.finish(reason);
+                return;
+            }
+            _ => {}
+        }
+        self.send(
+            0,
+            ConnectionClose {
+                reply_code: code,
+                reply_text: text,
+                class_id: 0,
+                method_id: 0,
+            },
+        );
+        self.state = State::Closing(reason);
+    }
+
+    /// Ends the connection: every pending call fails, every channel closes.
+    fn finish(&mut self, reason: CloseReason) {
+        self.state = State::Closed;
+        for (id, slot) in self.channels.iter_mut().enumerate() {
+            let Some(mut state) = slot.take() else { continue };
+            let channel = id as u16;
+            for call in state.calls.drain(..) {
+                self.events.push_back(Event::Reply {
+                    channel,
+                    token: call.token,
+                    result: Err(CallError::ConnectionClosed(reason.clone())),
+                });
+            }
+        }
+        self.blocked.reset();
+        self.events.push_back(Event::Closed(reason));
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes on a char boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}

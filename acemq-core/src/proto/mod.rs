@@ -1,0 +1,12 @@
+//! The sans-IO protocol core: the client connection and channel machines.
+//! Frames in, frames and events out, `now` passed in; no socket, clock or
+//! task anywhere in here.
+
+mod channel;
+mod connection;
+pub mod handshake;
+
+pub use connection::{
+    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Refusal, Reply, Token,
+};
+pub use handshake::{Auth, Secret, TuneRequest, Tuned};
