@@ -1,6 +1,184 @@
-//! The acemq behaviour suite: every scenario runs against acemq-memory and a
-//! real RabbitMQ.
+//! The acemq behaviour suite's harness: the brokers every scenario runs
+//! against, and what a test may do to them.
 //!
-//! Empty until the client engine lands; the codec's own tests live in
-//! `amqp-codec/tests/`.
+//! Brokers: RabbitMQ over TCP and over TLS (the private node started by
+//! `scripts/rabbitmq.sh`, found through the `ACEMQ_RABBITMQ_*` variables that
+//! `scripts/test.sh` exports). Under `CI=true` a broker that is not there is
+//! a failure; elsewhere the RabbitMQ runs are skipped with a loud message.
 #![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use acemq_core::amqp::{Config, Connection, TlsConfig};
+
+/// Which broker a scenario runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// RabbitMQ over plain TCP.
+    RabbitTcp,
+    /// RabbitMQ over TLS with the CA generated for the run.
+    RabbitTls,
+}
+
+/// A broker a scenario can run against.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// Which one.
+    pub kind: Kind,
+    /// Its URL.
+    pub url: String,
+    /// The TLS settings that trust it.
+    pub tls: TlsConfig,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
+}
+
+/// The RabbitMQ settings from the environment `scripts/test.sh` exports, or
+/// from the node's files when it runs under the default layout.
+fn rabbit_env() -> Option<(String, String, PathBuf)> {
+    let tcp = std::env::var("ACEMQ_RABBITMQ_URL").ok();
+    let tls = std::env::var("ACEMQ_RABBITMQ_TLS_URL").ok();
+    let ca = std::env::var("ACEMQ_RABBITMQ_CA").ok().map(PathBuf::from);
+    match (tcp, tls, ca) {
+        (Some(tcp), Some(tls), Some(ca)) => Some((tcp, tls, ca)),
+        _ => {
+            let ca = root().join("target/rabbitmq/tls/ca.pem");
+            ca.exists().then(|| {
+                (
+                    "amqp://guest:guest@127.0.0.1:5672/".to_string(),
+                    "amqps://guest:guest@localhost:5671/".to_string(),
+                    ca,
+                )
+            })
+        }
+    }
+}
+
+/// Every broker to run scenarios against. Panics under `CI=true` when
+/// RabbitMQ is missing; elsewhere says loudly that it is skipped.
+pub async fn brokers() -> Vec<Broker> {
+    let mut out = Vec::new();
+    match rabbit_env() {
+        Some((tcp, tls_url, ca)) if reachable(&tcp).await => {
+            let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
+            let tls = TlsConfig::new().with_root_pem(&pem).expect("the generated CA parses");
+            out.push(Broker {
+                kind: Kind::RabbitTcp,
+                url: tcp,
+                tls: tls.clone(),
+            });
+            out.push(Broker {
+                kind: Kind::RabbitTls,
+                url: tls_url,
+                tls,
+            });
+        }
+        _ if in_ci() => {
+            panic!("RabbitMQ is not running under CI=true: scripts/test.sh must start it (scripts/rabbitmq.sh start)")
+        }
+        _ => eprintln!(
+            "\n!!!! SKIPPING the RabbitMQ runs: no broker found. Start one with `scripts/rabbitmq.sh start` \
+             or run `scripts/test.sh`. !!!!\n"
+        ),
+    }
+    out
+}
+
+async fn reachable(url: &str) -> bool {
+    let Ok(parsed) = url.parse::<acemq_core::amqp::AmqpUrl>() else {
+        return false;
+    };
+    let (host, port) = &parsed.hosts[0];
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect((host.as_str(), *port)),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}
+
+impl Broker {
+    /// The default connection config for this broker.
+    pub fn config(&self) -> Config {
+        Config {
+            tls: self.tls.clone(),
+            connection_timeout: Duration::from_secs(10),
+            ..Config::default()
+        }
+    }
+
+    /// Opens a connection with the default config.
+    pub async fn connect(&self) -> Connection {
+        self.connect_with(self.config()).await
+    }
+
+    /// Opens a connection with this config.
+    pub async fn connect_with(&self, config: Config) -> Connection {
+        Connection::open(&self.url, config)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {:?} at {}: {e}", self.kind, self.url))
+    }
+
+    /// Whether this is RabbitMQ.
+    pub fn is_rabbitmq(&self) -> bool {
+        matches!(self.kind, Kind::RabbitTcp | Kind::RabbitTls)
+    }
+
+    /// Runs `rabbitmqctl` against the test node; returns its stdout.
+    pub fn rabbitmqctl(&self, args: &[&str]) -> String {
+        rabbitmqctl(args)
+    }
+
+    /// Closes the connection whose `connection_name` is `name` from the
+    /// broker's side (RabbitMQ: `rabbitmqctl close_connection`, which sends
+    /// 320 CONNECTION_FORCED).
+    pub fn force_close(&self, name: &str) {
+        let listing = rabbitmqctl(&["list_connections", "pid", "client_properties"]);
+        let line = listing
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"));
+        let pid = line.split_whitespace().next().expect("a pid column");
+        rabbitmqctl(&["close_connection", pid, "closed by the acemq test suite"]);
+    }
+
+    /// Raises (or clears) a memory alarm: RabbitMQ blocks publishing connections.
+    pub fn set_memory_alarm(&self, on: bool) {
+        rabbitmqctl(&["set_vm_memory_high_watermark", if on { "0" } else { "0.4" }]);
+    }
+}
+
+/// Runs `rabbitmqctl` through `scripts/rabbitmq.sh ctl`.
+pub fn rabbitmqctl(args: &[&str]) -> String {
+    let out = Command::new(root().join("scripts/rabbitmq.sh"))
+        .arg("ctl")
+        .args(args)
+        .output()
+        .expect("scripts/rabbitmq.sh runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A name unique to this process and call, for queues and connections.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "acemq-test.{prefix}.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
