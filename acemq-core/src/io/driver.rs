@@ -478,7 +478,7 @@ impl Driver {
                     let _ = closer.send(Ok(()));
                 }
                 let _ = self.shared.events.send(ConnectionEvent::Closed(reason));
-                let _ = self.shared.closed.send(true);
+                self.shared.closed.send_replace(true);
             }
         }
     }
@@ -558,6 +558,6 @@ impl Driver {
         for closer in self.closers.drain(..) {
             let _ = closer.send(Ok(()));
         }
-        let _ = self.shared.closed.send(true);
+        self.shared.closed.send_replace(true);
     }
 }

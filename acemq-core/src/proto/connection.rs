@@ -721,6 +721,15 @@ impl Connection {
                 let Some(mut state) = self.channels[usize::from(channel)].take() else {
                     return;
                 };
+                // Say the channel is gone before answering any call, so that a
+                // caller woken by the answer already sees it closed.
+                let mut unconfirmed = Vec::new();
+                state.confirms.fail_all(&mut unconfirmed);
+                self.events.push_back(Event::ChannelClosed {
+                    channel,
+                    refusal: None,
+                    unconfirmed,
+                });
                 // The close-ok answers our channel.close call, the last one queued.
                 let calls: Vec<PendingCall> = state.calls.drain(..).collect();
                 let (last, earlier) = calls.split_last().map_or((None, &[][..]), |(l, e)| (Some(l), e));
@@ -743,13 +752,6 @@ impl Connection {
                         result: Ok(Reply::Method(Method::ChannelCloseOk(ChannelCloseOk {}))),
                     });
                 }
-                let mut unconfirmed = Vec::new();
-                state.confirms.fail_all(&mut unconfirmed);
-                self.events.push_back(Event::ChannelClosed {
-                    channel,
-                    refusal: None,
-                    unconfirmed,
-                });
             }
             Method::ChannelClose(_) => self.send(channel, ChannelCloseOk {}),
             _ => {}
@@ -895,6 +897,13 @@ impl Connection {
         let Some(mut state) = self.channels.get_mut(usize::from(channel)).and_then(Option::take) else {
             return;
         };
+        let mut unconfirmed = Vec::new();
+        state.confirms.fail_all(&mut unconfirmed);
+        self.events.push_back(Event::ChannelClosed {
+            channel,
+            refusal: Some(refusal.clone()),
+            unconfirmed,
+        });
         for call in state.calls.drain(..) {
             self.events.push_back(Event::Reply {
                 channel,
@@ -902,13 +911,6 @@ impl Connection {
                 result: Err(CallError::ChannelClosed(refusal.clone())),
             });
         }
-        let mut unconfirmed = Vec::new();
-        state.confirms.fail_all(&mut unconfirmed);
-        self.events.push_back(Event::ChannelClosed {
-            channel,
-            refusal: Some(refusal),
-            unconfirmed,
-        });
     }
 
     /// The broker broke the protocol: close the connection with `code`.
