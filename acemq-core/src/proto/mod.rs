@@ -5,6 +5,8 @@
 mod channel;
 mod connection;
 pub mod handshake;
+#[cfg(test)]
+mod tests;
 
 pub use connection::{
     CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Refusal, Reply, Token,

@@ -1,0 +1,442 @@
+//! The connection machine driven frame by frame with a virtual clock: no
+//! tokio, no socket. A scripted server side built with amqp-codec.
+
+use std::time::{Duration, Instant};
+
+use amqp_codec::track::Outcome;
+use amqp_codec::*;
+use bytes::{Bytes, BytesMut};
+
+use super::*;
+
+struct Peer {
+    conn: Connection,
+    now: Instant,
+    decoder: FrameDecoder,
+    /// What the client wrote, not yet read by the test.
+    written: BytesMut,
+}
+
+impl Peer {
+    fn new() -> Self {
+        let now = Instant::now();
+        Peer {
+            conn: Connection::new(ConnectionParams::default(), now),
+            now,
+            decoder: FrameDecoder::new(0),
+            written: BytesMut::new(),
+        }
+    }
+
+    /// A peer past the handshake, with the server's heartbeat proposal.
+    fn open(heartbeat: u16) -> Self {
+        let mut p = Peer::new();
+        let mut header = p.take_raw(8);
+        assert_eq!(check_protocol_header(&header.split_to(8)), Ok(true));
+        p.server(
+            0,
+            ConnectionStart {
+                version_major: 0,
+                version_minor: 9,
+                mechanisms: "PLAIN AMQPLAIN".into(),
+                locales: "en_US".into(),
+                ..Default::default()
+            },
+        );
+        let Method::ConnectionStartOk(ok) = p.client_method() else {
+            panic!()
+        };
+        assert_eq!(ok.mechanism, "PLAIN");
+        assert_eq!(ok.response.as_bytes(), b"\0guest\0guest");
+        p.server(
+            0,
+            ConnectionTune {
+                channel_max: 2047,
+                frame_max: 131_072,
+                heartbeat,
+            },
+        );
+        assert!(matches!(p.client_method(), Method::ConnectionTuneOk(_)));
+        let Method::ConnectionOpen(open) = p.client_method() else {
+            panic!()
+        };
+        assert_eq!(open.virtual_host, "/");
+        p.server(0, ConnectionOpenOk::default());
+        assert_eq!(p.conn.poll_event(), Some(Event::Opened));
+        p
+    }
+
+    fn flush(&mut self) {
+        self.conn.poll_transmit(&mut self.written, self.now);
+    }
+
+    fn take_raw(&mut self, n: usize) -> BytesMut {
+        self.flush();
+        self.written.split_to(n)
+    }
+
+    fn client_frame(&mut self) -> Option<Frame> {
+        self.flush();
+        self.decoder.decode(&mut self.written).unwrap()
+    }
+
+    fn client_method(&mut self) -> Method {
+        match self.client_frame() {
+            Some(Frame::Method(_, m)) => m,
+            other => panic!("expected a method, got {other:?}"),
+        }
+    }
+
+    fn server_frames(&mut self, frames: &[Frame]) {
+        let mut buf = BytesMut::new();
+        for f in frames {
+            f.encode(&mut buf).unwrap();
+        }
+        self.conn.handle_input(&mut buf, self.now);
+        assert!(buf.is_empty());
+    }
+
+    fn server(&mut self, channel: u16, method: impl Into<Method>) {
+        self.server_frames(&[Frame::Method(channel, method.into())]);
+    }
+
+    fn events(&mut self) -> Vec<Event> {
+        std::iter::from_fn(|| self.conn.poll_event()).collect()
+    }
+
+    fn open_channel(&mut self) -> u16 {
+        let (id, token) = self.conn.open_channel().unwrap();
+        assert!(matches!(self.client_method(), Method::ChannelOpen(_)));
+        self.server(id, ChannelOpenOk::default());
+        assert!(matches!(&self.events()[..], [Event::Reply { token: t, result: Ok(_), .. }] if *t == token));
+        id
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.conn.handle_timeout(self.now);
+    }
+}
+
+#[test]
+fn the_handshake_negotiates_and_sends_the_capabilities() {
+    let mut p = Peer::new();
+    p.take_raw(8);
+    p.server(
+        0,
+        ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            mechanisms: "PLAIN".into(),
+            ..Default::default()
+        },
+    );
+    let Method::ConnectionStartOk(ok) = p.client_method() else {
+        panic!()
+    };
+    let caps = ok
+        .client_properties
+        .get("capabilities")
+        .and_then(FieldValue::as_table)
+        .unwrap();
+    assert_eq!(caps.get("connection.blocked"), Some(&FieldValue::Bool(true)));
+    p.server(
+        0,
+        ConnectionTune {
+            channel_max: 0,
+            frame_max: 0,
+            heartbeat: 30,
+        },
+    );
+    let Method::ConnectionTuneOk(ok) = p.client_method() else {
+        panic!()
+    };
+    assert_eq!((ok.channel_max, ok.frame_max, ok.heartbeat), (2047, 131_072, 30));
+    assert!(!p.conn.is_open());
+}
+
+#[test]
+fn a_refused_login_ends_with_the_brokers_reason() {
+    let mut p = Peer::new();
+    p.take_raw(8);
+    p.server(
+        0,
+        ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            mechanisms: "PLAIN".into(),
+            ..Default::default()
+        },
+    );
+    p.client_method();
+    p.server(
+        0,
+        ConnectionClose {
+            reply_code: 403,
+            reply_text: "ACCESS_REFUSED - Login was refused".into(),
+            class_id: 0,
+            method_id: 0,
+        },
+    );
+    assert!(matches!(p.client_method(), Method::ConnectionCloseOk(_)));
+    match &p.events()[..] {
+        [Event::Closed(CloseReason::ByServer(r))] => assert_eq!(r.code, 403),
+        other => panic!("{other:?}"),
+    }
+    assert!(p.conn.is_closed());
+}
+
+#[test]
+fn a_mechanism_the_broker_does_not_offer_is_refused_before_sending_credentials() {
+    let mut p = Peer::new();
+    p.take_raw(8);
+    p.server(
+        0,
+        ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            mechanisms: "EXTERNAL".into(),
+            ..Default::default()
+        },
+    );
+    // Nothing is sent (no credentials, no close before start-ok): the socket just closes.
+    assert_eq!(p.client_frame(), None);
+    assert!(p.conn.is_closed());
+    assert!(matches!(
+        &p.events()[..],
+        [Event::Closed(CloseReason::ProtocolError {
+            code: ReplyCode::AccessRefused,
+            ..
+        })]
+    ));
+}
+
+#[test]
+fn heartbeats_go_out_at_half_the_interval_and_a_silent_peer_is_dead_after_two() {
+    let mut p = Peer::open(10);
+    assert_eq!(p.conn.tuned().unwrap().heartbeat, 10);
+    assert_eq!(p.conn.poll_timeout(), Some(p.now + Duration::from_secs(5)));
+    p.advance(Duration::from_secs(5));
+    assert_eq!(p.client_frame(), Some(Frame::Heartbeat));
+    // The peer's heartbeat keeps the connection alive.
+    p.advance(Duration::from_secs(5));
+    assert_eq!(p.client_frame(), Some(Frame::Heartbeat));
+    p.server_frames(&[Frame::Heartbeat]);
+    p.advance(Duration::from_secs(15));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_secs(5));
+    assert!(p.conn.is_closed());
+    assert_eq!(p.events(), [Event::Closed(CloseReason::HeartbeatTimeout)]);
+}
+
+#[test]
+fn a_server_channel_close_fails_the_pending_call_and_keeps_the_connection() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    let token = p
+        .conn
+        .call(
+            ch,
+            QueueDeclare {
+                queue: "q".into(),
+                passive: true,
+                ..Default::default()
+            }
+            .into(),
+        )
+        .unwrap()
+        .unwrap();
+    p.client_method();
+    p.server(
+        ch,
+        ChannelClose {
+            reply_code: 404,
+            reply_text: "NOT_FOUND - no queue 'q' in vhost '/'".into(),
+            class_id: 50,
+            method_id: 10,
+        },
+    );
+    assert!(matches!(p.client_method(), Method::ChannelCloseOk(_)));
+    let events = p.events();
+    assert!(matches!(&events[0], Event::ChannelClosed { refusal: Some(r), .. } if r.code == 404));
+    match &events[1] {
+        Event::Reply {
+            token: t,
+            result: Err(CallError::ChannelClosed(r)),
+            ..
+        } => {
+            assert_eq!(*t, token);
+            assert_eq!(r.method_name(), Some("queue.declare"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(p.conn.is_open());
+    assert!(!p.conn.is_channel_open(ch));
+    assert_eq!(p.open_channel(), ch, "the number is free again");
+}
+
+#[test]
+fn a_forced_close_is_answered_and_reported_as_320() {
+    let mut p = Peer::open(0);
+    p.open_channel();
+    p.server(
+        0,
+        ConnectionClose {
+            reply_code: 320,
+            reply_text: "CONNECTION_FORCED - broker forced connection closure".into(),
+            class_id: 0,
+            method_id: 0,
+        },
+    );
+    assert!(matches!(p.client_method(), Method::ConnectionCloseOk(_)));
+    match &p.events()[..] {
+        [Event::Closed(CloseReason::ByServer(r))] => assert_eq!(r.reply_code(), ReplyCode::ConnectionForced),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_frame_on_an_unopened_channel_closes_the_connection_with_504() {
+    let mut p = Peer::open(0);
+    p.server(
+        7,
+        BasicAck {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 504));
+    // Everything but close-ok is ignored now.
+    p.server(0, ConnectionBlocked { reason: "x".into() });
+    assert!(p.events().is_empty());
+    p.server(0, ConnectionCloseOk {});
+    assert!(matches!(
+        &p.events()[..],
+        [Event::Closed(CloseReason::ProtocolError {
+            code: ReplyCode::ChannelError,
+            ..
+        })]
+    ));
+}
+
+#[test]
+fn confirms_and_returns_pair_through_the_machine() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    p.conn.call(ch, ConfirmSelect { no_wait: false }.into()).unwrap();
+    p.client_method();
+    p.server(ch, ConfirmSelectOk {});
+    p.events();
+    let publish = |key: &str| BasicPublish {
+        routing_key: key.into(),
+        mandatory: true,
+        ..Default::default()
+    };
+    let props = |id: &str| BasicProperties {
+        message_id: Some(id.into()),
+        ..Default::default()
+    };
+    assert_eq!(p.conn.publish(ch, &publish("q"), &props("a"), b"1").unwrap(), Some(1));
+    assert_eq!(
+        p.conn.publish(ch, &publish("none"), &props("b"), b"2").unwrap(),
+        Some(2)
+    );
+    assert_eq!(p.conn.publish(ch, &publish("q"), &props("c"), b"3").unwrap(), Some(3));
+    assert_eq!(p.conn.unconfirmed(ch), 3);
+    let ret = BasicReturn {
+        reply_code: 312,
+        reply_text: "NO_ROUTE".into(),
+        exchange: "".into(),
+        routing_key: "none".into(),
+    };
+    p.server_frames(&[
+        Frame::Method(ch, ret.into()),
+        Frame::Header(ch, ContentHeader::basic(1, props("b"))),
+        Frame::Body(ch, Bytes::from_static(b"2")),
+        Frame::Method(
+            ch,
+            BasicAck {
+                delivery_tag: 3,
+                multiple: true,
+            }
+            .into(),
+        ),
+    ]);
+    let confirms: Vec<(u64, Outcome, bool)> = p
+        .events()
+        .into_iter()
+        .map(|e| match e {
+            Event::Confirm {
+                seq, outcome, returned, ..
+            } => (seq, outcome, returned.is_some()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        confirms,
+        [
+            (1, Outcome::Ack, false),
+            (2, Outcome::Ack, true),
+            (3, Outcome::Ack, false)
+        ]
+    );
+}
+
+#[test]
+fn blocked_and_unblocked_are_reported_once_each() {
+    let mut p = Peer::open(0);
+    p.server(
+        0,
+        ConnectionBlocked {
+            reason: "low on memory".into(),
+        },
+    );
+    p.server(
+        0,
+        ConnectionBlocked {
+            reason: "low on memory".into(),
+        },
+    );
+    assert!(p.conn.is_blocked());
+    p.server(0, ConnectionUnblocked {});
+    assert_eq!(
+        p.events(),
+        [
+            Event::Blocked {
+                reason: "low on memory".into()
+            },
+            Event::Unblocked
+        ]
+    );
+}
+
+#[test]
+fn a_body_is_split_at_the_negotiated_frame_max() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    let body = vec![1u8; 300_000];
+    p.conn
+        .publish(ch, &BasicPublish::default(), &BasicProperties::default(), &body)
+        .unwrap();
+    assert!(matches!(
+        p.client_frame(),
+        Some(Frame::Method(_, Method::BasicPublish(_)))
+    ));
+    assert!(matches!(p.client_frame(), Some(Frame::Header(..))));
+    let mut sizes = Vec::new();
+    while let Some(Frame::Body(_, b)) = p.client_frame() {
+        sizes.push(b.len());
+    }
+    assert_eq!(sizes, [131_064, 131_064, 300_000 - 2 * 131_064]);
+}
+
+#[test]
+fn client_close_waits_for_close_ok() {
+    let mut p = Peer::open(0);
+    p.conn.close();
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 200));
+    assert!(!p.conn.is_closed());
+    assert!(matches!(p.conn.open_channel(), Err(CommandError::ConnectionNotOpen)));
+    p.server(0, ConnectionCloseOk {});
+    assert_eq!(p.events(), [Event::Closed(CloseReason::ByClient)]);
+}
