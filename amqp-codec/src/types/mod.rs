@@ -61,7 +61,7 @@ impl FieldTable {
             return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
         }
         match field_table(ctx, 1, input) {
-            Ok((rest, table)) if rest.is_empty() => Ok(table),
+            Ok(([], table)) => Ok(table),
             Ok((rest, _)) => Err(malformed(DecodeErrorKind::TrailingBytes(rest.len()))),
             Err(err) => Err(malformed(kind_of(err))),
         }
