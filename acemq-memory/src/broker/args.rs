@@ -1,0 +1,378 @@
+//! Declaration arguments: validating them, reading the queue settings they
+//! carry, and RabbitMQ's equivalence check on redeclare (integers compared by
+//! value across widths, texts as RabbitMQ writes them). Must never accept a
+//! value RabbitMQ would refuse without saying so.
+
+use amqp_codec::{FieldTable, FieldValue, ShortString};
+
+use crate::error::{rs_queue, AmqpError};
+
+/// The queue types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueKind {
+    Classic,
+    Quorum,
+    Stream,
+}
+
+/// What happens when a queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overflow {
+    DropHead,
+    RejectPublish,
+    RejectPublishDlx,
+}
+
+/// The settings a queue's arguments carry.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct QueueSettings {
+    pub kind: QueueKind,
+    pub message_ttl: Option<u64>,
+    pub expires: Option<u64>,
+    pub max_length: Option<u64>,
+    pub max_length_bytes: Option<u64>,
+    pub overflow: Overflow,
+    pub dead_letter_exchange: Option<ShortString>,
+    pub dead_letter_routing_key: Option<ShortString>,
+    pub delivery_limit: Option<u64>,
+}
+
+/// The arguments RabbitMQ 3.10 compares on redeclare, in its order.
+const EQUIVALENCE_KEYS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+    "x-delivery-limit",
+    "x-dead-letter-strategy",
+];
+
+/// RabbitMQ's name for a field type, as it appears in reply texts.
+pub(crate) fn type_name(value: &FieldValue) -> &'static str {
+    match value {
+        FieldValue::Bool(_) => "bool",
+        FieldValue::I8(_) => "byte",
+        FieldValue::U8(_) => "unsignedbyte",
+        FieldValue::I16(_) => "short",
+        FieldValue::U16(_) => "unsignedshort",
+        FieldValue::I32(_) => "signedint",
+        FieldValue::U32(_) => "unsignedint",
+        FieldValue::I64(_) | FieldValue::I64L(_) => "long",
+        FieldValue::F32(_) => "float",
+        FieldValue::F64(_) => "double",
+        FieldValue::Decimal(_) => "decimal",
+        FieldValue::LongString(_) => "longstr",
+        FieldValue::Array(_) => "array",
+        FieldValue::Timestamp(_) => "timestamp",
+        FieldValue::Table(_) => "table",
+        FieldValue::Void => "void",
+        FieldValue::ByteArray(_) => "binary",
+    }
+}
+
+/// RabbitMQ's type class: every integer width is one class.
+fn type_class(value: &FieldValue) -> &'static str {
+    match value {
+        FieldValue::I8(_)
+        | FieldValue::U8(_)
+        | FieldValue::I16(_)
+        | FieldValue::U16(_)
+        | FieldValue::I32(_)
+        | FieldValue::U32(_)
+        | FieldValue::I64(_)
+        | FieldValue::I64L(_) => "int",
+        FieldValue::F32(_) | FieldValue::F64(_) => "float",
+        other => type_name(other),
+    }
+}
+
+/// A value as Erlang's `~s`/`~p` would print it in a reply text.
+pub(crate) fn show(value: &FieldValue) -> String {
+    if let Some(n) = value.as_i64() {
+        return n.to_string();
+    }
+    match value {
+        FieldValue::LongString(s) => s.to_string_lossy().into_owned(),
+        FieldValue::ByteArray(b) => String::from_utf8_lossy(b).into_owned(),
+        FieldValue::Bool(b) => b.to_string(),
+        FieldValue::F32(f) => f.to_string(),
+        FieldValue::F64(f) => f.to_string(),
+        FieldValue::Decimal(d) => format!("{{{},{}}}", d.scale, d.value),
+        FieldValue::Void => "undefined".to_owned(),
+        FieldValue::Array(_) => "[...]".to_owned(),
+        FieldValue::Table(_) => "[...]".to_owned(),
+        _ => String::new(),
+    }
+}
+
+fn same_value(a: &FieldValue, b: &FieldValue) -> bool {
+    if type_class(a) != type_class(b) {
+        return false;
+    }
+    match (a.as_i64(), b.as_i64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+fn described(value: Option<&FieldValue>) -> String {
+    match value {
+        None => "none".to_owned(),
+        Some(v) => format!("the value '{}' of type '{}'", show(v), type_name(v)),
+    }
+}
+
+/// RabbitMQ's `assert_args_equivalence` for `keys`; `what` is
+/// `queue 'q' in vhost '/'` or the exchange's equivalent.
+pub(crate) fn assert_args_equivalence(
+    current: &FieldTable,
+    received: &FieldTable,
+    what: &str,
+    keys: &[&str],
+) -> Result<(), AmqpError> {
+    for key in keys {
+        let (cur, new) = (current.get(key), received.get(key));
+        match (cur, new) {
+            (None, None) => {}
+            (Some(c), Some(n)) if same_value(c, n) => {}
+            (Some(c), Some(n)) => {
+                return Err(AmqpError::precondition(format!(
+                    "inequivalent arg '{key}' for {what}: received '{}' but current is '{}'",
+                    show(n),
+                    show(c)
+                )))
+            }
+            (c, n) => {
+                return Err(AmqpError::precondition(format!(
+                    "inequivalent arg '{key}' for {what}: received {} but current is {}",
+                    described(n),
+                    described(c)
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// RabbitMQ's `assert_field_equivalence` for a flag or the exchange type.
+pub(crate) fn assert_field_equivalence(
+    current: impl std::fmt::Display,
+    received: impl std::fmt::Display,
+    what: &str,
+    field: &str,
+) -> Result<(), AmqpError> {
+    let (current, received) = (current.to_string(), received.to_string());
+    if current == received {
+        Ok(())
+    } else {
+        Err(AmqpError::precondition(format!(
+            "inequivalent arg '{field}' for {what}: received '{received}' but current is '{current}'"
+        )))
+    }
+}
+
+/// The queue equivalence check on arguments.
+pub(crate) fn assert_queue_args_equivalence(
+    current: &FieldTable,
+    received: &FieldTable,
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    assert_args_equivalence(current, received, &rs_queue(queue, vhost), EQUIVALENCE_KEYS)
+}
+
+fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
+    AmqpError::precondition(format!("invalid arg '{key}' for {}: {why}", rs_queue(queue, vhost)))
+}
+
+/// A non-negative integer argument; `positive` refuses 0 too (`x-expires`).
+fn int_arg(
+    args: &FieldTable,
+    key: &str,
+    positive: bool,
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<Option<u64>, AmqpError> {
+    let Some(value) = args.get(key) else {
+        return Ok(None);
+    };
+    let Some(n) = value.as_i64().filter(|_| !matches!(value, FieldValue::Timestamp(_))) else {
+        return Err(invalid(
+            key,
+            queue,
+            vhost,
+            format!("{{unacceptable_type,{}}}", type_name(value)),
+        ));
+    };
+    if n < 0 {
+        return Err(invalid(key, queue, vhost, format!("{{value_negative,{n}}}")));
+    }
+    if positive && n == 0 {
+        return Err(invalid(key, queue, vhost, "{value_zero,0}"));
+    }
+    Ok(Some(n as u64))
+}
+
+fn str_arg(args: &FieldTable, key: &str, queue: &ShortString, vhost: &str) -> Result<Option<ShortString>, AmqpError> {
+    match args.get(key) {
+        None => Ok(None),
+        Some(FieldValue::LongString(s)) => match ShortString::from_bytes(s.to_bytes()) {
+            Some(s) => Ok(Some(s)),
+            None => Err(invalid(key, queue, vhost, "{too_long}")),
+        },
+        Some(other) => Err(invalid(
+            key,
+            queue,
+            vhost,
+            format!("{{unacceptable_type,{}}}", type_name(other)),
+        )),
+    }
+}
+
+/// Validates a queue's arguments and reads its settings.
+pub(crate) fn queue_settings(
+    args: &FieldTable,
+    queue: &ShortString,
+    vhost: &str,
+    default_delivery_limit: Option<u64>,
+) -> Result<QueueSettings, AmqpError> {
+    let kind = match args.get("x-queue-type") {
+        None => QueueKind::Classic,
+        Some(FieldValue::LongString(s)) => match s.as_bytes() {
+            b"classic" => QueueKind::Classic,
+            b"quorum" => QueueKind::Quorum,
+            b"stream" => QueueKind::Stream,
+            other => {
+                return Err(invalid(
+                    "x-queue-type",
+                    queue,
+                    vhost,
+                    format!("{{unsupported_queue_type,<<\"{}\">>}}", String::from_utf8_lossy(other)),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(invalid(
+                "x-queue-type",
+                queue,
+                vhost,
+                format!("{{unacceptable_type,{}}}", type_name(other)),
+            ))
+        }
+    };
+    let overflow = match args.get("x-overflow") {
+        None => Overflow::DropHead,
+        Some(FieldValue::LongString(s)) => match s.as_bytes() {
+            b"drop-head" => Overflow::DropHead,
+            b"reject-publish" => Overflow::RejectPublish,
+            b"reject-publish-dlx" => Overflow::RejectPublishDlx,
+            other => {
+                return Err(invalid(
+                    "x-overflow",
+                    queue,
+                    vhost,
+                    format!("{{invalid_overflow,<<\"{}\">>}}", String::from_utf8_lossy(other)),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(invalid(
+                "x-overflow",
+                queue,
+                vhost,
+                format!("{{unacceptable_type,{}}}", type_name(other)),
+            ))
+        }
+    };
+    let dead_letter_exchange = str_arg(args, "x-dead-letter-exchange", queue, vhost)?;
+    let dead_letter_routing_key = str_arg(args, "x-dead-letter-routing-key", queue, vhost)?;
+    if dead_letter_routing_key.is_some() && dead_letter_exchange.is_none() {
+        return Err(invalid(
+            "x-dead-letter-routing-key",
+            queue,
+            vhost,
+            "Key x-dead-letter-exchange should be specified along with x-dead-letter-routing-key",
+        ));
+    }
+    let delivery_limit = int_arg(args, "x-delivery-limit", false, queue, vhost)?;
+    Ok(QueueSettings {
+        kind,
+        message_ttl: int_arg(args, "x-message-ttl", false, queue, vhost)?,
+        expires: int_arg(args, "x-expires", true, queue, vhost)?,
+        max_length: int_arg(args, "x-max-length", false, queue, vhost)?,
+        max_length_bytes: int_arg(args, "x-max-length-bytes", false, queue, vhost)?,
+        overflow,
+        dead_letter_exchange,
+        dead_letter_routing_key,
+        delivery_limit: match kind {
+            QueueKind::Quorum => delivery_limit.or(default_delivery_limit),
+            _ => None,
+        },
+    })
+}
+
+/// Sets `key` as RabbitMQ's `set_table_value` does: replace or add, then
+/// sort the table by key (byte order, stable).
+pub(crate) fn set_table_value(table: &mut FieldTable, key: &str, value: FieldValue) {
+    table.insert(key, value);
+    sort_table(table);
+}
+
+/// RabbitMQ's `sort_field_table`: a stable sort by key bytes.
+pub(crate) fn sort_table(table: &mut FieldTable) {
+    let sorted = table
+        .entries()
+        .windows(2)
+        .all(|w| w[0].0.as_bytes() <= w[1].0.as_bytes());
+    if sorted {
+        return;
+    }
+    let mut entries: Vec<_> = std::mem::take(table).into_iter().collect();
+    entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    *table = entries.into_iter().collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_compare_by_value_not_width() {
+        let mut a = FieldTable::new();
+        a.insert("x-message-ttl", FieldValue::I32(1000));
+        let mut b = FieldTable::new();
+        b.insert("x-message-ttl", FieldValue::I64(1000));
+        assert!(assert_queue_args_equivalence(&a, &b, &"q".into(), "/").is_ok());
+        b.insert("x-message-ttl", FieldValue::U16(999));
+        let err = assert_queue_args_equivalence(&a, &b, &"q".into(), "/").unwrap_err();
+        assert_eq!(
+            err.text,
+            "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received '999' but current is '1000'"
+        );
+    }
+
+    #[test]
+    fn missing_argument_text_matches_rabbitmq() {
+        let mut b = FieldTable::new();
+        b.insert("x-message-ttl", FieldValue::I32(2000));
+        let err = assert_queue_args_equivalence(&FieldTable::new(), &b, &"q".into(), "/").unwrap_err();
+        assert_eq!(
+            err.text,
+            "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '2000' of type 'signedint' but current is none"
+        );
+    }
+}

@@ -1,0 +1,679 @@
+//! Publishing, routing, delivery to consumers, settlement, and the
+//! dead-letter loop. The hot path: no lock, no thread hop, bodies shared as
+//! `Bytes`, one `Arc` per published message.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use amqp_codec::track::Content;
+use amqp_codec::{
+    BasicAck, BasicDeliver, BasicGetEmpty, BasicGetOk, BasicNack, BasicReturn, FieldTable, FieldValue, Method,
+    ReplyCode, ShortString,
+};
+
+use super::dead_letter::{dead_lettered, is_death_cycle};
+use super::exchange::Destination;
+use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Queued};
+use super::{
+    wake_conn, write_content, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind, Unacked, VHost,
+};
+use crate::error::AmqpError;
+
+/// How a settlement treats the messages it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    Ack,
+    Requeue,
+    Discard,
+}
+
+/// The queues a message reaches from `exchange`, following
+/// exchange-to-exchange bindings and alternate exchanges, each once.
+pub(crate) fn route(
+    vhost: &VHost,
+    exchange: &ShortString,
+    key: &ShortString,
+    headers: Option<&FieldTable>,
+) -> Vec<ShortString> {
+    if exchange.is_empty() {
+        return if vhost.queues.contains_key(key) {
+            vec![key.clone()]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut queues: Vec<ShortString> = Vec::new();
+    let mut visited: Vec<&ShortString> = vec![exchange];
+    let mut stack: Vec<&ShortString> = vec![exchange];
+    let mut dests = Vec::new();
+    while let Some(name) = stack.pop() {
+        let Some(x) = vhost.exchanges.get(name) else { continue };
+        dests.clear();
+        x.matches(key.as_bytes(), headers, &mut dests);
+        if dests.is_empty() {
+            if let Some(alternate) = x.arguments.get("alternate-exchange").and_then(|_| {
+                vhost
+                    .exchanges
+                    .get_key_value(&x.alternate().unwrap_or_default())
+                    .map(|(k, _)| k)
+            }) {
+                if !visited.contains(&alternate) {
+                    visited.push(alternate);
+                    stack.push(alternate);
+                }
+            }
+        }
+        for dest in dests.drain(..) {
+            match dest {
+                Destination::Queue(q) => {
+                    if !queues.contains(q) && vhost.queues.contains_key(q) {
+                        queues.push(q.clone());
+                    }
+                }
+                Destination::Exchange(e) => {
+                    if !visited.contains(&e) {
+                        visited.push(e);
+                        stack.push(e);
+                    }
+                }
+            }
+        }
+    }
+    queues
+}
+
+impl BrokerMachine {
+    /// `basic.publish` with its content, on channel `ch` of connection `id`.
+    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, content: Content, now: Instant) -> Result<(), AmqpError> {
+        let Method::BasicPublish(publish) = &content.method else {
+            return Err(AmqpError::command_invalid("unexpected content-bearing method"));
+        };
+        if publish.immediate {
+            return Err(AmqpError::not_implemented("immediate=true"));
+        }
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Ok(());
+        };
+        let vhost = conn.vhost.clone();
+        if let Ok(header) = &content.header {
+            if let Some(user_id) = &header.properties.user_id {
+                if user_id.as_bytes() != conn.user.as_bytes() {
+                    return Err(AmqpError::precondition(format!(
+                        "user_id property set to '{user_id}' but authenticated user was '{}'",
+                        conn.user
+                    )));
+                }
+            }
+            if let Some(expiration) = &header.properties.expiration {
+                let valid = expiration.as_str().is_some_and(|s| {
+                    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+                });
+                if !valid {
+                    return Err(AmqpError::precondition(format!(
+                        "invalid expiration '{expiration}': no_integer"
+                    )));
+                }
+            }
+        }
+        let Some(vh) = self.vhosts.get(&*vhost) else {
+            return Ok(());
+        };
+        match vh.exchanges.get(&publish.exchange) {
+            None => return Err(AmqpError::no_exchange(&publish.exchange, &vhost)),
+            Some(x) if x.internal => {
+                return Err(AmqpError::access_refused(format!(
+                    "cannot publish to internal exchange '{}' in vhost '{vhost}'",
+                    publish.exchange
+                )))
+            }
+            Some(_) => {}
+        }
+        let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
+            return Ok(());
+        };
+        if let Some(tx) = &mut channel.tx {
+            tx.push(super::TxOp::Publish(Box::new(content)));
+            return Ok(());
+        }
+        let seq = channel.confirm.as_mut().map(|c| {
+            c.next_seq += 1;
+            c.next_seq
+        });
+        self.route_and_enqueue(id, ch, &vhost, content, seq, now);
+        Ok(())
+    }
+
+    pub(crate) fn route_and_enqueue(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        vhost: &Arc<str>,
+        content: Content,
+        seq: Option<u64>,
+        now: Instant,
+    ) {
+        let Method::BasicPublish(publish) = content.method else {
+            return;
+        };
+        let mandatory = publish.mandatory;
+        let header = match content.header {
+            Ok(h) => Header::Decoded(h.properties),
+            Err(raw) => Header::Raw(raw),
+        };
+        let msg = Arc::new(Message {
+            exchange: publish.exchange,
+            routing_key: publish.routing_key,
+            header,
+            body: content.body,
+        });
+        let wall = self.wall_ms(now);
+        let queues = match self.vhosts.get(&**vhost) {
+            Some(vh) => route(vh, &msg.exchange, &msg.routing_key, msg.headers()),
+            None => return,
+        };
+        let mut rejected = false;
+        let mut dropped = Vec::new();
+        for qname in &queues {
+            let Some(q) = self.vhosts.get_mut(&**vhost).and_then(|v| v.queues.get_mut(qname)) else {
+                continue;
+            };
+            if q.enqueue(msg.clone(), now, wall, &mut dropped) == Enqueued::Rejected {
+                rejected = true;
+            }
+            if !dropped.is_empty() {
+                let dead = std::mem::take(&mut dropped);
+                self.queue_dead_letters(vhost, qname, dead);
+            }
+            self.dispatch_inner(vhost, qname, now, true);
+        }
+        self.publish_outcome(id, ch, &msg, mandatory && queues.is_empty(), rejected, seq);
+    }
+
+    /// Writes what the publisher is owed: `basic.return` for an unroutable
+    /// mandatory message (before its ack), and the confirm. Acks are held
+    /// back and coalesced into one `multiple` ack by [`Self::flush_confirms`].
+    fn publish_outcome(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        msg: &Message,
+        returned: bool,
+        rejected: bool,
+        seq: Option<u64>,
+    ) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let frame_max = conn.frame_max;
+        let Conn { channels, out, .. } = conn;
+        let Some(channel) = channels.get_mut(usize::from(ch)).and_then(Option::as_mut) else {
+            return;
+        };
+        if returned {
+            let ret = BasicReturn {
+                reply_code: ReplyCode::NoRoute.code(),
+                reply_text: "NO_ROUTE".into(),
+                exchange: msg.exchange.clone(),
+                routing_key: msg.routing_key.clone(),
+            };
+            write_content(out, ch, &ret.into(), msg, frame_max, None);
+        }
+        let (Some(seq), Some(confirms)) = (seq, channel.confirm.as_mut()) else {
+            return;
+        };
+        if rejected {
+            if let Some(upto) = confirms.pending_ack.take() {
+                write_ack(out, ch, upto, confirms.written);
+                confirms.written = upto;
+            }
+            let nack = BasicNack {
+                delivery_tag: seq,
+                multiple: false,
+                requeue: false,
+            };
+            write_method(out, ch, &nack.into());
+            confirms.written = seq;
+        } else {
+            confirms.pending_ack = Some(seq);
+        }
+    }
+
+    /// Writes the acks held back on every channel of connection `id`.
+    pub(crate) fn flush_confirms(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Conn { channels, out, .. } = conn;
+        for (n, slot) in channels.iter_mut().enumerate() {
+            let Some(confirms) = slot.as_mut().and_then(|c| c.confirm.as_mut()) else {
+                continue;
+            };
+            if let Some(upto) = confirms.pending_ack.take() {
+                write_ack(out, n as u16, upto, confirms.written);
+                confirms.written = upto;
+            }
+        }
+    }
+
+    /// Delivers what a queue has to the consumers that have room.
+    pub(crate) fn dispatch(&mut self, vhost: &str, qname: &ShortString, now: Instant) {
+        self.dispatch_inner(vhost, qname, now, false);
+    }
+
+    /// `fresh`: right after a publish, a message whose TTL ends now may still
+    /// go to a waiting consumer, and is expired at once if none takes it.
+    fn dispatch_inner(&mut self, vhost: &str, qname: &ShortString, now: Instant, fresh: bool) {
+        let mut dead = Vec::new();
+        {
+            let BrokerMachine {
+                vhosts, conns, woken, ..
+            } = self;
+            let Some(q) = vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(qname)) else {
+                return;
+            };
+            if q.is_stream() {
+                dispatch_stream(q, conns, woken);
+                return;
+            }
+            let quorum = q.settings.kind == QueueKind::Quorum;
+            q.expire_head(now, true, &mut dead);
+            while !q.ready.is_empty() && !q.consumers.is_empty() {
+                let n = q.consumers.len();
+                let start = q.round_robin;
+                let Some(idx) = (0..n)
+                    .map(|i| (start + i) % n)
+                    .find(|&i| consumer_ready(conns, &q.consumers[i]))
+                else {
+                    break;
+                };
+                q.round_robin = (idx + 1) % n;
+                let Some(m) = q.pop_ready() else { break };
+                let extra = (quorum && m.delivery_count > 0)
+                    .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                if deliver(conns, woken, &q.consumers[idx], &q.name, m, extra) {
+                    q.unacked += 1;
+                }
+                q.expire_head(now, true, &mut dead);
+            }
+            if fresh {
+                q.expire_head(now, false, &mut dead);
+            }
+        }
+        if !dead.is_empty() {
+            self.queue_dead_letters(vhost, qname, dead);
+        }
+    }
+
+    /// Settles deliveries on a channel: `basic.ack`, `basic.nack`, `basic.reject`.
+    pub(crate) fn settle(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Ok(());
+        };
+        let vhost = conn.vhost.clone();
+        let Some(channel) = conn.channel_mut(ch) else {
+            return Ok(());
+        };
+        let taken: Vec<Unacked> = if multiple && tag == 0 {
+            channel.unacked.drain(..).collect()
+        } else {
+            let pos = channel
+                .unacked
+                .binary_search_by_key(&tag, |u| u.tag)
+                .map_err(|_| AmqpError::precondition(format!("unknown delivery tag {tag}")))?;
+            if multiple {
+                channel.unacked.drain(..=pos).collect()
+            } else {
+                channel.unacked.remove(pos).into_iter().collect()
+            }
+        };
+        for entry in &taken {
+            if let Some(tag) = &entry.consumer {
+                if let Some(consumer) = channel.consumers.iter_mut().find(|c| &c.tag == tag) {
+                    consumer.in_flight = consumer.in_flight.saturating_sub(1);
+                }
+            }
+        }
+        let mut touched: Vec<ShortString> = Vec::new();
+        for entry in taken {
+            match how {
+                Settle::Requeue => self.return_to_queue(&vhost, entry, &mut touched),
+                Settle::Ack | Settle::Discard => {
+                    let Some(q) = self
+                        .vhosts
+                        .get_mut(&*vhost)
+                        .and_then(|v| v.queues.get_mut(&entry.queue))
+                    else {
+                        continue;
+                    };
+                    q.unacked = q.unacked.saturating_sub(1);
+                    if how == Settle::Discard {
+                        if let Some(queued) = entry.queued {
+                            self.queue_dead_letters(&vhost, &entry.queue, vec![(queued, DeathReason::Rejected)]);
+                        }
+                    }
+                    if !touched.contains(&entry.queue) {
+                        touched.push(entry.queue);
+                    }
+                }
+            }
+        }
+        for q in touched {
+            self.dispatch(&vhost, &q, now);
+        }
+        Ok(())
+    }
+
+    /// `basic.recover` with requeue: every unacked message of the channel
+    /// goes back, redelivered.
+    pub(crate) fn recover(&mut self, id: ConnId, ch: u16, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let vhost = conn.vhost.clone();
+        let Some(channel) = conn.channel_mut(ch) else { return };
+        let unacked = std::mem::take(&mut channel.unacked);
+        for consumer in &mut channel.consumers {
+            consumer.in_flight = 0;
+        }
+        let mut touched = Vec::new();
+        for entry in unacked.into_iter().rev() {
+            self.return_to_queue(&vhost, entry, &mut touched);
+        }
+        for q in touched {
+            self.dispatch(&vhost, &q, now);
+        }
+    }
+
+    /// `basic.get`.
+    pub(crate) fn get(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        queue: &ShortString,
+        no_ack: bool,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        let Some(conn) = self.conns.get(&id) else { return Ok(()) };
+        let vhost = conn.vhost.clone();
+        let mut dead = Vec::new();
+        let result = {
+            let q = self.queue_for_use(id, &vhost, queue)?;
+            if q.is_stream() {
+                return Err(AmqpError::not_implemented(format!(
+                    "basic.get not supported by stream queues {}",
+                    crate::error::rs_queue(queue, &vhost)
+                )));
+            }
+            q.last_used = now;
+            q.expire_head(now, false, &mut dead);
+            let popped = q.pop_ready();
+            if popped.is_some() && !no_ack {
+                q.unacked += 1;
+            }
+            let quorum = q.settings.kind == QueueKind::Quorum;
+            popped.map(|m| (m, q.ready.len() as u32, quorum))
+        };
+        if !dead.is_empty() {
+            self.queue_dead_letters(&vhost, queue, dead);
+        }
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Ok(());
+        };
+        let frame_max = conn.frame_max;
+        let Conn { channels, out, .. } = conn;
+        let Some(channel) = channels.get_mut(usize::from(ch)).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        match result {
+            None => write_method(out, ch, &BasicGetEmpty::default().into()),
+            Some((m, remaining, quorum)) => {
+                let tag = channel.next_tag;
+                channel.next_tag += 1;
+                let get_ok = BasicGetOk {
+                    delivery_tag: tag,
+                    redelivered: m.redelivered,
+                    exchange: m.msg.exchange.clone(),
+                    routing_key: m.msg.routing_key.clone(),
+                    message_count: remaining,
+                };
+                let extra = (quorum && m.delivery_count > 0)
+                    .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                write_content(out, ch, &get_ok.into(), &m.msg, frame_max, extra);
+                if !no_ack {
+                    channel.unacked.push_back(Unacked {
+                        tag,
+                        queue: queue.clone(),
+                        consumer: None,
+                        queued: Some(m),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends messages that left `queue` towards its dead-letter exchange, if
+    /// it has one; otherwise they are dropped.
+    pub(crate) fn queue_dead_letters(&mut self, vhost: &str, queue: &ShortString, dead: Vec<(Queued, DeathReason)>) {
+        if dead.is_empty() {
+            return;
+        }
+        let Some(q) = self.vhosts.get(vhost).and_then(|v| v.queues.get(queue)) else {
+            return;
+        };
+        let Some(exchange) = q.settings.dead_letter_exchange.clone() else {
+            return;
+        };
+        let routing_key = q.settings.dead_letter_routing_key.clone();
+        let vhost: Arc<str> = Arc::from(vhost);
+        for (queued, reason) in dead {
+            self.dead_letters.push_back(DeadLetter {
+                vhost: vhost.clone(),
+                queue: queue.clone(),
+                queued,
+                reason,
+                exchange: exchange.clone(),
+                routing_key: routing_key.clone(),
+            });
+        }
+    }
+
+    /// Routes the dead letters waiting, and any they cause in turn. Cycles
+    /// without a client rejection are dropped, as RabbitMQ does.
+    pub(crate) fn process_dead_letters(&mut self, now: Instant) {
+        let mut budget = 100_000u32;
+        while let Some(dl) = self.dead_letters.pop_front() {
+            budget -= 1;
+            if budget == 0 {
+                tracing::warn!("dead-letter loop did not settle; dropping the rest");
+                self.dead_letters.clear();
+                break;
+            }
+            let time = self.wall_ms(now) / 1000;
+            let msg = Arc::new(dead_lettered(
+                &dl.queued.msg,
+                &dl.queue,
+                dl.reason,
+                &dl.exchange,
+                dl.routing_key.as_ref(),
+                time,
+            ));
+            let Some(vh) = self.vhosts.get(&*dl.vhost) else {
+                continue;
+            };
+            if !vh.exchanges.contains_key(&dl.exchange) {
+                continue;
+            }
+            let targets: Vec<ShortString> = route(vh, &dl.exchange, &msg.routing_key, msg.headers())
+                .into_iter()
+                .filter(|q| !is_death_cycle(q, &msg))
+                .collect();
+            let wall = self.wall_ms(now);
+            for target in targets {
+                let mut dropped = Vec::new();
+                if let Some(q) = self.vhosts.get_mut(&*dl.vhost).and_then(|v| v.queues.get_mut(&target)) {
+                    q.enqueue(msg.clone(), now, wall, &mut dropped);
+                }
+                self.queue_dead_letters(&dl.vhost, &target, dropped);
+                self.dispatch_inner(&dl.vhost, &target, now, true);
+            }
+        }
+    }
+}
+
+fn write_ack(out: &mut bytes::BytesMut, ch: u16, upto: u64, written: u64) {
+    let ack = BasicAck {
+        delivery_tag: upto,
+        multiple: upto > written + 1,
+    };
+    write_method(out, ch, &ack.into());
+}
+
+/// Whether a consumer can take one more message now.
+fn consumer_ready(conns: &std::collections::HashMap<ConnId, Conn>, cref: &ConsumerRef) -> bool {
+    let Some(channel) = conns
+        .get(&cref.conn)
+        .and_then(|c| c.channels.get(usize::from(cref.channel)))
+        .and_then(Option::as_ref)
+    else {
+        return false;
+    };
+    if channel.closing || !channel.flow {
+        return false;
+    }
+    let Some(consumer) = channel.consumers.iter().find(|c| c.tag == cref.tag) else {
+        return false;
+    };
+    if consumer.no_ack {
+        return true;
+    }
+    let global_ok = channel.global_prefetch == 0 || channel.unacked.len() < usize::from(channel.global_prefetch);
+    let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
+    global_ok && own_ok
+}
+
+/// Writes a delivery to a consumer and tracks it; returns whether it waits
+/// for an ack.
+fn deliver(
+    conns: &mut std::collections::HashMap<ConnId, Conn>,
+    woken: &mut Vec<ConnId>,
+    cref: &ConsumerRef,
+    qname: &ShortString,
+    m: Queued,
+    extra: Option<(&str, FieldValue)>,
+) -> bool {
+    let Some(conn) = conns.get_mut(&cref.conn) else {
+        return false;
+    };
+    let frame_max = conn.frame_max;
+    let Conn { channels, out, .. } = conn;
+    let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
+        return false;
+    };
+    let Some(consumer) = channel.consumers.iter_mut().find(|c| c.tag == cref.tag) else {
+        return false;
+    };
+    let tag = channel.next_tag;
+    channel.next_tag += 1;
+    let no_ack = consumer.no_ack;
+    if !no_ack {
+        consumer.in_flight += 1;
+    }
+    let deliver = BasicDeliver {
+        consumer_tag: cref.tag.clone(),
+        delivery_tag: tag,
+        redelivered: m.redelivered,
+        exchange: m.msg.exchange.clone(),
+        routing_key: m.msg.routing_key.clone(),
+    };
+    write_content(
+        out,
+        cref.channel,
+        &Method::BasicDeliver(deliver),
+        &m.msg,
+        frame_max,
+        extra,
+    );
+    if !no_ack {
+        channel.unacked.push_back(Unacked {
+            tag,
+            queue: qname.clone(),
+            consumer: Some(cref.tag.clone()),
+            queued: Some(m),
+        });
+    }
+    wake_conn(cref.conn, conn, woken);
+    !no_ack
+}
+
+/// Streams: every consumer reads the log from its own offset, as far as
+/// its credit (prefetch minus unacked) allows.
+fn dispatch_stream(
+    q: &mut super::queue::Queue,
+    conns: &mut std::collections::HashMap<ConnId, Conn>,
+    woken: &mut Vec<ConnId>,
+) {
+    for i in 0..q.consumers.len() {
+        let cref = &q.consumers[i];
+        let Some(conn) = conns.get_mut(&cref.conn) else {
+            continue;
+        };
+        let frame_max = conn.frame_max;
+        let mut wrote = false;
+        {
+            let Conn { channels, out, .. } = &mut *conn;
+            let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
+                continue;
+            };
+            if channel.closing || !channel.flow {
+                continue;
+            }
+            loop {
+                let global_ok =
+                    channel.global_prefetch == 0 || channel.unacked.len() < usize::from(channel.global_prefetch);
+                let Some(consumer) = channel.consumers.iter_mut().find(|c| c.tag == cref.tag) else {
+                    break;
+                };
+                let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
+                if !(global_ok && own_ok) || consumer.stream_next >= q.log.len() as u64 {
+                    break;
+                }
+                let offset = consumer.stream_next;
+                consumer.stream_next += 1;
+                consumer.in_flight += 1;
+                let Some(entry) = q.log.get(offset as usize) else { break };
+                let tag = channel.next_tag;
+                channel.next_tag += 1;
+                let deliver = BasicDeliver {
+                    consumer_tag: cref.tag.clone(),
+                    delivery_tag: tag,
+                    redelivered: false,
+                    exchange: entry.msg.exchange.clone(),
+                    routing_key: entry.msg.routing_key.clone(),
+                };
+                let extra = Some(("x-stream-offset", FieldValue::I64(offset as i64)));
+                write_content(
+                    out,
+                    cref.channel,
+                    &Method::BasicDeliver(deliver),
+                    &entry.msg,
+                    frame_max,
+                    extra,
+                );
+                channel.unacked.push_back(Unacked {
+                    tag,
+                    queue: q.name.clone(),
+                    consumer: Some(cref.tag.clone()),
+                    queued: None,
+                });
+                q.unacked += 1;
+                wrote = true;
+            }
+        }
+        if wrote {
+            wake_conn(cref.conn, conn, woken);
+        }
+    }
+}

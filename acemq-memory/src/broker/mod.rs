@@ -1,0 +1,727 @@
+//! The broker machine: virtual hosts with their exchanges and queues, the
+//! server side of every open connection's channels, publishing, routing,
+//! delivery, dead-lettering, timers and faults.
+//!
+//! It is sans-IO: every input takes `now`, output is bytes appended to each
+//! connection's outbox, and the driver asks [`BrokerMachine::poll_timeout`]
+//! when to call [`BrokerMachine::handle_timeout`]. It never sleeps, spawns or
+//! touches a socket, and nothing a client sends may make it panic.
+
+mod args;
+mod dead_letter;
+mod delivery;
+mod exchange;
+mod methods;
+mod queue;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use amqp_codec::track::ContentAssembler;
+use amqp_codec::{
+    encode_body, encode_method, BasicCancel, BasicProperties, ConnectionClose, FieldValue, Method, ReplyCode,
+    ShortString, FRAME_HEADER, FRAME_OVERHEAD,
+};
+use bytes::{BufMut, BytesMut};
+
+pub(crate) use args::QueueKind;
+use exchange::{Destination, Exchange, ExchangeKind};
+use queue::{DeathReason, Header, Message, Queue, Queued};
+
+use crate::config::BrokerConfig;
+use crate::error::AmqpError;
+
+/// Identifies one connection inside a broker machine.
+pub type ConnId = u64;
+
+/// What the client said it can handle, from `client_properties.capabilities`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    pub consumer_cancel_notify: bool,
+    pub connection_blocked: bool,
+    pub authentication_failure_close: bool,
+}
+
+/// Something done to a connection from outside its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The socket just dies.
+    Sever,
+    /// `connection.close` with this error, then wait for `close-ok`.
+    Close(AmqpError),
+    /// The close frame is already in the outbox: flush it and drop the socket.
+    FlushAndDrop,
+}
+
+/// A message delivered on a channel and not yet settled.
+#[derive(Debug)]
+pub(crate) struct Unacked {
+    pub tag: u64,
+    pub queue: ShortString,
+    pub consumer: Option<ShortString>,
+    /// `None` for a stream delivery: an ack only gives credit back.
+    pub queued: Option<Queued>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    pub tag: ShortString,
+    pub queue: ShortString,
+    pub no_ack: bool,
+    pub prefetch: u16,
+    pub in_flight: u32,
+    /// Streams: the next offset to deliver.
+    pub stream_next: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Confirms {
+    pub next_seq: u64,
+    /// Sequence numbers up to this one are acked but the ack is not written yet.
+    pub pending_ack: Option<u64>,
+    /// The highest sequence number whose outcome has been written.
+    pub written: u64,
+}
+
+/// A publish or settlement held back by a transaction.
+#[derive(Debug)]
+pub(crate) enum TxOp {
+    Publish(Box<amqp_codec::track::Content>),
+    Settle(Method),
+}
+
+#[derive(Debug)]
+pub(crate) struct Channel {
+    /// The broker sent `channel.close` and ignores everything until `close-ok`.
+    pub closing: bool,
+    pub assembler: ContentAssembler,
+    pub next_tag: u64,
+    pub unacked: VecDeque<Unacked>,
+    pub consumers: Vec<Consumer>,
+    pub prefetch: u16,
+    pub global_prefetch: u16,
+    pub confirm: Option<Confirms>,
+    pub tx: Option<Vec<TxOp>>,
+    pub flow: bool,
+    /// The queue `""` stands for in later methods (RabbitMQ's shortcut).
+    pub last_queue: Option<ShortString>,
+}
+
+impl Channel {
+    fn new(max_body: u64) -> Self {
+        Channel {
+            closing: false,
+            assembler: ContentAssembler::with_max_body(max_body),
+            next_tag: 1,
+            unacked: VecDeque::new(),
+            consumers: Vec::new(),
+            prefetch: 0,
+            global_prefetch: 0,
+            confirm: None,
+            tx: None,
+            flow: true,
+            last_queue: None,
+        }
+    }
+}
+
+/// The broker's side of one connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub out: BytesMut,
+    pub open: bool,
+    pub vhost: Arc<str>,
+    pub user: String,
+    pub frame_max: u32,
+    pub channel_max: u16,
+    pub caps: Capabilities,
+    pub channels: Vec<Option<Channel>>,
+    pub open_channels: usize,
+    pub fault: Option<Fault>,
+    /// Torn down by a restart: input is no longer processed.
+    pub dead: bool,
+    wake_pending: bool,
+}
+
+impl Conn {
+    pub fn channel_mut(&mut self, ch: u16) -> Option<&mut Channel> {
+        self.channels.get_mut(usize::from(ch)).and_then(Option::as_mut)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct VHost {
+    pub exchanges: HashMap<ShortString, Exchange>,
+    pub queues: HashMap<ShortString, Queue>,
+}
+
+impl VHost {
+    fn with_builtin_exchanges() -> Self {
+        let mut vhost = VHost::default();
+        for (name, kind) in [
+            ("", ExchangeKind::Direct),
+            ("amq.direct", ExchangeKind::Direct),
+            ("amq.fanout", ExchangeKind::Fanout),
+            ("amq.topic", ExchangeKind::Topic),
+            ("amq.headers", ExchangeKind::Headers),
+            ("amq.match", ExchangeKind::Headers),
+        ] {
+            vhost.exchanges.insert(name.into(), Exchange::new(name, kind, true));
+        }
+        vhost
+    }
+}
+
+/// A message on its way to a dead-letter exchange.
+#[derive(Debug)]
+pub(crate) struct DeadLetter {
+    pub vhost: Arc<str>,
+    pub queue: ShortString,
+    pub queued: Queued,
+    pub reason: DeathReason,
+    pub exchange: ShortString,
+    pub routing_key: Option<ShortString>,
+}
+
+/// What a queue looks like from outside, for tests and tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// Messages ready for delivery (for a stream: messages in the log).
+    pub messages: usize,
+    /// Messages delivered and not yet acknowledged.
+    pub unacked: u64,
+    /// Consumers attached.
+    pub consumers: usize,
+    /// Whether it survives a restart.
+    pub durable: bool,
+}
+
+/// The broker state machine. One per broker, shared by every connection's
+/// session (the tokio layer keeps it behind one lock).
+///
+/// Polling order for a driver: feed a session's input with
+/// [`crate::Session::handle_input`], then call [`BrokerMachine::handle_timeout`]
+/// when [`BrokerMachine::poll_timeout`] is due, then drain each connection's
+/// bytes with [`BrokerMachine::take_output`] and wake the connections listed
+/// by [`BrokerMachine::take_woken`].
+#[derive(Debug)]
+pub struct BrokerMachine {
+    pub(crate) config: Arc<BrokerConfig>,
+    pub(crate) vhosts: HashMap<String, VHost>,
+    pub(crate) conns: HashMap<ConnId, Conn>,
+    next_conn: ConnId,
+    pub(crate) alarm: bool,
+    epoch: Instant,
+    epoch_wall_ms: u64,
+    woken: Vec<ConnId>,
+    pub(crate) dead_letters: VecDeque<DeadLetter>,
+}
+
+impl BrokerMachine {
+    /// A broker with the virtual hosts of `config`, each with RabbitMQ's
+    /// pre-declared exchanges.
+    pub fn new(config: BrokerConfig, now: Instant) -> Self {
+        let vhosts = config
+            .vhosts
+            .iter()
+            .map(|v| (v.clone(), VHost::with_builtin_exchanges()))
+            .collect();
+        let epoch_wall_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        BrokerMachine {
+            config: Arc::new(config),
+            vhosts,
+            conns: HashMap::new(),
+            next_conn: 1,
+            alarm: false,
+            epoch: now,
+            epoch_wall_ms,
+            woken: Vec::new(),
+            dead_letters: VecDeque::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// Wall-clock milliseconds at `now`, derived from the monotonic clock so
+    /// that a paused test clock moves it too.
+    pub(crate) fn wall_ms(&self, now: Instant) -> u64 {
+        self.epoch_wall_ms + now.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    // ---- connections ----------------------------------------------------
+
+    /// Registers a new connection and returns its id.
+    pub(crate) fn add_conn(&mut self) -> ConnId {
+        let id = self.next_conn;
+        self.next_conn += 1;
+        self.conns.insert(
+            id,
+            Conn {
+                out: BytesMut::with_capacity(4096),
+                open: false,
+                vhost: Arc::from(""),
+                user: String::new(),
+                frame_max: self.config.frame_max,
+                channel_max: self.config.channel_max,
+                caps: Capabilities::default(),
+                channels: Vec::new(),
+                open_channels: 0,
+                fault: None,
+                dead: false,
+                wake_pending: false,
+            },
+        );
+        id
+    }
+
+    /// Takes the bytes waiting to be written to connection `id`.
+    pub fn take_output(&mut self, id: ConnId) -> BytesMut {
+        match self.conns.get_mut(&id) {
+            Some(conn) => {
+                conn.wake_pending = false;
+                conn.out.split()
+            }
+            None => BytesMut::new(),
+        }
+    }
+
+    /// Connections that got output or a fault from someone else's input
+    /// since the last call, so their drivers should run.
+    pub fn take_woken(&mut self) -> Vec<ConnId> {
+        std::mem::take(&mut self.woken)
+    }
+
+    pub(crate) fn wake(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            wake_conn(id, conn, &mut self.woken);
+        }
+    }
+
+    pub(crate) fn send(&mut self, id: ConnId, channel: u16, method: impl Into<Method>) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            write_method(&mut conn.out, channel, &method.into());
+            wake_conn(id, conn, &mut self.woken);
+        }
+    }
+
+    /// Tears down everything connection `id` owned: its channels (unacked
+    /// messages go back to their queues), consumers, exclusive queues.
+    pub(crate) fn release_conn(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get(&id) else { return };
+        let channels: Vec<u16> = conn
+            .channels
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_some())
+            .map(|(n, _)| n as u16)
+            .collect();
+        let vhost = conn.vhost.clone();
+        for ch in channels {
+            self.release_channel(id, ch, now);
+            if let Some(conn) = self.conns.get_mut(&id) {
+                if let Some(slot) = conn.channels.get_mut(usize::from(ch)) {
+                    *slot = None;
+                }
+            }
+        }
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.open_channels = 0;
+        }
+        let exclusive: Vec<ShortString> = self
+            .vhosts
+            .get(&*vhost)
+            .map(|v| {
+                v.queues
+                    .values()
+                    .filter(|q| q.exclusive_owner == Some(id))
+                    .map(|q| q.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for q in exclusive {
+            self.delete_queue_internal(&vhost, &q);
+        }
+        self.process_dead_letters(now);
+    }
+
+    /// The connection is gone: release it and forget it.
+    pub fn remove_conn(&mut self, id: ConnId, now: Instant) {
+        self.release_conn(id, now);
+        self.conns.remove(&id);
+    }
+
+    /// Cancels a channel's consumers and returns its unacked messages; the
+    /// channel itself stays (as `closing`) until the caller drops it.
+    pub(crate) fn release_channel(&mut self, id: ConnId, ch: u16, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let vhost = conn.vhost.clone();
+        let Some(channel) = conn.channel_mut(ch) else { return };
+        channel.closing = true;
+        channel.assembler.reset();
+        channel.tx = None;
+        let consumers = std::mem::take(&mut channel.consumers);
+        let unacked = std::mem::take(&mut channel.unacked);
+        for consumer in consumers {
+            self.detach_consumer(&vhost, id, ch, &consumer.tag, &consumer.queue, now);
+        }
+        let mut touched = Vec::new();
+        for entry in unacked.into_iter().rev() {
+            self.return_to_queue(&vhost, entry, &mut touched);
+        }
+        for q in touched {
+            self.dispatch(&vhost, &q, now);
+        }
+    }
+
+    /// Removes a consumer from its queue; an auto-delete queue that loses its
+    /// last consumer goes.
+    fn detach_consumer(
+        &mut self,
+        vhost: &str,
+        id: ConnId,
+        ch: u16,
+        tag: &ShortString,
+        queue: &ShortString,
+        now: Instant,
+    ) {
+        let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(queue)) else {
+            return;
+        };
+        q.consumers
+            .retain(|c| !(c.conn == id && c.channel == ch && &c.tag == tag));
+        q.last_used = now;
+        if q.auto_delete && q.had_consumers && q.consumers.is_empty() {
+            self.delete_queue_internal(vhost, queue);
+        }
+    }
+
+    /// Puts an unacked message back (redelivered), counting a quorum
+    /// delivery and dead-lettering past `x-delivery-limit`.
+    pub(crate) fn return_to_queue(&mut self, vhost: &Arc<str>, entry: Unacked, touched: &mut Vec<ShortString>) {
+        let Some(q) = self
+            .vhosts
+            .get_mut(&**vhost)
+            .and_then(|v| v.queues.get_mut(&entry.queue))
+        else {
+            return;
+        };
+        q.unacked = q.unacked.saturating_sub(1);
+        let Some(mut queued) = entry.queued else {
+            if !touched.contains(&entry.queue) {
+                touched.push(entry.queue);
+            }
+            return;
+        };
+        queued.redelivered = true;
+        if q.settings.kind == QueueKind::Quorum {
+            queued.delivery_count += 1;
+            if let Some(limit) = q.settings.delivery_limit {
+                if queued.delivery_count > limit {
+                    let dead = vec![(queued, DeathReason::DeliveryLimit)];
+                    self.queue_dead_letters(vhost, &entry.queue, dead);
+                    return;
+                }
+            }
+        }
+        q.requeue(queued);
+        if !touched.contains(&entry.queue) {
+            touched.push(entry.queue);
+        }
+    }
+
+    // ---- queries --------------------------------------------------------
+
+    /// A queue's counts, if it exists.
+    pub fn queue_info(&self, vhost: &str, queue: &str) -> Option<QueueInfo> {
+        let q = self.vhosts.get(vhost)?.queues.get(&ShortString::from(queue))?;
+        Some(QueueInfo {
+            messages: q.message_count(),
+            unacked: q.unacked,
+            consumers: q.consumers.len(),
+            durable: q.durable,
+        })
+    }
+
+    /// Whether an exchange exists.
+    pub fn exchange_exists(&self, vhost: &str, exchange: &str) -> bool {
+        self.vhosts
+            .get(vhost)
+            .is_some_and(|v| v.exchanges.contains_key(&ShortString::from(exchange)))
+    }
+
+    /// How many connections are open.
+    pub fn connection_count(&self) -> usize {
+        self.conns.values().filter(|c| !c.dead).count()
+    }
+
+    // ---- timers ---------------------------------------------------------
+
+    /// The earliest instant at which [`BrokerMachine::handle_timeout`] has
+    /// work: a queue head expiring, or a queue's `x-expires`.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.vhosts
+            .values()
+            .flat_map(|v| v.queues.values())
+            .filter_map(Queue::deadline)
+            .min()
+    }
+
+    /// Expires messages and unused queues that are due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        for (vname, vhost) in &self.vhosts {
+            for (qname, q) in &vhost.queues {
+                if q.deadline().is_some_and(|d| d <= now) {
+                    due.push((Arc::<str>::from(vname.as_str()), qname.clone()));
+                }
+            }
+        }
+        for (vhost, qname) in due {
+            let Some(q) = self.vhosts.get_mut(&*vhost).and_then(|v| v.queues.get_mut(&qname)) else {
+                continue;
+            };
+            if q.unused_expired(now) {
+                self.delete_queue_internal(&vhost, &qname);
+                continue;
+            }
+            let mut expired = Vec::new();
+            q.expire_head(now, false, &mut expired);
+            self.queue_dead_letters(&vhost, &qname, expired);
+            self.dispatch(&vhost, &qname, now);
+        }
+        self.process_dead_letters(now);
+    }
+
+    // ---- faults ---------------------------------------------------------
+
+    /// Every connection's socket dies, without a close frame.
+    pub fn sever_all(&mut self) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.fault = Some(Fault::Sever);
+            }
+            self.wake(id);
+        }
+    }
+
+    /// Every connection gets `connection.close` 320 CONNECTION_FORCED with
+    /// `reason`, as `rabbitmqctl close_connection` does.
+    pub fn close_all(&mut self, reason: &str) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                if conn.fault.is_none() {
+                    conn.fault = Some(Fault::Close(AmqpError::new(ReplyCode::ConnectionForced, reason)));
+                }
+            }
+            self.wake(id);
+        }
+    }
+
+    /// A broker restart: connections are closed with 320, then non-durable
+    /// exchanges and queues and non-persistent messages are gone; durable
+    /// ones and persistent messages (and everything in quorum queues and
+    /// streams) remain, unacked ones requeued as redelivered.
+    pub fn restart(&mut self, now: Instant) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in &ids {
+            let Some(conn) = self.conns.get_mut(id) else { continue };
+            if conn.dead {
+                continue;
+            }
+            if conn.open {
+                let close = ConnectionClose {
+                    reply_code: ReplyCode::ConnectionForced.code(),
+                    reply_text: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'".into(),
+                    class_id: 0,
+                    method_id: 0,
+                };
+                write_method(&mut conn.out, 0, &close.into());
+            }
+            conn.fault = Some(Fault::FlushAndDrop);
+            conn.dead = true;
+            self.release_conn(*id, now);
+            self.wake(*id);
+        }
+        self.dead_letters.clear();
+        for vhost in self.vhosts.values_mut() {
+            vhost.exchanges.retain(|_, x| x.durable);
+            vhost.queues.retain(|_, q| q.durable && q.exclusive_owner.is_none());
+            for q in vhost.queues.values_mut() {
+                q.consumers.clear();
+                q.unacked = 0;
+                q.last_used = now;
+                if q.settings.kind == QueueKind::Classic {
+                    let kept: VecDeque<Queued> = q.ready.drain(..).filter(|m| m.msg.persistent()).collect();
+                    q.ready_bytes = kept.iter().map(|m| m.msg.body.len() as u64).sum();
+                    q.ready = kept;
+                }
+            }
+            let queues: Vec<ShortString> = vhost.queues.keys().cloned().collect();
+            let exchanges: Vec<ShortString> = vhost.exchanges.keys().cloned().collect();
+            for x in vhost.exchanges.values_mut() {
+                x.bindings.retain(|b| match &b.destination {
+                    Destination::Queue(q) => queues.contains(q),
+                    Destination::Exchange(e) => exchanges.contains(e),
+                });
+            }
+        }
+    }
+
+    /// Raises or clears a memory alarm. While it is raised, a connection that
+    /// publishes is blocked (and told so if it advertised
+    /// `connection.blocked`), and its input is no longer read.
+    pub fn set_memory_alarm(&mut self, on: bool) {
+        if self.alarm == on {
+            return;
+        }
+        self.alarm = on;
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.wake(id);
+        }
+    }
+
+    /// Deletes a queue behind its consumers' backs: each consumer that
+    /// advertised `consumer_cancel_notify` gets `basic.cancel`. Returns
+    /// whether the queue existed.
+    pub fn delete_queue(&mut self, vhost: &str, queue: &str, now: Instant) -> bool {
+        let existed = self.delete_queue_internal(vhost, &ShortString::from(queue)).is_some();
+        self.process_dead_letters(now);
+        existed
+    }
+
+    /// Removes a queue, its bindings and its consumers. Returns how many
+    /// ready messages it held.
+    pub(crate) fn delete_queue_internal(&mut self, vhost: &str, queue: &ShortString) -> Option<usize> {
+        let vh = self.vhosts.get_mut(vhost)?;
+        let q = vh.queues.remove(queue)?;
+        let mut emptied = Vec::new();
+        for x in vh.exchanges.values_mut() {
+            let before = x.bindings.len();
+            x.bindings
+                .retain(|b| !matches!(&b.destination, Destination::Queue(name) if name == queue));
+            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+                emptied.push(x.name.clone());
+            }
+        }
+        for x in emptied {
+            self.delete_exchange_internal(vhost, &x);
+        }
+        for consumer in &q.consumers {
+            let Some(conn) = self.conns.get_mut(&consumer.conn) else {
+                continue;
+            };
+            let notify = conn.caps.consumer_cancel_notify;
+            let Some(channel) = conn.channel_mut(consumer.channel) else {
+                continue;
+            };
+            channel.consumers.retain(|c| c.tag != consumer.tag);
+            if notify && !channel.closing {
+                let cancel = BasicCancel {
+                    consumer_tag: consumer.tag.clone(),
+                    no_wait: true,
+                };
+                write_method(&mut conn.out, consumer.channel, &cancel.into());
+                wake_conn(consumer.conn, conn, &mut self.woken);
+            }
+        }
+        Some(q.message_count())
+    }
+
+    /// Removes an exchange and every binding to or from it.
+    pub(crate) fn delete_exchange_internal(&mut self, vhost: &str, exchange: &ShortString) {
+        let Some(vh) = self.vhosts.get_mut(vhost) else { return };
+        if vh.exchanges.remove(exchange).is_none() {
+            return;
+        }
+        let mut emptied = Vec::new();
+        for x in vh.exchanges.values_mut() {
+            let before = x.bindings.len();
+            x.bindings
+                .retain(|b| !matches!(&b.destination, Destination::Exchange(name) if name == exchange));
+            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+                emptied.push(x.name.clone());
+            }
+        }
+        for x in emptied {
+            self.delete_exchange_internal(vhost, &x);
+        }
+    }
+}
+
+pub(crate) fn wake_conn(id: ConnId, conn: &mut Conn, woken: &mut Vec<ConnId>) {
+    if !conn.wake_pending {
+        conn.wake_pending = true;
+        woken.push(id);
+    }
+}
+
+/// Appends a method frame. The broker only builds methods that encode.
+pub(crate) fn write_method(out: &mut BytesMut, channel: u16, method: &Method) {
+    if let Err(err) = encode_method(channel, method, out) {
+        tracing::error!(%err, method = method.name(), "broker built a method it cannot encode");
+    }
+}
+
+/// Appends a content-bearing method, the message's header (with `extra`
+/// set in its headers table, as RabbitMQ's `add_header` does) and its body
+/// split to `frame_max`.
+pub(crate) fn write_content(
+    out: &mut BytesMut,
+    channel: u16,
+    method: &Method,
+    msg: &Message,
+    frame_max: u32,
+    extra: Option<(&str, FieldValue)>,
+) {
+    let start = out.len();
+    write_method(out, channel, method);
+    let header_start = out.len();
+    out.put_u8(FRAME_HEADER);
+    out.put_u16(channel);
+    out.put_u32(0);
+    out.put_u16(60);
+    out.put_u16(0);
+    out.put_u64(msg.body.len() as u64);
+    let encoded = match (&msg.header, extra) {
+        (Header::Decoded(props), None) => props.encode(out),
+        (Header::Decoded(props), Some((key, value))) => {
+            let mut props: BasicProperties = props.clone();
+            let mut headers = props.headers.take().unwrap_or_default();
+            args::set_table_value(&mut headers, key, value);
+            props.headers = Some(headers);
+            props.encode(out)
+        }
+        (Header::Raw(raw), _) => {
+            out.put_slice(&raw.raw_properties);
+            Ok(())
+        }
+    };
+    if encoded.is_err() {
+        out.truncate(start);
+        return;
+    }
+    let size = (out.len() - header_start - 7) as u32;
+    out[header_start + 3..header_start + 7].copy_from_slice(&size.to_be_bytes());
+    out.put_u8(amqp_codec::FRAME_END);
+    let max_body = if frame_max == 0 {
+        usize::MAX
+    } else {
+        (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1)
+    };
+    for chunk in msg.body.chunks(max_body) {
+        if encode_body(channel, chunk, out).is_err() {
+            out.truncate(start);
+            return;
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Queues: the ready list of classic and quorum queues (TTL from the head,
+//! max-length, requeue in original order), and the append-only log of
+//! streams. A queue never talks to consumers itself; the broker does that.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use amqp_codec::{BasicProperties, FieldTable, ShortString, UndecodableHeader};
+use bytes::Bytes;
+
+use super::args::{Overflow, QueueKind, QueueSettings};
+use super::ConnId;
+
+/// A message's properties: decoded, or kept raw when the codec could not
+/// decode them (RabbitMQ passes such a header through untouched).
+#[derive(Debug, Clone)]
+// The decoded variant is the hot one; boxing it would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Header {
+    Decoded(BasicProperties),
+    Raw(UndecodableHeader),
+}
+
+/// A published message. Shared between queues with `Arc`; the body is a
+/// zero-copy slice of the publisher's read buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    pub exchange: ShortString,
+    pub routing_key: ShortString,
+    pub header: Header,
+    pub body: Bytes,
+}
+
+impl Message {
+    pub fn properties(&self) -> Option<&BasicProperties> {
+        match &self.header {
+            Header::Decoded(p) => Some(p),
+            Header::Raw(_) => None,
+        }
+    }
+
+    pub fn headers(&self) -> Option<&FieldTable> {
+        self.properties().and_then(|p| p.headers.as_ref())
+    }
+
+    pub fn persistent(&self) -> bool {
+        match &self.header {
+            Header::Decoded(p) => p.delivery_mode == Some(2),
+            Header::Raw(_) => false,
+        }
+    }
+
+    /// The per-message TTL in milliseconds, if the `expiration` property holds one.
+    pub fn expiration_ms(&self) -> Option<u64> {
+        self.properties()?.expiration.as_ref()?.as_str()?.parse().ok()
+    }
+}
+
+/// A message in a queue, with its queue-side bookkeeping.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub msg: Arc<Message>,
+    /// Position in the queue; a requeued message goes back to its place.
+    pub seq: u64,
+    pub expires_at: Option<Instant>,
+    pub redelivered: bool,
+    /// Quorum queues: how many times it was returned.
+    pub delivery_count: u64,
+}
+
+/// A consumer, as the queue knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConsumerRef {
+    pub conn: ConnId,
+    pub channel: u16,
+    pub tag: ShortString,
+    pub exclusive: bool,
+}
+
+/// One entry of a stream's log.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamEntry {
+    pub timestamp_ms: u64,
+    pub msg: Arc<Message>,
+}
+
+/// Why a message left a queue for a dead-letter exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeathReason {
+    Rejected,
+    Expired,
+    MaxLen,
+    DeliveryLimit,
+}
+
+impl DeathReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Rejected => "rejected",
+            DeathReason::Expired => "expired",
+            DeathReason::MaxLen => "maxlen",
+            DeathReason::DeliveryLimit => "delivery_limit",
+        }
+    }
+}
+
+/// What became of a message offered to a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enqueued {
+    Accepted,
+    /// `x-overflow=reject-publish`: refused, the publisher gets a nack.
+    Rejected,
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub name: ShortString,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub exclusive_owner: Option<ConnId>,
+    pub arguments: FieldTable,
+    pub settings: QueueSettings,
+    pub ready: VecDeque<Queued>,
+    pub ready_bytes: u64,
+    next_seq: u64,
+    pub consumers: Vec<ConsumerRef>,
+    pub round_robin: usize,
+    /// Messages delivered and not yet settled.
+    pub unacked: u64,
+    pub last_used: Instant,
+    pub had_consumers: bool,
+    pub log: Vec<StreamEntry>,
+}
+
+impl Queue {
+    pub fn new(
+        name: ShortString,
+        durable: bool,
+        auto_delete: bool,
+        exclusive_owner: Option<ConnId>,
+        arguments: FieldTable,
+        settings: QueueSettings,
+        now: Instant,
+    ) -> Self {
+        Queue {
+            name,
+            durable,
+            auto_delete,
+            exclusive_owner,
+            arguments,
+            settings,
+            ready: VecDeque::new(),
+            ready_bytes: 0,
+            next_seq: 0,
+            consumers: Vec::new(),
+            round_robin: 0,
+            unacked: 0,
+            last_used: now,
+            had_consumers: false,
+            log: Vec::new(),
+        }
+    }
+
+    pub fn is_stream(&self) -> bool {
+        self.settings.kind == QueueKind::Stream
+    }
+
+    /// Ready messages (the log length for a stream).
+    pub fn message_count(&self) -> usize {
+        if self.is_stream() {
+            self.log.len()
+        } else {
+            self.ready.len()
+        }
+    }
+
+    fn is_full(&self, extra_bytes: u64) -> bool {
+        let over_count = self
+            .settings
+            .max_length
+            .is_some_and(|max| self.ready.len() as u64 >= max);
+        let over_bytes = self
+            .settings
+            .max_length_bytes
+            .is_some_and(|max| self.ready_bytes + extra_bytes > max);
+        over_count || over_bytes
+    }
+
+    fn over_limits(&self) -> bool {
+        let over_count = self
+            .settings
+            .max_length
+            .is_some_and(|max| self.ready.len() as u64 > max);
+        let over_bytes = self.settings.max_length_bytes.is_some_and(|max| self.ready_bytes > max);
+        over_count || over_bytes
+    }
+
+    /// Offers a new message. Messages dropped from the head to make room are
+    /// pushed to `dropped`.
+    pub fn enqueue(
+        &mut self,
+        msg: Arc<Message>,
+        now: Instant,
+        wall_ms: u64,
+        dropped: &mut Vec<(Queued, DeathReason)>,
+    ) -> Enqueued {
+        if self.is_stream() {
+            self.log.push(StreamEntry {
+                timestamp_ms: wall_ms,
+                msg,
+            });
+            return Enqueued::Accepted;
+        }
+        let size = msg.body.len() as u64;
+        match self.settings.overflow {
+            Overflow::RejectPublish | Overflow::RejectPublishDlx if self.is_full(size) => {
+                if self.settings.overflow == Overflow::RejectPublishDlx {
+                    let seq = self.next_seq;
+                    dropped.push((self.queued(msg, seq, now), DeathReason::MaxLen));
+                }
+                return Enqueued::Rejected;
+            }
+            _ => {}
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let queued = self.queued(msg, seq, now);
+        self.ready_bytes += size;
+        self.ready.push_back(queued);
+        while self.over_limits() {
+            match self.pop_ready() {
+                Some(head) => dropped.push((head, DeathReason::MaxLen)),
+                None => break,
+            }
+        }
+        Enqueued::Accepted
+    }
+
+    fn queued(&self, msg: Arc<Message>, seq: u64, now: Instant) -> Queued {
+        let ttl = match (self.settings.message_ttl, msg.expiration_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Queued {
+            msg,
+            seq,
+            expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+            redelivered: false,
+            delivery_count: 0,
+        }
+    }
+
+    pub fn pop_ready(&mut self) -> Option<Queued> {
+        let head = self.ready.pop_front()?;
+        self.ready_bytes -= head.msg.body.len() as u64;
+        Some(head)
+    }
+
+    /// Puts a returned message back in its original place.
+    pub fn requeue(&mut self, queued: Queued) {
+        self.ready_bytes += queued.msg.body.len() as u64;
+        let at = self.ready.partition_point(|m| m.seq < queued.seq);
+        self.ready.insert(at, queued);
+    }
+
+    /// Drops expired messages, but only from the head: a message with a long
+    /// TTL at the head holds back shorter ones behind it, as in RabbitMQ.
+    /// `strict` keeps messages that expire exactly now (a TTL of 0 still
+    /// reaches a waiting consumer).
+    pub fn expire_head(&mut self, now: Instant, strict: bool, expired: &mut Vec<(Queued, DeathReason)>) {
+        while let Some(at) = self.ready.front().and_then(|m| m.expires_at) {
+            let due = if strict { at < now } else { at <= now };
+            if !due {
+                break;
+            }
+            if let Some(head) = self.pop_ready() {
+                expired.push((head, DeathReason::Expired));
+            }
+        }
+    }
+
+    /// When this queue next needs attention: its head expiring, or `x-expires`.
+    pub fn deadline(&self) -> Option<Instant> {
+        let head = self.ready.front().and_then(|m| m.expires_at);
+        let unused = match self.settings.expires {
+            Some(ms) if self.consumers.is_empty() => Some(self.last_used + Duration::from_millis(ms)),
+            _ => None,
+        };
+        match (head, unused) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether `x-expires` has run out.
+    pub fn unused_expired(&self, now: Instant) -> bool {
+        match self.settings.expires {
+            Some(ms) => self.consumers.is_empty() && self.last_used + Duration::from_millis(ms) <= now,
+            None => false,
+        }
+    }
+
+    /// Empties the ready list; returns how many messages went.
+    pub fn purge(&mut self) -> usize {
+        let n = self.ready.len();
+        self.ready.clear();
+        self.ready_bytes = 0;
+        n
+    }
+}

@@ -1,0 +1,322 @@
+//! The tokio layer: a cheap-to-clone [`Broker`] handle over one
+//! [`BrokerMachine`] behind a lock, one task per connection that moves bytes
+//! and sleeps until the next deadline, named instances, the TCP listener,
+//! and the fault controls. It makes no protocol decision.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::broker::{BrokerMachine, ConnId, QueueInfo};
+use crate::config::BrokerConfig;
+use crate::session::{Fate, Session};
+
+struct State {
+    machine: BrokerMachine,
+    notifiers: HashMap<ConnId, Arc<Notify>>,
+}
+
+impl State {
+    fn wake(&mut self, except: Option<ConnId>) -> Vec<Arc<Notify>> {
+        self.machine
+            .take_woken()
+            .into_iter()
+            .filter(|id| Some(*id) != except)
+            .filter_map(|id| self.notifiers.get(&id).cloned())
+            .collect()
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    duplex_capacity: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the machine and wakes the connections it gave work to.
+    fn with_machine<T>(&self, f: impl FnOnce(&mut BrokerMachine, std::time::Instant) -> T) -> T {
+        let (result, woken) = {
+            let mut state = self.lock();
+            let result = f(&mut state.machine, now());
+            (result, state.wake(None))
+        };
+        for notify in woken {
+            notify.notify_one();
+        }
+        result
+    }
+}
+
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
+}
+
+/// An in-process AMQP 0-9-1 broker. Cloning is cheap: clones share one broker.
+#[derive(Clone)]
+pub struct Broker {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").finish_non_exhaustive()
+    }
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker::new(BrokerConfig::default())
+    }
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Broker>> {
+    static NAMED: OnceLock<Mutex<HashMap<String, Broker>>> = OnceLock::new();
+    NAMED.get_or_init(Default::default)
+}
+
+impl Broker {
+    /// A new broker with `config`.
+    pub fn new(config: BrokerConfig) -> Broker {
+        let duplex_capacity = config.duplex_capacity.max(4096);
+        Broker {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    machine: BrokerMachine::new(config, now()),
+                    notifiers: HashMap::new(),
+                }),
+                duplex_capacity,
+            }),
+        }
+    }
+
+    /// The broker called `name` in this process (`memory://name`), created
+    /// with the default configuration on first use.
+    pub fn named(name: &str) -> Broker {
+        Broker::named_with(name, BrokerConfig::default)
+    }
+
+    /// The broker called `name`, created with `config()` on first use; an
+    /// existing one is returned as it is.
+    pub fn named_with(name: &str, config: impl FnOnce() -> BrokerConfig) -> Broker {
+        let mut named = registry().lock().unwrap_or_else(|p| p.into_inner());
+        named
+            .entry(name.to_owned())
+            .or_insert_with(|| Broker::new(config()))
+            .clone()
+    }
+
+    /// Forgets the broker called `name` (the broker lives on while handles
+    /// to it exist). Returns whether there was one.
+    pub fn forget_named(name: &str) -> bool {
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+            .is_some()
+    }
+
+    /// Opens an in-process connection: the client end of a duplex stream.
+    /// The broker's session runs in a task spawned on the current tokio
+    /// runtime (so this must be called inside one).
+    pub fn connect(&self) -> DuplexStream {
+        let (client, server) = tokio::io::duplex(self.shared.duplex_capacity);
+        tokio::spawn(serve(self.shared.clone(), server));
+        client
+    }
+
+    /// Serves any stream (a socket, a duplex half, ...) as one connection,
+    /// until it closes.
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: S) {
+        serve(self.shared.clone(), stream).await;
+    }
+
+    /// Listens for AMQP clients on a TCP address (use port 0 for any free
+    /// one) and returns the address bound. The accept loop runs on the
+    /// current runtime.
+    pub async fn listen_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((socket, _)) => {
+                        let _ = socket.set_nodelay(true);
+                        tokio::spawn(serve(shared.clone(), socket));
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+        Ok(local)
+    }
+
+    /// The fault controls.
+    pub fn faults(&self) -> Faults {
+        Faults {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// A queue's counts, if it exists.
+    pub fn queue_info(&self, vhost: &str, queue: &str) -> Option<QueueInfo> {
+        self.shared.lock().machine.queue_info(vhost, queue)
+    }
+
+    /// Whether an exchange exists.
+    pub fn exchange_exists(&self, vhost: &str, exchange: &str) -> bool {
+        self.shared.lock().machine.exchange_exists(vhost, exchange)
+    }
+
+    /// How many connections are open.
+    pub fn connection_count(&self) -> usize {
+        self.shared.lock().machine.connection_count()
+    }
+}
+
+/// Fault injection for tests, as an operator or a crash would do it.
+#[derive(Clone)]
+pub struct Faults {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Faults").finish_non_exhaustive()
+    }
+}
+
+impl Faults {
+    /// Every connection's socket dies, with no close frame.
+    pub fn sever_all(&self) {
+        self.shared.with_machine(|m, _| m.sever_all());
+    }
+
+    /// Every connection gets `connection.close` 320 CONNECTION_FORCED with
+    /// `reason` (as `rabbitmqctl close_connection` sends it) and is dropped
+    /// once it answers `close-ok`.
+    pub fn close_all(&self, reason: &str) {
+        self.shared.with_machine(|m, _| m.close_all(reason));
+    }
+
+    /// Restarts the broker: connections get 320 and are dropped;
+    /// non-durable queues and exchanges and non-persistent messages are lost.
+    pub fn restart(&self) {
+        self.shared.with_machine(|m, now| m.restart(now));
+    }
+
+    /// Raises (`true`) or clears a memory alarm: publishing connections are
+    /// blocked (`connection.blocked` "low on memory") and no longer read.
+    pub fn set_memory_alarm(&self, on: bool) {
+        self.shared.with_machine(|m, _| m.set_memory_alarm(on));
+    }
+
+    /// Deletes a queue behind its consumers' backs; they get `basic.cancel`
+    /// if they advertised `consumer_cancel_notify`. Returns whether it existed.
+    pub fn delete_queue(&self, vhost: &str, queue: &str) -> bool {
+        self.shared.with_machine(|m, now| m.delete_queue(vhost, queue, now))
+    }
+}
+
+/// One connection: read, feed the session, write what the machine has for
+/// it, sleep until the next deadline or until another connection wakes it.
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S) {
+    let notify = Arc::new(Notify::new());
+    let mut session = {
+        let mut state = shared.lock();
+        let session = Session::new(&mut state.machine, now());
+        state.notifiers.insert(session.id(), notify.clone());
+        session
+    };
+    let id = session.id();
+    let mut input = BytesMut::with_capacity(64 * 1024);
+    loop {
+        let (deadline, want_read) = {
+            let state = shared.lock();
+            let deadline = match (session.poll_timeout(), state.machine.poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            (deadline, session.wants_read())
+        };
+        if input.capacity() - input.len() < 16 * 1024 {
+            input.reserve(64 * 1024);
+        }
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut read = false;
+        let mut eof = false;
+        tokio::select! {
+            biased;
+            _ = notify.notified() => {}
+            result = io.read_buf(&mut input), if want_read => match result {
+                Ok(0) | Err(_) => eof = true,
+                Ok(_) => read = true,
+            },
+            _ = sleep => {}
+        }
+        let now = now();
+        let (output, woken, fate) = {
+            let mut state = shared.lock();
+            let machine = &mut state.machine;
+            if read {
+                session.received(now);
+            }
+            if eof {
+                session.handle_eof(machine, now);
+            } else {
+                session.handle_input(machine, &mut input, now);
+                session.handle_timeout(machine, now);
+                if machine.poll_timeout().is_some_and(|at| at <= now) {
+                    machine.handle_timeout(now);
+                }
+            }
+            let output = machine.take_output(id);
+            (output, state.wake(Some(id)), session.fate())
+        };
+        for n in woken {
+            n.notify_one();
+        }
+        if fate == Fate::Sever {
+            break;
+        }
+        if !output.is_empty() {
+            if io.write_all(&output).await.is_err() {
+                break;
+            }
+            session.transmitted(now);
+        }
+        if fate == Fate::Close {
+            let _ = io.flush().await;
+            let _ = io.shutdown().await;
+            break;
+        }
+    }
+    let woken = {
+        let mut state = shared.lock();
+        state.machine.remove_conn(id, now());
+        state.notifiers.remove(&id);
+        state.wake(Some(id))
+    };
+    for n in woken {
+        n.notify_one();
+    }
+}

@@ -1,0 +1,656 @@
+//! One client connection, sans-IO: the protocol header, the
+//! `start`/`tune`/`open` handshake, channel lifecycles, heartbeats, the
+//! close handshakes, and blocking a publisher during a memory alarm. Frames
+//! on open channels go to the [`BrokerMachine`].
+//!
+//! ```text
+//! ExpectProtocolHeader --AMQP0091--> ExpectStartOk --start-ok--> ExpectTuneOk
+//!   --tune-ok--> ExpectOpen --open--> Open --close / hard error--> Closing --> finished
+//! ```
+//!
+//! It never panics on input: every byte sequence ends in a frame, a close, or
+//! a dropped socket.
+
+use std::time::{Duration, Instant};
+
+use amqp_codec::track::Assembly;
+use amqp_codec::{
+    check_protocol_header, ChannelClose, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionClose,
+    ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked,
+    ConnectionUpdateSecretOk, FieldTable, FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
+};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::broker::{BrokerMachine, Capabilities, ConnId, Fault};
+use crate::error::AmqpError;
+
+/// What the session waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    ExpectProtocolHeader,
+    ExpectStartOk,
+    ExpectTuneOk,
+    ExpectOpen,
+    Open,
+    /// The broker sent `connection.close`; only `close-ok` matters now.
+    Closing,
+    /// Nothing more is read; the socket goes when a deadline passes.
+    Doomed,
+}
+
+/// What the driver should do with the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Keep going.
+    Running,
+    /// Write what is pending, then close.
+    Close,
+    /// Drop the socket now, writing nothing more.
+    Sever,
+}
+
+/// The broker's side of one client connection. A driver feeds it bytes with
+/// [`Session::handle_input`], calls [`Session::handle_timeout`] when
+/// [`Session::poll_timeout`] is due, writes [`BrokerMachine::take_output`]
+/// for [`Session::id`] and tells it with [`Session::transmitted`], and acts
+/// on [`Session::fate`].
+#[derive(Debug)]
+pub struct Session {
+    id: ConnId,
+    state: State,
+    decoder: FrameDecoder,
+    heartbeat: Option<Duration>,
+    last_recv: Instant,
+    last_send: Instant,
+    deadline: Option<Instant>,
+    blocked: bool,
+    blocked_sent: bool,
+    fate: Fate,
+    mechanism: String,
+}
+
+const BLOCKED_REASON: &str = "low on memory";
+
+impl Session {
+    /// Registers a new connection with `machine`.
+    pub fn new(machine: &mut BrokerMachine, now: Instant) -> Session {
+        let id = machine.add_conn();
+        let handshake = machine.config().handshake_timeout;
+        let frame_max = machine.config().frame_max;
+        Session {
+            id,
+            state: State::ExpectProtocolHeader,
+            decoder: FrameDecoder::new(frame_max),
+            heartbeat: None,
+            last_recv: now,
+            last_send: now,
+            deadline: Some(now + handshake),
+            blocked: false,
+            blocked_sent: false,
+            fate: Fate::Running,
+            mechanism: String::new(),
+        }
+    }
+
+    /// The connection's id in the machine.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// What the driver should do with the socket.
+    pub fn fate(&self) -> Fate {
+        self.fate
+    }
+
+    /// Whether the driver should read more input: not while blocked by an
+    /// alarm (RabbitMQ stops reading the socket), nor once closing.
+    pub fn wants_read(&self) -> bool {
+        self.fate == Fate::Running && !self.blocked && self.state != State::Doomed
+    }
+
+    /// Bytes arrived from the client.
+    pub fn received(&mut self, now: Instant) {
+        self.last_recv = now;
+    }
+
+    /// Bytes were written to the client.
+    pub fn transmitted(&mut self, now: Instant) {
+        self.last_send = now;
+    }
+
+    /// When [`Session::handle_timeout`] should run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.fate != Fate::Running {
+            return None;
+        }
+        let mut next = self.deadline;
+        if let (State::Open, Some(hb)) = (self.state, self.heartbeat) {
+            let send = self.last_send + hb / 2;
+            next = Some(next.map_or(send, |n| n.min(send)));
+            if !self.blocked {
+                let drop = self.last_recv + hb * 2;
+                next = Some(next.map_or(drop, |n| n.min(drop)));
+            }
+        }
+        next
+    }
+
+    /// Heartbeats, the handshake deadline, and close deadlines.
+    pub fn handle_timeout(&mut self, machine: &mut BrokerMachine, now: Instant) {
+        if self.fate != Fate::Running {
+            return;
+        }
+        if self.deadline.is_some_and(|d| d <= now) {
+            tracing::debug!(conn = self.id, state = ?self.state, "connection deadline passed, dropping it");
+            self.fate = Fate::Sever;
+            return;
+        }
+        if let (State::Open, Some(hb)) = (self.state, self.heartbeat) {
+            if !self.blocked && self.last_recv + hb * 2 <= now {
+                tracing::debug!(conn = self.id, "missed heartbeats from client, dropping it");
+                self.fate = Fate::Sever;
+                return;
+            }
+            if self.last_send + hb / 2 <= now {
+                if let Some(conn) = machine.conns.get_mut(&self.id) {
+                    if conn.out.is_empty() {
+                        let _ = Frame::Heartbeat.encode(&mut conn.out);
+                    }
+                }
+                self.last_send = now;
+            }
+        }
+    }
+
+    /// The client went away (EOF or a socket error).
+    pub fn handle_eof(&mut self, machine: &mut BrokerMachine, now: Instant) {
+        machine.release_conn(self.id, now);
+        self.fate = Fate::Sever;
+    }
+
+    /// Processes what is in `buf` (consuming whole frames), after applying
+    /// faults and alarm changes. Replies go to the machine's outbox.
+    pub fn handle_input(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) {
+        self.apply_outside_changes(machine, now);
+        while self.fate == Fate::Running && !self.blocked && self.state != State::Doomed {
+            if self.state == State::ExpectProtocolHeader {
+                match check_protocol_header(buf) {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        buf.advance(8);
+                        self.send_start(machine);
+                    }
+                    Err(_) => {
+                        if let Some(conn) = machine.conns.get_mut(&self.id) {
+                            conn.out.put_slice(&PROTOCOL_HEADER);
+                        }
+                        self.fate = Fate::Close;
+                    }
+                }
+                continue;
+            }
+            match self.decoder.decode(buf) {
+                Ok(None) => break,
+                Ok(Some(frame)) => self.handle_frame(machine, frame, now),
+                Err(err) => {
+                    buf.clear();
+                    let error = AmqpError::new(err.reply_code(), &err);
+                    self.connection_error(machine, error, now);
+                }
+            }
+            machine.process_dead_letters(now);
+        }
+        machine.flush_confirms(self.id);
+    }
+
+    /// Faults from the test handle and alarm changes.
+    fn apply_outside_changes(&mut self, machine: &mut BrokerMachine, now: Instant) {
+        let alarm = machine.alarm;
+        let Some(conn) = machine.conns.get_mut(&self.id) else {
+            self.fate = Fate::Sever;
+            return;
+        };
+        match conn.fault.take() {
+            Some(Fault::Sever) => {
+                self.fate = Fate::Sever;
+                machine.release_conn(self.id, now);
+                return;
+            }
+            Some(Fault::FlushAndDrop) => {
+                self.fate = Fate::Close;
+                return;
+            }
+            Some(Fault::Close(error)) => {
+                if self.state == State::Open {
+                    self.connection_error(machine, error, now);
+                } else if self.state != State::Closing {
+                    self.fate = Fate::Sever;
+                    machine.release_conn(self.id, now);
+                }
+                return;
+            }
+            None => {}
+        }
+        if self.blocked && !alarm {
+            self.blocked = false;
+            if self.blocked_sent {
+                self.blocked_sent = false;
+                machine.send(self.id, 0, ConnectionUnblocked {});
+            }
+        }
+    }
+
+    fn send_start(&mut self, machine: &mut BrokerMachine) {
+        let mut caps = FieldTable::new();
+        for cap in [
+            "publisher_confirms",
+            "exchange_exchange_bindings",
+            "basic.nack",
+            "consumer_cancel_notify",
+            "connection.blocked",
+            "consumer_priorities",
+            "authentication_failure_close",
+            "per_consumer_qos",
+            "direct_reply_to",
+        ] {
+            caps.push(cap, true);
+        }
+        let mut props = FieldTable::new();
+        props.push("capabilities", caps);
+        props.push("cluster_name", machine.config().cluster_name.as_str());
+        props.push("copyright", "acemq authors");
+        props.push(
+            "information",
+            "acemq-memory: an in-process AMQP 0-9-1 broker that behaves like RabbitMQ 3.10",
+        );
+        props.push("platform", "Rust");
+        props.push("product", "acemq-memory");
+        props.push("version", env!("CARGO_PKG_VERSION"));
+        let start = ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: props,
+            mechanisms: "PLAIN AMQPLAIN".into(),
+            locales: "en_US".into(),
+        };
+        machine.send(self.id, 0, start);
+        self.state = State::ExpectStartOk;
+    }
+
+    fn handle_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
+        if matches!(frame, Frame::Heartbeat) {
+            return;
+        }
+        match self.state {
+            State::ExpectProtocolHeader | State::Doomed => {}
+            State::ExpectStartOk => match frame {
+                Frame::Method(0, Method::ConnectionStartOk(m)) => self.start_ok(machine, m),
+                other => self.handshake_error(machine, unexpected(&other, "connection.start_ok")),
+            },
+            State::ExpectTuneOk => match frame {
+                Frame::Method(0, Method::ConnectionTuneOk(m)) => self.tune_ok(machine, m, now),
+                other => self.handshake_error(machine, unexpected(&other, "connection.tune_ok")),
+            },
+            State::ExpectOpen => match frame {
+                Frame::Method(0, Method::ConnectionOpen(m)) => self.open(machine, m, now),
+                other => self.handshake_error(machine, unexpected(&other, "connection.open")),
+            },
+            State::Closing => match frame {
+                Frame::Method(0, Method::ConnectionCloseOk(_)) => self.fate = Fate::Close,
+                Frame::Method(0, Method::ConnectionClose(_)) => {
+                    machine.send(self.id, 0, ConnectionCloseOk {});
+                    self.fate = Fate::Close;
+                }
+                _ => {}
+            },
+            State::Open => self.open_frame(machine, frame, now),
+        }
+    }
+
+    fn start_ok(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionStartOk) {
+        let caps = m.client_properties.get("capabilities").and_then(FieldValue::as_table);
+        let flag = |name: &str| caps.and_then(|c| c.get(name)).and_then(FieldValue::as_bool) == Some(true);
+        let capabilities = Capabilities {
+            consumer_cancel_notify: flag("consumer_cancel_notify"),
+            connection_blocked: flag("connection.blocked"),
+            authentication_failure_close: flag("authentication_failure_close"),
+        };
+        let mechanism = m.mechanism.to_string_lossy().into_owned();
+        let credentials = match mechanism.as_str() {
+            "PLAIN" => plain_credentials(m.response.as_bytes()),
+            "AMQPLAIN" => amqplain_credentials(m.response.as_bytes()),
+            _ => {
+                let error = AmqpError::command_invalid(format!("unknown authentication mechanism '{mechanism}'"));
+                return self.handshake_error(machine, error);
+            }
+        };
+        self.mechanism = mechanism;
+        let user = credentials.and_then(|(user, password)| {
+            machine
+                .config()
+                .users
+                .iter()
+                .find(|u| u.name == user && u.password == password)
+                .map(|u| u.name.clone())
+        });
+        let Some(user) = user else {
+            if capabilities.authentication_failure_close {
+                let error = AmqpError::access_refused(format!(
+                    "Login was refused using authentication mechanism {}. For details see the broker logfile.",
+                    self.mechanism
+                ));
+                self.handshake_error(machine, error);
+            } else {
+                self.fate = Fate::Close;
+            }
+            return;
+        };
+        let config = machine.config();
+        let tune = ConnectionTune {
+            channel_max: config.channel_max,
+            frame_max: config.frame_max,
+            heartbeat: config.heartbeat,
+        };
+        if let Some(conn) = machine.conns.get_mut(&self.id) {
+            conn.caps = capabilities;
+            conn.user = user;
+        }
+        machine.send(self.id, 0, tune);
+        self.state = State::ExpectTuneOk;
+    }
+
+    fn tune_ok(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionTuneOk, now: Instant) {
+        let config = machine.config();
+        let frame_ok = negotiated_ok(
+            u64::from(m.frame_max),
+            u64::from(config.frame_min),
+            u64::from(config.frame_max),
+        );
+        let channel_ok = negotiated_ok(u64::from(m.channel_max), 1, u64::from(config.channel_max));
+        if !frame_ok || !channel_ok {
+            // RabbitMQ answers a refused tune-ok with no close at all: it
+            // waits a few seconds and drops the socket.
+            tracing::debug!(conn = self.id, ?m, "refused tune-ok");
+            self.state = State::Doomed;
+            self.deadline = Some(now + config.close_timeout);
+            return;
+        }
+        self.decoder.set_frame_max(m.frame_max);
+        self.heartbeat = (m.heartbeat > 0).then(|| Duration::from_secs(u64::from(m.heartbeat)));
+        if let Some(conn) = machine.conns.get_mut(&self.id) {
+            conn.frame_max = m.frame_max;
+            conn.channel_max = m.channel_max;
+        }
+        self.state = State::ExpectOpen;
+    }
+
+    fn open(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionOpen, now: Instant) {
+        let vhost = m.virtual_host.to_string_lossy().into_owned();
+        let Some(conn) = machine.conns.get(&self.id) else {
+            return;
+        };
+        let user = conn.user.clone();
+        let error = if !machine.vhosts.contains_key(&vhost) {
+            Some(AmqpError::not_allowed(format!("vhost {vhost} not found")))
+        } else {
+            let allowed = machine
+                .config()
+                .users
+                .iter()
+                .find(|u| u.name == user)
+                .is_some_and(|u| u.vhosts.as_ref().map_or(true, |v| v.contains(&vhost)));
+            (!allowed).then(|| AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{user}'")))
+        };
+        if let Some(error) = error {
+            let error = error.caused_by(&Method::ConnectionOpen(m));
+            return self.connection_error(machine, error, now);
+        }
+        if let Some(conn) = machine.conns.get_mut(&self.id) {
+            conn.open = true;
+            conn.vhost = vhost.into();
+        }
+        machine.send(self.id, 0, ConnectionOpenOk::default());
+        self.state = State::Open;
+        self.deadline = None;
+        self.last_recv = now;
+        self.last_send = now;
+    }
+
+    fn open_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
+        let ch = frame.channel();
+        if ch == 0 {
+            let error = match frame {
+                Frame::Method(_, Method::ConnectionClose(_)) => {
+                    machine.send(self.id, 0, ConnectionCloseOk {});
+                    machine.release_conn(self.id, now);
+                    self.fate = Fate::Close;
+                    return;
+                }
+                Frame::Method(_, Method::ConnectionUpdateSecret(_)) => {
+                    machine.send(self.id, 0, ConnectionUpdateSecretOk {});
+                    return;
+                }
+                Frame::Method(_, Method::ConnectionCloseOk(_)) => return,
+                Frame::Method(_, method) => {
+                    AmqpError::command_invalid(format!("unexpected method on channel 0: {}", method.name()))
+                        .caused_by(&method)
+                }
+                other => AmqpError::new(
+                    ReplyCode::UnexpectedFrame,
+                    format!("expected method frame, got {} on channel 0", frame_kind(&other)),
+                ),
+            };
+            return self.connection_error(machine, error, now);
+        }
+        let Some(conn) = machine.conns.get_mut(&self.id) else {
+            return;
+        };
+        let Some(channel) = conn.channel_mut(ch) else {
+            match frame {
+                Frame::Method(_, Method::ChannelOpen(_)) => {
+                    if ch > conn.channel_max && conn.channel_max != 0 {
+                        let error = AmqpError::channel_error(format!(
+                            "channel number {ch} exceeds the negotiated channel_max ({})",
+                            conn.channel_max
+                        ));
+                        return self.connection_error(machine, error, now);
+                    }
+                    match machine.open_channel(self.id, ch) {
+                        Ok(()) => machine.send(self.id, ch, ChannelOpenOk::default()),
+                        Err(error) => self.connection_error(machine, error, now),
+                    }
+                }
+                Frame::Method(_, Method::ChannelCloseOk(_)) => {}
+                _ => {
+                    let error = AmqpError::channel_error("expected 'channel.open'");
+                    self.connection_error(machine, error, now);
+                }
+            }
+            return;
+        };
+        if channel.closing {
+            match frame {
+                Frame::Method(_, Method::ChannelCloseOk(_)) => machine.drop_channel(self.id, ch, now),
+                Frame::Method(_, Method::ChannelClose(_)) => machine.send(self.id, ch, ChannelCloseOk {}),
+                _ => {}
+            }
+            return;
+        }
+        let content_method = matches!(&frame, Frame::Method(_, m) if m.has_content());
+        match frame {
+            Frame::Method(_, Method::ChannelClose(_)) => {
+                machine.drop_channel(self.id, ch, now);
+                machine.send(self.id, ch, ChannelCloseOk {});
+                return;
+            }
+            Frame::Method(_, Method::ChannelCloseOk(_)) => return,
+            _ => {}
+        }
+        let result = match channel.assembler.push(frame) {
+            Ok(Assembly::Partial) => Ok(()),
+            Ok(Assembly::Method(method)) => {
+                let blame = MethodIds::of(&method);
+                machine
+                    .channel_method(self.id, ch, method, now)
+                    .map_err(|e| blame.apply(e))
+            }
+            Ok(Assembly::Complete(content)) => {
+                let blame = MethodIds::of(&content.method);
+                machine.publish(self.id, ch, content, now).map_err(|e| blame.apply(e))
+            }
+            Err(err) => {
+                let mut error = AmqpError::new(err.reply_code(), &err);
+                error.class_id = 60;
+                error.method_id = 40;
+                Err(error)
+            }
+        };
+        if let Err(error) = result {
+            if error.is_hard() {
+                self.connection_error(machine, error, now);
+            } else {
+                self.channel_error(machine, ch, error, now);
+            }
+            return;
+        }
+        if content_method && machine.alarm {
+            self.blocked = true;
+            let notify = machine.conns.get(&self.id).is_some_and(|c| c.caps.connection_blocked);
+            if notify && !self.blocked_sent {
+                self.blocked_sent = true;
+                machine.send(
+                    self.id,
+                    0,
+                    ConnectionBlocked {
+                        reason: BLOCKED_REASON.into(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A soft error: `channel.close`, and the channel ignores everything until `close-ok`.
+    fn channel_error(&mut self, machine: &mut BrokerMachine, ch: u16, error: AmqpError, now: Instant) {
+        tracing::debug!(conn = self.id, ch, text = %error.text, "channel error");
+        machine.send(
+            self.id,
+            ch,
+            ChannelClose {
+                reply_code: error.code.code(),
+                reply_text: error.text.as_str().into(),
+                class_id: error.class_id,
+                method_id: error.method_id,
+            },
+        );
+        machine.release_channel(self.id, ch, now);
+    }
+
+    /// A hard error once open: `connection.close`, then wait for `close-ok`.
+    fn connection_error(&mut self, machine: &mut BrokerMachine, error: AmqpError, now: Instant) {
+        if self.state != State::Open {
+            return self.handshake_error(machine, error);
+        }
+        tracing::debug!(conn = self.id, text = %error.text, "connection error");
+        machine.send(
+            self.id,
+            0,
+            ConnectionClose {
+                reply_code: error.code.code(),
+                reply_text: error.text.as_str().into(),
+                class_id: error.class_id,
+                method_id: error.method_id,
+            },
+        );
+        machine.release_conn(self.id, now);
+        self.state = State::Closing;
+        self.deadline = Some(now + machine.config().close_timeout);
+    }
+
+    /// An error before the connection is open: `connection.close`, then the socket goes.
+    fn handshake_error(&mut self, machine: &mut BrokerMachine, error: AmqpError) {
+        tracing::debug!(conn = self.id, text = %error.text, "handshake error");
+        machine.send(
+            self.id,
+            0,
+            ConnectionClose {
+                reply_code: error.code.code(),
+                reply_text: error.text.as_str().into(),
+                class_id: error.class_id,
+                method_id: error.method_id,
+            },
+        );
+        self.fate = Fate::Close;
+    }
+}
+
+/// The class and method a reply blames.
+struct MethodIds(u16, u16);
+
+impl MethodIds {
+    fn of(method: &Method) -> Self {
+        MethodIds(method.class_id(), method.method_id())
+    }
+
+    fn apply(&self, mut error: AmqpError) -> AmqpError {
+        if error.class_id == 0 {
+            error.class_id = self.0;
+            error.method_id = self.1;
+        }
+        error
+    }
+}
+
+/// RabbitMQ's `validate_negotiated_integer_value`.
+fn negotiated_ok(client: u64, min: u64, server: u64) -> bool {
+    if client != 0 && client < min {
+        return false;
+    }
+    !(server != 0 && (client == 0 || client > server))
+}
+
+fn frame_kind(frame: &Frame) -> &'static str {
+    match frame {
+        Frame::Method(..) => "method",
+        Frame::Header(..) | Frame::UndecodableHeader(..) => "content header",
+        Frame::Body(..) => "content body",
+        Frame::Heartbeat => "heartbeat",
+    }
+}
+
+fn unexpected(frame: &Frame, expected: &str) -> AmqpError {
+    match frame {
+        Frame::Method(_, m) => AmqpError::command_invalid(format!("expected '{expected}', got '{}'", m.name())),
+        other => AmqpError::new(
+            ReplyCode::UnexpectedFrame,
+            format!("expected '{expected}', got a {} frame", frame_kind(other)),
+        ),
+    }
+}
+
+/// PLAIN: `authzid NUL user NUL password`.
+fn plain_credentials(response: &[u8]) -> Option<(String, String)> {
+    let mut parts = response.split(|b| *b == 0);
+    let _authzid = parts.next()?;
+    let user = parts.next()?;
+    let password = parts.next()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((
+        String::from_utf8(user.to_vec()).ok()?,
+        String::from_utf8(password.to_vec()).ok()?,
+    ))
+}
+
+/// AMQPLAIN: a field table without its length prefix, with `LOGIN` and `PASSWORD`.
+fn amqplain_credentials(response: &[u8]) -> Option<(String, String)> {
+    let mut framed = BytesMut::with_capacity(response.len() + 4);
+    framed.put_u32(u32::try_from(response.len()).ok()?);
+    framed.put_slice(response);
+    let table = FieldTable::decode(&Bytes::from(framed), 8).ok()?;
+    let text = |key: &str| match table.get(key)? {
+        FieldValue::LongString(s) => s.as_str().map(str::to_owned),
+        _ => None,
+    };
+    Some((text("LOGIN")?, text("PASSWORD")?))
+}
