@@ -154,6 +154,11 @@ impl Client {
         self.expect(|m| matches!(m, Method::ConnectionOpenOk(_))).await;
     }
 
+    /// Closes the socket from the client side, without a close handshake.
+    pub async fn hang_up(mut self) {
+        let _ = self.writer.shutdown().await;
+    }
+
     pub async fn send_bytes(&mut self, bytes: &[u8]) {
         let _ = self.writer.write_all(bytes).await;
         let _ = self.writer.flush().await;
@@ -239,6 +244,27 @@ impl Client {
         }
         Delivery {
             channel,
+            method,
+            properties: header.properties,
+            body: body.freeze(),
+        }
+    }
+
+    /// The rest of a content-bearing message whose method was already read.
+    pub async fn content_after(&mut self, method: Method) -> Delivery {
+        let header = match self.next().await {
+            Frame::Header(_, h) => h,
+            other => panic!("expected a content header, got {other:?}"),
+        };
+        let mut body = BytesMut::new();
+        while (body.len() as u64) < header.body_size {
+            match self.next().await {
+                Frame::Body(_, part) => body.extend_from_slice(&part),
+                other => panic!("expected a body frame, got {other:?}"),
+            }
+        }
+        Delivery {
+            channel: 0,
             method,
             properties: header.properties,
             body: body.freeze(),
