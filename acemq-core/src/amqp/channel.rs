@@ -309,6 +309,7 @@ impl Channel {
         };
         match self.call(method).await? {
             Some(Reply::Content(content)) => {
+                let content = *content;
                 let Method::BasicGetOk(ok) = content.method else {
                     return Err(Error::UnexpectedReply(content.method.name().into()));
                 };

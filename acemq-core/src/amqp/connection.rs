@@ -69,7 +69,7 @@ pub enum ConnectionEvent {
         /// The channel.
         channel: u16,
         /// The message.
-        message: ReturnedMessage,
+        message: Box<ReturnedMessage>,
     },
     /// The connection ended.
     Closed(CloseReason),

@@ -81,7 +81,7 @@ pub enum Confirmation {
     Nack,
     /// Returned as unroutable (`basic.return`), then confirmed: the broker
     /// dropped it.
-    Returned(ReturnedMessage),
+    Returned(Box<ReturnedMessage>),
     /// The channel is not in confirm mode: nothing will be said.
     NotRequested,
 }

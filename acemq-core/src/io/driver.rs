@@ -21,6 +21,9 @@ use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
 type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 
 /// What the API handles ask the driver to do.
+// `Publish` is both the largest and the most frequent variant: boxing it
+// would add an allocation per message and save nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     OpenChannel {
         reply: Reply1<(u16, u64)>,
@@ -415,7 +418,7 @@ impl Driver {
                 if let Some((_, tx)) = waiter {
                     let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
                         (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
-                        (_, Some(returned)) => Confirmation::Returned(returned),
+                        (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
                         (_, None) => Confirmation::Ack,
                     };
                     let _ = tx.send(Ok(confirmation));
@@ -424,7 +427,10 @@ impl Driver {
             Event::Return { channel, content } => {
                 if let Some(message) = ReturnedMessage::from_content(content) {
                     tracing::warn!(channel, exchange = %message.exchange, routing_key = %message.routing_key, "returned message matches no publish");
-                    let _ = self.shared.events.send(ConnectionEvent::Returned { channel, message });
+                    let _ = self.shared.events.send(ConnectionEvent::Returned {
+                        channel,
+                        message: Box::new(message),
+                    });
                 }
             }
             Event::ConsumerCancelled { channel, consumer_tag } => {

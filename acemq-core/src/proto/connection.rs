@@ -124,7 +124,7 @@ pub enum Reply {
     /// The reply method (e.g. `queue.declare-ok`, `basic.get-empty`).
     Method(Method),
     /// `basic.get-ok` with its message.
-    Content(Content),
+    Content(Box<Content>),
 }
 
 /// Why a call got no reply.
@@ -801,7 +801,7 @@ impl Connection {
     fn channel_content(&mut self, channel: u16, content: Content) {
         match &content.method {
             Method::BasicDeliver(_) => self.events.push_back(Event::Delivery { channel, content }),
-            Method::BasicGetOk(_) => self.resolve_call(channel, Reply::Content(content)),
+            Method::BasicGetOk(_) => self.resolve_call(channel, Reply::Content(Box::new(content))),
             Method::BasicReturn(ret) => {
                 let Some(state) = self.channel_mut(channel) else { return };
                 let message_id = content

@@ -283,7 +283,7 @@ mod tests {
     fn passwords_never_appear_in_debug_output() {
         let auth = Auth::plain("guest", "hunter2");
         assert!(!format!("{auth:?}").contains("hunter2"));
-        assert_eq!(&auth.response().as_bytes()[..], b"\0guest\0hunter2");
+        assert_eq!(auth.response().as_bytes(), b"\0guest\0hunter2");
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! Engine throughput against a local RabbitMQ: confirmed publishing with a
+//! window of 1000 and consuming with acks at prefetch 1000, 256-byte bodies.
+//! Reports messages per second and the client's CPU time per message (user +
+//! system time of this process divided by messages).
+//!
+//! `cargo bench -p acemq-core --bench engine` (RabbitMQ from
+//! `scripts/rabbitmq.sh start`, or `ACEMQ_RABBITMQ_URL`). Under `cargo test`
+//! it runs a small smoke version so CI exercises it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use acemq_core::amqp::{Config, Confirmation, Connection};
+use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete};
+use bytes::Bytes;
+
+/// User + system CPU time of this process so far.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let total = ticks(11) + ticks(12);
+    Duration::from_millis(total * 10) // USER_HZ is 100 on Linux
+}
+
+struct Figures {
+    name: &'static str,
+    messages: u64,
+    wall: Duration,
+    cpu: Duration,
+}
+
+impl Figures {
+    fn print(&self) {
+        let rate = self.messages as f64 / self.wall.as_secs_f64();
+        let cpu_per = self.cpu.as_secs_f64() * 1e6 / self.messages as f64;
+        println!(
+            "{:<28} {:>8} msgs  {:>8.0} msg/s  {:>6.2} µs CPU/msg  (wall {:.2?}, cpu {:.2?})",
+            self.name, self.messages, rate, cpu_per, self.wall, self.cpu
+        );
+    }
+}
+
+async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let ch = conn.channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let body = Bytes::from(vec![b'x'; 256]);
+    let props = BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    };
+    let mut in_flight = VecDeque::with_capacity(window);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for _ in 0..messages {
+        if in_flight.len() == window {
+            let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+        }
+        in_flight.push_back(ch.publish("", queue, false, props.clone(), body.clone()).unwrap());
+    }
+    for confirm in in_flight {
+        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+    }
+    let figures = Figures {
+        name: "confirmed publish (w=1000)",
+        messages,
+        wall: t0.elapsed(),
+        cpu: cpu_time() - c0,
+    };
+    ch.close().await.unwrap();
+    figures
+}
+
+async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetch: u16) -> Figures {
+    let ch = conn.channel().await.unwrap();
+    ch.qos(prefetch).await.unwrap();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let mut consumer = ch.consume(queue).await.unwrap();
+    for _ in 0..messages {
+        let delivery = consumer.next().await.expect("a delivery");
+        delivery.ack().unwrap();
+    }
+    let figures = Figures {
+        name: "consume with ack (p=1000)",
+        messages,
+        wall: t0.elapsed(),
+        cpu: cpu_time() - c0,
+    };
+    consumer.cancel().await.unwrap();
+    ch.close().await.unwrap();
+    figures
+}
+
+fn main() {
+    let benching = std::env::args().any(|a| a == "--bench");
+    let messages = if benching { 100_000 } else { 2_000 };
+    let url = std::env::var("ACEMQ_RABBITMQ_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let conn = match Connection::open(&url, Config::default()).await {
+            Ok(conn) => conn,
+            Err(err) => {
+                let msg =
+                    format!("engine bench: no RabbitMQ at {url}: {err} (start one with scripts/rabbitmq.sh start)");
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    panic!("{msg}");
+                }
+                eprintln!("!!!! SKIPPING {msg}");
+                return;
+            }
+        };
+        let setup = conn.channel().await.unwrap();
+        let queue = format!("acemq-bench-{}", std::process::id());
+        setup
+            .queue_declare(QueueDeclare {
+                queue: queue.as_str().into(),
+                durable: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for round in 0..if benching { 3 } else { 1 } {
+            let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
+            let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
+            if benching {
+                println!("round {round}");
+            }
+            publish.print();
+            consume.print();
+        }
+        setup
+            .queue_delete(QueueDelete {
+                queue: queue.as_str().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    });
+}
