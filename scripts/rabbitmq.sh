@@ -217,12 +217,18 @@ ssl_options.certfile = $TLS_DIR/server.pem
 ssl_options.keyfile = $TLS_DIR/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
+# SASL EXTERNAL (rabbitmq_auth_mechanism_ssl): the client certificate's CN
+# (acemq-client) is the user name.
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
 log.file.level = info
 log.console = false
 EOF
     : >"$ENV_CONF"
-    # An empty list: no plugin starts (the file must hold a term, `[].`).
-    echo '[].' >"$PLUGINS_FILE"
+    # Only the EXTERNAL mechanism's plugin (the file holds an Erlang term).
+    echo '[rabbitmq_auth_mechanism_ssl].' >"$PLUGINS_FILE"
     cat >"$STATE" <<EOF
 S_PORT=$PORT
 S_TLS_PORT=$TLS_PORT
@@ -336,6 +342,10 @@ cmd_start() {
     if ! wait_port "$PORT" 30 || ! wait_port "$TLS_PORT" 30; then
         start_failed "node is up but ports $PORT/$TLS_PORT do not answer"
     fi
+    # The user the client certificate logs in as with SASL EXTERNAL.
+    ctl -q add_user acemq-client "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >>"$STARTUP_LOG" 2>&1 || true
+    ctl -q set_permissions -p / acemq-client '.*' '.*' '.*' >>"$STARTUP_LOG" 2>&1 \
+        || start_failed "could not set up the acemq-client user"
     local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     log "ready in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s"
     print_urls

@@ -31,6 +31,8 @@ pub struct Broker {
     pub url: String,
     /// The TLS settings that trust it.
     pub tls: TlsConfig,
+    /// Where the run's CA and client certificate (`client.pem`, `client.key`) are.
+    pub tls_dir: Option<PathBuf>,
 }
 
 fn root() -> PathBuf {
@@ -70,15 +72,18 @@ pub async fn brokers() -> Vec<Broker> {
         Some((tcp, tls_url, ca)) if reachable(&tcp).await => {
             let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
             let tls = TlsConfig::new().with_root_pem(&pem).expect("the generated CA parses");
+            let tls_dir = ca.parent().map(PathBuf::from);
             out.push(Broker {
                 kind: Kind::RabbitTcp,
                 url: tcp,
                 tls: tls.clone(),
+                tls_dir: tls_dir.clone(),
             });
             out.push(Broker {
                 kind: Kind::RabbitTls,
                 url: tls_url,
                 tls,
+                tls_dir,
             });
         }
         _ if in_ci() => {

@@ -534,10 +534,7 @@ async fn tls_verifies_the_server_certificate_and_its_name() {
         assert!(err.to_string().to_lowercase().contains("not valid for name"), "{err}");
 
         // A client certificate is presented when configured.
-        let dir = std::path::Path::new(&std::env::var("ACEMQ_RABBITMQ_CA").unwrap_or_default())
-            .parent()
-            .map(|p| p.to_path_buf());
-        if let Some(dir) = dir.filter(|d| d.join("client.pem").exists()) {
+        if let Some(dir) = b.tls_dir.clone().filter(|d| d.join("client.pem").exists()) {
             let cert = std::fs::read(dir.join("client.pem")).unwrap();
             let key = std::fs::read(dir.join("client.key")).unwrap();
             let with_cert = Config {
