@@ -1,10 +1,12 @@
 //! The acemq behaviour suite's harness: the brokers every scenario runs
 //! against, and what a test may do to them.
 //!
-//! Brokers: RabbitMQ over TCP and over TLS (the private node started by
-//! `scripts/rabbitmq.sh`, found through the `ACEMQ_RABBITMQ_*` variables that
-//! `scripts/test.sh` exports). Under `CI=true` a broker that is not there is
-//! a failure; elsewhere the RabbitMQ runs are skipped with a loud message.
+//! Brokers: acemq-memory (a fresh in-process broker for every scenario, so
+//! scenarios never see each other's faults), and RabbitMQ over TCP and over
+//! TLS (the private node started by `scripts/rabbitmq.sh`, found through the
+//! `ACEMQ_RABBITMQ_*` variables that `scripts/test.sh` exports). Under
+//! `CI=true` a RabbitMQ that is not there is a failure; elsewhere the
+//! RabbitMQ runs are skipped with a loud message.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -16,6 +18,8 @@ use acemq_core::amqp::{Config, Connection, TlsConfig};
 /// Which broker a scenario runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// acemq-memory, in process.
+    Memory,
     /// RabbitMQ over plain TCP.
     RabbitTcp,
     /// RabbitMQ over TLS with the CA generated for the run.
@@ -33,6 +37,8 @@ pub struct Broker {
     pub tls: TlsConfig,
     /// Where the run's CA and client certificate (`client.pem`, `client.key`) are.
     pub tls_dir: Option<PathBuf>,
+    /// The in-process broker, for [`Kind::Memory`].
+    pub memory: Option<acemq_memory::Broker>,
 }
 
 fn root() -> PathBuf {
@@ -67,7 +73,14 @@ fn rabbit_env() -> Option<(String, String, PathBuf)> {
 /// Every broker to run scenarios against. Panics under `CI=true` when
 /// RabbitMQ is missing; elsewhere says loudly that it is skipped.
 pub async fn brokers() -> Vec<Broker> {
-    let mut out = Vec::new();
+    let name = unique("memory");
+    let mut out = vec![Broker {
+        kind: Kind::Memory,
+        url: format!("memory://{name}/"),
+        tls: TlsConfig::new(),
+        tls_dir: None,
+        memory: Some(acemq_memory::Broker::named(&name)),
+    }];
     match rabbit_env() {
         Some((tcp, tls_url, ca)) if reachable(&tcp).await => {
             let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
@@ -78,12 +91,14 @@ pub async fn brokers() -> Vec<Broker> {
                 url: tcp,
                 tls: tls.clone(),
                 tls_dir: tls_dir.clone(),
+                memory: None,
             });
             out.push(Broker {
                 kind: Kind::RabbitTls,
                 url: tls_url,
                 tls,
                 tls_dir,
+                memory: None,
             });
         }
         _ if in_ci() => {
@@ -143,9 +158,14 @@ impl Broker {
     }
 
     /// Closes the connection whose `connection_name` is `name` from the
-    /// broker's side (RabbitMQ: `rabbitmqctl close_connection`, which sends
-    /// 320 CONNECTION_FORCED).
+    /// broker's side with 320 CONNECTION_FORCED (RabbitMQ: `rabbitmqctl
+    /// close_connection`; acemq-memory: the fault handle, on this scenario's
+    /// own broker).
     pub fn force_close(&self, name: &str) {
+        if let Some(memory) = &self.memory {
+            memory.faults().close_all("closed by the acemq test suite");
+            return;
+        }
         let listing = rabbitmqctl(&["list_connections", "pid", "client_properties"]);
         let line = listing
             .lines()
@@ -157,6 +177,10 @@ impl Broker {
 
     /// Raises (or clears) a memory alarm: RabbitMQ blocks publishing connections.
     pub fn set_memory_alarm(&self, on: bool) {
+        if let Some(memory) = &self.memory {
+            memory.faults().set_memory_alarm(on);
+            return;
+        }
         rabbitmqctl(&["set_vm_memory_high_watermark", if on { "0" } else { "0.4" }]);
     }
 }

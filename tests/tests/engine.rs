@@ -48,7 +48,7 @@ async fn handshake_negotiates_tune_values_and_opens_many_channels() {
             b.kind
         );
         let product = conn.server_properties().get("product").and_then(FieldValue::as_str);
-        assert_eq!(product, Some("RabbitMQ"));
+        assert_eq!(product, Some(if b.is_rabbitmq() { "RabbitMQ" } else { "acemq-memory" }));
 
         let mut channels = Vec::new();
         for _ in 0..50 {

@@ -97,6 +97,7 @@ impl Connection {
     /// Connects to `url` (`amqp://` or `amqps://`), trying each host in turn
     /// until one completes the handshake. A refusal by a broker (bad
     /// credentials, unknown vhost) is returned at once without trying others.
+    /// `memory://name` reaches the in-process acemq-memory broker of that name.
     pub async fn open(url: &str, config: Config) -> Result<Connection, Error> {
         let url: AmqpUrl = url.parse()?;
         Connection::open_url(&url, config).await
@@ -131,6 +132,13 @@ impl Connection {
             tune: config.tune,
             connection_name: config.connection_name.clone(),
         };
+        if url.memory {
+            let broker = acemq_memory::Broker::named(&url.hosts[0].0);
+            let attempt = Connection::handshake(broker.connect(), params);
+            return tokio::time::timeout(config.connection_timeout, attempt)
+                .await
+                .unwrap_or(Err(Error::Timeout(config.connection_timeout)));
+        }
         let mut last_error = None;
         for (host, port) in &url.hosts {
             let attempt = async {

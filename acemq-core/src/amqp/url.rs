@@ -1,4 +1,5 @@
-//! AMQP URLs: `amqp[s]://user:pass@host:port[,host:port...]/vhost?heartbeat=&frame_max=&channel_max=&connection_timeout=`.
+//! AMQP URLs: `amqp[s]://user:pass@host:port[,host:port...]/vhost?heartbeat=&frame_max=&channel_max=&connection_timeout=`,
+//! and `memory://name[/vhost][?confirms=off]` for an in-process acemq-memory broker.
 //!
 //! The password never appears in `Debug` or `Display`.
 
@@ -13,6 +14,8 @@ use crate::proto::Secret;
 pub struct AmqpUrl {
     /// `amqps`: TLS.
     pub tls: bool,
+    /// `memory`: the in-process acemq-memory broker named by the host.
+    pub memory: bool,
     /// The hosts to try in turn, with their ports.
     pub hosts: Vec<(String, u16)>,
     /// The user name (`guest` when absent).
@@ -31,6 +34,9 @@ pub struct AmqpUrl {
     pub connection_timeout: Option<Duration>,
     /// `auth_mechanism=external` (or `plain`, `amqplain`).
     pub auth_mechanism: Option<String>,
+    /// `confirms=off` (or `on`): whether the acemq API publishes with
+    /// confirms; the low-level API ignores it.
+    pub confirms: Option<bool>,
 }
 
 /// Why a URL was refused.
@@ -95,10 +101,11 @@ impl FromStr for AmqpUrl {
 
     fn from_str(s: &str) -> Result<Self, UrlError> {
         let (scheme, rest) = s.split_once("://").ok_or_else(|| UrlError("missing scheme".into()))?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
-            "amqp" => false,
-            "amqps" => true,
-            other => return err(format!("scheme {other:?} is not amqp or amqps")),
+        let (tls, memory) = match scheme.to_ascii_lowercase().as_str() {
+            "amqp" => (false, false),
+            "amqps" => (true, false),
+            "memory" => (false, true),
+            other => return err(format!("scheme {other:?} is not amqp, amqps or memory")),
         };
         let default_port = if tls { 5671 } else { 5672 };
         let (rest, query) = match rest.split_once('?') {
@@ -120,7 +127,12 @@ impl FromStr for AmqpUrl {
             },
             None => ("guest".to_string(), "guest".to_string()),
         };
-        let hosts = if hostlist.is_empty() {
+        let hosts = if memory {
+            if hostlist.is_empty() || hostlist.contains(',') {
+                return err("memory:// needs exactly one broker name");
+            }
+            vec![(percent_decode(hostlist)?, 0)]
+        } else if hostlist.is_empty() {
             vec![("localhost".to_string(), default_port)]
         } else {
             hostlist
@@ -135,6 +147,7 @@ impl FromStr for AmqpUrl {
         };
         let mut url = AmqpUrl {
             tls,
+            memory,
             hosts,
             username,
             password: Secret::new(password),
@@ -144,6 +157,7 @@ impl FromStr for AmqpUrl {
             channel_max: None,
             connection_timeout: None,
             auth_mechanism: None,
+            confirms: None,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -156,6 +170,13 @@ impl FromStr for AmqpUrl {
                     url.connection_timeout = Some(Duration::from_millis(value.parse().map_err(|_| bad())?))
                 }
                 "auth_mechanism" => url.auth_mechanism = Some(value.to_ascii_lowercase()),
+                "confirms" => {
+                    url.confirms = Some(match value {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        _ => return Err(bad()),
+                    })
+                }
                 // Other clients' options (e.g. `cacertfile`) are configured in code here.
                 other => return err(format!("unknown option {other:?}")),
             }
@@ -166,12 +187,12 @@ impl FromStr for AmqpUrl {
 
 impl fmt::Display for AmqpUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}://{}:***@",
-            if self.tls { "amqps" } else { "amqp" },
-            self.username
-        )?;
+        let scheme = match (self.memory, self.tls) {
+            (true, _) => "memory",
+            (false, true) => "amqps",
+            (false, false) => "amqp",
+        };
+        write!(f, "{scheme}://{}:***@", self.username)?;
         for (i, (host, port)) in self.hosts.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
@@ -237,6 +258,16 @@ mod tests {
         assert!(!format!("{url}").contains("s3cret"));
         assert!(!format!("{url:?}").contains("s3cret"));
         assert_eq!(url.to_string(), "amqp://admin:***@localhost:5672/%2f");
+    }
+
+    #[test]
+    fn memory_urls_name_a_broker_and_may_turn_confirms_off() {
+        let url: AmqpUrl = "memory://orders-test?confirms=off".parse().unwrap();
+        assert!(url.memory);
+        assert_eq!(url.hosts, [("orders-test".to_string(), 0)]);
+        assert_eq!(url.vhost, "/");
+        assert_eq!(url.confirms, Some(false));
+        assert!("memory://".parse::<AmqpUrl>().is_err());
     }
 
     #[test]
