@@ -7,6 +7,28 @@
 //!
 //! The acemq API (publishers, consumers, retries, recovery) builds on these
 //! and arrives with its own issues.
+//!
+//! ```
+//! use acemq_core::amqp::{Config, Confirmation, Connection};
+//! use amqp_codec::{BasicProperties, QueueDeclare};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), acemq_core::amqp::Error> {
+//! // `amqp://guest:guest@localhost:5672/%2f` for RabbitMQ; here an in-process broker.
+//! let conn = Connection::open("memory://crate-doc", Config::default()).await?;
+//! let ch = conn.channel().await?;
+//! ch.confirm_select().await?;
+//! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
+//!
+//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into())?;
+//! assert_eq!(confirm.await?, Confirmation::Ack);
+//!
+//! let message = ch.basic_get("orders", false).await?.expect("one message");
+//! assert_eq!(&message.body[..], b"hello");
+//! message.ack()?;
+//! conn.close().await?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -2,12 +2,14 @@
 //! of AMQP 0-9-1, replies as values and broker refusals as typed errors with
 //! their reply code and text — enough to write a broker-conformance suite on.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), acemq_core::amqp::Error> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), acemq_core::amqp::Error> {
 //! use acemq_core::amqp::{Config, Connection, Confirmation};
 //! use amqp_codec::{BasicProperties, QueueDeclare};
 //!
-//! let conn = Connection::open("amqp://guest:guest@localhost:5672/%2f", Config::default()).await?;
+//! // or "amqp://guest:guest@localhost:5672/%2f"
+//! let conn = Connection::open("memory://amqp-doc", Config::default()).await?;
 //! let ch = conn.channel().await?;
 //! ch.confirm_select().await?;
 //! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
