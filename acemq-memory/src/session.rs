@@ -13,7 +13,6 @@
 
 use std::time::{Duration, Instant};
 
-use amqp_codec::track::Assembly;
 use amqp_codec::{
     check_protocol_header, ChannelClose, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionClose,
     ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked,
@@ -21,7 +20,7 @@ use amqp_codec::{
 };
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::broker::{BrokerMachine, Capabilities, ConnId, Fault};
+use crate::broker::{BrokerMachine, Capabilities, ConnId, Fault, Header};
 use crate::error::AmqpError;
 
 /// What the session waits for.
@@ -476,7 +475,6 @@ impl Session {
             }
             return;
         }
-        let content_method = matches!(&frame, Frame::Method(_, m) if m.has_content());
         match frame {
             Frame::Method(_, Method::ChannelClose(_)) => {
                 machine.drop_channel(self.id, ch, now);
@@ -486,25 +484,8 @@ impl Session {
             Frame::Method(_, Method::ChannelCloseOk(_)) => return,
             _ => {}
         }
-        let result = match channel.assembler.push(frame) {
-            Ok(Assembly::Partial) => Ok(()),
-            Ok(Assembly::Method(method)) => {
-                let blame = MethodIds::of(&method);
-                machine
-                    .channel_method(self.id, ch, method, now)
-                    .map_err(|e| blame.apply(e))
-            }
-            Ok(Assembly::Complete(content)) => {
-                let blame = MethodIds::of(&content.method);
-                machine.publish(self.id, ch, content, now).map_err(|e| blame.apply(e))
-            }
-            Err(err) => {
-                let mut error = AmqpError::new(err.reply_code(), &err);
-                error.class_id = 60;
-                error.method_id = 40;
-                Err(error)
-            }
-        };
+        let result = self.assemble(machine, ch, frame, now);
+        let content_method = matches!(result, Ok(true));
         if let Err(error) = result {
             if error.is_hard() {
                 self.connection_error(machine, error, now);
@@ -527,6 +508,134 @@ impl Session {
                 );
             }
         }
+    }
+
+    /// Feeds a frame of an open channel: methods go to the machine, a publish
+    /// is assembled in place from its method, header and body frames.
+    /// `Ok(true)` when the frame started a publish.
+    fn assemble(
+        &mut self,
+        machine: &mut BrokerMachine,
+        ch: u16,
+        frame: Frame,
+        now: Instant,
+    ) -> Result<bool, AmqpError> {
+        let Some(channel) = machine.conns.get_mut(&self.id).and_then(|c| c.channel_mut(ch)) else {
+            return Ok(false);
+        };
+        let max_body = channel.max_body;
+        let incoming = &mut channel.incoming;
+        let complete = match frame {
+            Frame::Method(_, method) => {
+                if incoming.publish.is_some() {
+                    return Err(content_error(
+                        ReplyCode::UnexpectedFrame,
+                        "expected content header for class 60, got non content header frame instead",
+                    ));
+                }
+                return match method {
+                    Method::BasicPublish(publish) => {
+                        incoming.publish = Some(publish);
+                        Ok(true)
+                    }
+                    method => {
+                        let blame = MethodIds::of(&method);
+                        machine
+                            .channel_method(self.id, ch, method, now)
+                            .map_err(|e| blame.apply(e))?;
+                        Ok(false)
+                    }
+                };
+            }
+            Frame::Header(_, header) => {
+                let (class_id, body_size) = (header.class_id, header.body_size);
+                self.accept_header(
+                    incoming,
+                    class_id,
+                    body_size,
+                    max_body,
+                    Header::Decoded(header.properties),
+                )?
+            }
+            Frame::UndecodableHeader(_, header) => {
+                let (class_id, body_size) = (header.class_id, header.body_size);
+                self.accept_header(incoming, class_id, body_size, max_body, Header::Raw(header))?
+            }
+            Frame::Body(_, part) => {
+                if incoming.header.is_none() {
+                    let expected = if incoming.publish.is_some() {
+                        "content header"
+                    } else {
+                        "method"
+                    };
+                    return Err(content_error(
+                        ReplyCode::UnexpectedFrame,
+                        format!("expected {expected} frame, got content body frame instead"),
+                    ));
+                }
+                let received = incoming.received() + part.len() as u64;
+                if received > incoming.body_size {
+                    return Err(content_error(
+                        ReplyCode::UnexpectedFrame,
+                        format!(
+                            "content body of {received} bytes exceeds the announced {}",
+                            incoming.body_size
+                        ),
+                    ));
+                }
+                match incoming.first {
+                    None => incoming.first = Some(part),
+                    Some(_) => incoming.rest.extend_from_slice(&part),
+                }
+                received == incoming.body_size
+            }
+            Frame::Heartbeat => false,
+        };
+        if complete {
+            if let Some(publication) = incoming.take() {
+                machine
+                    .publish(self.id, ch, publication, now)
+                    .map_err(|e| MethodIds(60, 40).apply(e))?;
+            }
+        }
+        Ok(false)
+    }
+
+    fn accept_header(
+        &self,
+        incoming: &mut crate::broker::Incoming,
+        class_id: u16,
+        body_size: u64,
+        max_body: u64,
+        header: Header,
+    ) -> Result<bool, AmqpError> {
+        if incoming.publish.is_none() || incoming.header.is_some() {
+            let expected = if incoming.publish.is_none() {
+                "method"
+            } else {
+                "content body"
+            };
+            return Err(content_error(
+                ReplyCode::UnexpectedFrame,
+                format!("expected {expected} frame, got content header frame instead"),
+            ));
+        }
+        if class_id != 60 {
+            return Err(content_error(
+                ReplyCode::CommandInvalid,
+                format!("content header for class {class_id} after a class 60 method"),
+            ));
+        }
+        if body_size > max_body {
+            incoming.reset();
+            return Err(content_error(
+                ReplyCode::PreconditionFailed,
+                format!("message size {body_size} is larger than configured max size {max_body}"),
+            ));
+        }
+        incoming.header = Some(header);
+        incoming.body_size = body_size;
+        Ok(body_size == 0)
     }
 
     /// A soft error: `channel.close`, and the channel ignores everything until `close-ok`.
@@ -581,6 +690,13 @@ impl Session {
         );
         self.fate = Fate::Close;
     }
+}
+
+fn content_error(code: ReplyCode, detail: impl std::fmt::Display) -> AmqpError {
+    let mut error = AmqpError::new(code, detail);
+    error.class_id = 60;
+    error.method_id = 40;
+    error
 }
 
 /// The class and method a reply blames.

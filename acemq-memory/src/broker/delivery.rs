@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use amqp_codec::track::Content;
 use amqp_codec::{
     BasicAck, BasicDeliver, BasicGetEmpty, BasicGetOk, BasicNack, BasicReturn, FieldTable, FieldValue, Method,
     ReplyCode, ShortString,
@@ -14,6 +13,7 @@ use amqp_codec::{
 use super::dead_letter::{dead_lettered, is_death_cycle};
 use super::exchange::Destination;
 use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Queued};
+use super::Publication;
 use super::{
     wake_conn, write_content, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind, Unacked, VHost,
 };
@@ -84,10 +84,8 @@ pub(crate) fn route(
 
 impl BrokerMachine {
     /// `basic.publish` with its content, on channel `ch` of connection `id`.
-    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, content: Content, now: Instant) -> Result<(), AmqpError> {
-        let Method::BasicPublish(publish) = &content.method else {
-            return Err(AmqpError::command_invalid("unexpected content-bearing method"));
-        };
+    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, content: Publication, now: Instant) -> Result<(), AmqpError> {
+        let publish = &content.publish;
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
         }
@@ -95,8 +93,8 @@ impl BrokerMachine {
             return Ok(());
         };
         let vhost = conn.vhost.clone();
-        if let Ok(header) = &content.header {
-            if let Some(user_id) = &header.properties.user_id {
+        if let Header::Decoded(properties) = &content.header {
+            if let Some(user_id) = &properties.user_id {
                 if user_id.as_bytes() != conn.user.as_bytes() {
                     return Err(AmqpError::precondition(format!(
                         "user_id property set to '{user_id}' but authenticated user was '{}'",
@@ -104,7 +102,7 @@ impl BrokerMachine {
                     )));
                 }
             }
-            if let Some(expiration) = &header.properties.expiration {
+            if let Some(expiration) = &properties.expiration {
                 let valid = expiration.as_str().is_some_and(|s| {
                     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
                 });
@@ -148,23 +146,17 @@ impl BrokerMachine {
         id: ConnId,
         ch: u16,
         vhost: &Arc<str>,
-        content: Content,
+        content: Publication,
         seq: Option<u64>,
         now: Instant,
     ) {
-        let Method::BasicPublish(publish) = content.method else {
-            return;
-        };
+        let Publication { publish, header, body } = content;
         let mandatory = publish.mandatory;
-        let header = match content.header {
-            Ok(h) => Header::Decoded(h.properties),
-            Err(raw) => Header::Raw(raw),
-        };
         let msg = Arc::new(Message {
             exchange: publish.exchange,
             routing_key: publish.routing_key,
             header,
-            body: content.body,
+            body,
         });
         let wall = self.wall_ms(now);
         let queues = match self.vhosts.get(&**vhost) {
@@ -532,7 +524,7 @@ fn write_ack(out: &mut bytes::BytesMut, ch: u16, upto: u64, written: u64) {
 }
 
 /// Whether a consumer can take one more message now.
-fn consumer_ready(conns: &std::collections::HashMap<ConnId, Conn>, cref: &ConsumerRef) -> bool {
+fn consumer_ready(conns: &super::FastMap<ConnId, Conn>, cref: &ConsumerRef) -> bool {
     let Some(channel) = conns
         .get(&cref.conn)
         .and_then(|c| c.channels.get(usize::from(cref.channel)))
@@ -557,7 +549,7 @@ fn consumer_ready(conns: &std::collections::HashMap<ConnId, Conn>, cref: &Consum
 /// Writes a delivery to a consumer and tracks it; returns whether it waits
 /// for an ack.
 fn deliver(
-    conns: &mut std::collections::HashMap<ConnId, Conn>,
+    conns: &mut super::FastMap<ConnId, Conn>,
     woken: &mut Vec<ConnId>,
     cref: &ConsumerRef,
     qname: &ShortString,
@@ -610,11 +602,7 @@ fn deliver(
 
 /// Streams: every consumer reads the log from its own offset, as far as
 /// its credit (prefetch minus unacked) allows.
-fn dispatch_stream(
-    q: &mut super::queue::Queue,
-    conns: &mut std::collections::HashMap<ConnId, Conn>,
-    woken: &mut Vec<ConnId>,
-) {
+fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnId, Conn>, woken: &mut Vec<ConnId>) {
     for i in 0..q.consumers.len() {
         let cref = &q.consumers[i];
         let Some(conn) = conns.get_mut(&cref.conn) else {

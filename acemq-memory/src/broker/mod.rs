@@ -11,6 +11,7 @@ mod args;
 mod dead_letter;
 mod delivery;
 mod exchange;
+mod fast_hash;
 mod methods;
 mod queue;
 
@@ -18,7 +19,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::track::ContentAssembler;
 use amqp_codec::{
     encode_body, encode_method, BasicCancel, BasicProperties, ConnectionClose, FieldValue, Method, ReplyCode,
     ShortString, FRAME_HEADER, FRAME_OVERHEAD,
@@ -27,7 +27,10 @@ use bytes::{BufMut, BytesMut};
 
 pub(crate) use args::QueueKind;
 use exchange::{Destination, Exchange, ExchangeKind};
-use queue::{DeathReason, Header, Message, Queue, Queued};
+pub(crate) use fast_hash::FastMap;
+pub(crate) use queue::Header;
+
+use queue::{DeathReason, Message, Queue, Queued};
 
 use crate::config::BrokerConfig;
 use crate::error::AmqpError;
@@ -87,15 +90,71 @@ pub(crate) struct Confirms {
 /// A publish or settlement held back by a transaction.
 #[derive(Debug)]
 pub(crate) enum TxOp {
-    Publish(Box<amqp_codec::track::Content>),
+    Publish(Box<Publication>),
     Settle(Method),
+}
+
+/// A whole `basic.publish`: the method, the header, the body.
+#[derive(Debug)]
+pub(crate) struct Publication {
+    pub publish: amqp_codec::BasicPublish,
+    pub header: Header,
+    pub body: bytes::Bytes,
+}
+
+/// A publish being assembled from its frames, in place: the hot path moves
+/// no large value per frame.
+#[derive(Debug, Default)]
+pub(crate) struct Incoming {
+    pub publish: Option<amqp_codec::BasicPublish>,
+    pub header: Option<Header>,
+    pub body_size: u64,
+    pub first: Option<bytes::Bytes>,
+    pub rest: BytesMut,
+}
+
+impl Incoming {
+    pub fn reset(&mut self) {
+        self.publish = None;
+        self.header = None;
+        self.body_size = 0;
+        self.first = None;
+        self.rest.clear();
+    }
+
+    pub fn received(&self) -> u64 {
+        match &self.first {
+            None => 0,
+            Some(first) => (first.len() + self.rest.len()) as u64,
+        }
+    }
+
+    /// Takes the finished publication.
+    pub fn take(&mut self) -> Option<Publication> {
+        let publish = self.publish.take()?;
+        let header = self.header.take()?;
+        let body = match self.first.take() {
+            None => bytes::Bytes::new(),
+            Some(first) if self.rest.is_empty() => first,
+            Some(first) => {
+                let mut all = BytesMut::with_capacity(first.len() + self.rest.len());
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&self.rest);
+                self.rest = BytesMut::new();
+                all.freeze()
+            }
+        };
+        self.body_size = 0;
+        Some(Publication { publish, header, body })
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct Channel {
     /// The broker sent `channel.close` and ignores everything until `close-ok`.
     pub closing: bool,
-    pub assembler: ContentAssembler,
+    pub incoming: Incoming,
+    pub max_body: u64,
     pub next_tag: u64,
     pub unacked: VecDeque<Unacked>,
     pub consumers: Vec<Consumer>,
@@ -112,7 +171,8 @@ impl Channel {
     fn new(max_body: u64) -> Self {
         Channel {
             closing: false,
-            assembler: ContentAssembler::with_max_body(max_body),
+            incoming: Incoming::default(),
+            max_body,
             next_tag: 1,
             unacked: VecDeque::new(),
             consumers: Vec::new(),
@@ -152,8 +212,8 @@ impl Conn {
 
 #[derive(Debug, Default)]
 pub(crate) struct VHost {
-    pub exchanges: HashMap<ShortString, Exchange>,
-    pub queues: HashMap<ShortString, Queue>,
+    pub exchanges: FastMap<ShortString, Exchange>,
+    pub queues: FastMap<ShortString, Queue>,
 }
 
 impl VHost {
@@ -209,7 +269,7 @@ pub struct QueueInfo {
 pub struct BrokerMachine {
     pub(crate) config: Arc<BrokerConfig>,
     pub(crate) vhosts: HashMap<String, VHost>,
-    pub(crate) conns: HashMap<ConnId, Conn>,
+    pub(crate) conns: FastMap<ConnId, Conn>,
     next_conn: ConnId,
     pub(crate) alarm: bool,
     epoch: Instant,
@@ -234,7 +294,7 @@ impl BrokerMachine {
         BrokerMachine {
             config: Arc::new(config),
             vhosts,
-            conns: HashMap::new(),
+            conns: FastMap::default(),
             next_conn: 1,
             alarm: false,
             epoch: now,
@@ -364,7 +424,7 @@ impl BrokerMachine {
         let vhost = conn.vhost.clone();
         let Some(channel) = conn.channel_mut(ch) else { return };
         channel.closing = true;
-        channel.assembler.reset();
+        channel.incoming.reset();
         channel.tx = None;
         let consumers = std::mem::take(&mut channel.consumers);
         let unacked = std::mem::take(&mut channel.unacked);
