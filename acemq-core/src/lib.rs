@@ -33,5 +33,17 @@
 #![warn(missing_docs)]
 
 pub mod amqp;
+pub mod codec;
+mod conn;
+pub mod envelope;
+mod error;
 pub mod io;
+pub mod metrics_names;
 pub mod proto;
+mod publish;
+
+pub use codec::{Codec, CodecError, Json};
+pub use conn::{Config, Conn, OnRecovery, RecoveryEvent};
+pub use envelope::Envelope;
+pub use error::{is_blocked, Error};
+pub use publish::{Publisher, SendResult};

@@ -140,6 +140,21 @@ impl Broker {
         self.connect_with(self.config()).await
     }
 
+    /// Opens an acemq [`acemq_core::Conn`] with this config (TLS and
+    /// timeouts filled in for this broker).
+    pub async fn conn_with(&self, mut config: acemq_core::Config) -> acemq_core::Conn {
+        config.tls = self.tls.clone();
+        config.engine.connection_timeout = Duration::from_secs(10);
+        acemq_core::Conn::open(&self.url, config)
+            .await
+            .unwrap_or_else(|e| panic!("opening a Conn to {:?} at {}: {e}", self.kind, self.url))
+    }
+
+    /// Opens an acemq [`acemq_core::Conn`] with the default config.
+    pub async fn conn(&self) -> acemq_core::Conn {
+        self.conn_with(acemq_core::Config::default()).await
+    }
+
     /// Opens a connection with this config.
     pub async fn connect_with(&self, config: Config) -> Connection {
         Connection::open(&self.url, config)

@@ -4,6 +4,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use amqp_codec::*;
@@ -21,6 +23,7 @@ pub struct Channel {
     conn: Connection,
     id: u16,
     generation: u64,
+    open: Arc<AtomicBool>,
 }
 
 /// The broker's answer to one publish; resolves when it is confirmed (or at
@@ -100,8 +103,13 @@ macro_rules! rpc {
 }
 
 impl Channel {
-    pub(crate) fn new(conn: Connection, id: u16, generation: u64) -> Self {
-        Channel { conn, id, generation }
+    pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>) -> Self {
+        Channel {
+            conn,
+            id,
+            generation,
+            open,
+        }
     }
 
     /// The channel number.
@@ -116,12 +124,7 @@ impl Channel {
 
     /// Whether the channel is still open.
     pub fn is_open(&self) -> bool {
-        self.conn
-            .shared
-            .channels
-            .lock()
-            .map(|m| m.get(&self.id) == Some(&self.generation))
-            .unwrap_or(false)
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Sends any client method and waits for its reply, if it has one

@@ -1,7 +1,6 @@
 //! `Connection`: dials a broker (TCP or TLS, several hosts in turn) or runs
 //! over any stream, spawns the driver task, and hands out channels.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -200,8 +199,8 @@ impl Connection {
     pub async fn channel(&self) -> Result<Channel, Error> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::OpenChannel { reply })?;
-        let (id, generation) = rx.await.map_err(|_| self.shared.closed_error())??;
-        Ok(Channel::new(self.clone(), id, generation))
+        let (id, generation, open) = rx.await.map_err(|_| self.shared.closed_error())??;
+        Ok(Channel::new(self.clone(), id, generation, open))
     }
 
     /// Closes the connection with a normal close and waits for the broker's
@@ -233,7 +232,17 @@ impl Connection {
 
     /// Whether the broker has blocked publishing on this connection.
     pub fn is_blocked(&self) -> bool {
-        self.shared.blocked.load(Ordering::SeqCst)
+        self.shared.blocked.borrow().is_some()
+    }
+
+    /// Why the broker blocks this connection, while it does.
+    pub fn blocked_reason(&self) -> Option<String> {
+        self.shared.blocked.borrow().clone()
+    }
+
+    /// Watches the blocked state (the broker's reason while blocked).
+    pub fn blocked_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.shared.blocked.subscribe()
     }
 
     /// Whether the connection has ended.

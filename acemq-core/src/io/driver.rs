@@ -26,7 +26,7 @@ type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     OpenChannel {
-        reply: Reply1<(u16, u64)>,
+        reply: Reply1<(u16, u64, Arc<AtomicBool>)>,
     },
     /// A method; the reply (if the method has one) is sent back.
     Call {
@@ -66,12 +66,11 @@ pub(crate) enum Command {
 pub(crate) struct Shared {
     pub(crate) tuned: OnceLock<Tuned>,
     pub(crate) server_properties: OnceLock<FieldTable>,
-    pub(crate) blocked: AtomicBool,
+    /// The broker's reason while it blocks this connection.
+    pub(crate) blocked: watch::Sender<Option<String>>,
     pub(crate) close_reason: Mutex<Option<CloseReason>>,
     pub(crate) closed: watch::Sender<bool>,
     pub(crate) events: broadcast::Sender<ConnectionEvent>,
-    /// The generation of each open channel, so handles can tell it is gone.
-    pub(crate) channels: Mutex<HashMap<u16, u64>>,
 }
 
 impl Shared {
@@ -79,11 +78,10 @@ impl Shared {
         Shared {
             tuned: OnceLock::new(),
             server_properties: OnceLock::new(),
-            blocked: AtomicBool::new(false),
+            blocked: watch::channel(None).0,
             close_reason: Mutex::new(None),
             closed: watch::channel(false).0,
             events: broadcast::channel(256).0,
-            channels: Mutex::new(HashMap::new()),
         }
     }
 
@@ -94,7 +92,7 @@ impl Shared {
 }
 
 enum Pending {
-    Open(Reply1<(u16, u64)>),
+    Open(Reply1<(u16, u64, Arc<AtomicBool>)>),
     Call(Reply1<Option<Reply>>),
     Consume {
         deliveries: mpsc::UnboundedSender<Delivery>,
@@ -105,6 +103,8 @@ enum Pending {
 #[derive(Default)]
 struct ChannelRoutes {
     generation: u64,
+    /// Shared with the channel's handles: false once the channel is gone.
+    open: Arc<AtomicBool>,
     confirms: VecDeque<(u64, Reply1<Confirmation>)>,
     consumers: HashMap<ShortString, mpsc::UnboundedSender<Delivery>>,
 }
@@ -449,10 +449,8 @@ impl Driver {
                 unconfirmed: _,
             } => {
                 let routes = self.channels.get_mut(usize::from(channel)).and_then(Option::take);
-                if let Ok(mut map) = self.shared.channels.lock() {
-                    map.remove(&channel);
-                }
                 if let Some(routes) = routes {
+                    routes.open.store(false, Ordering::SeqCst);
                     let error = match &refusal {
                         Some(r) => Error::ChannelClosed(r.clone()),
                         None => Error::ChannelNotOpen(channel),
@@ -464,18 +462,18 @@ impl Driver {
                 }
             }
             Event::Blocked { reason } => {
-                self.shared.blocked.store(true, Ordering::SeqCst);
+                self.shared.blocked.send_replace(Some(reason.clone()));
                 let _ = self.shared.events.send(ConnectionEvent::Blocked { reason });
             }
             Event::Unblocked => {
-                self.shared.blocked.store(false, Ordering::SeqCst);
+                self.shared.blocked.send_replace(None);
                 let _ = self.shared.events.send(ConnectionEvent::Unblocked);
             }
             Event::Closed(reason) => {
                 if let Ok(mut slot) = self.shared.close_reason.lock() {
                     slot.get_or_insert(reason.clone());
                 }
-                self.shared.blocked.store(false, Ordering::SeqCst);
+                self.shared.blocked.send_replace(None);
                 let error = Error::ConnectionClosed(reason.clone());
                 if let Some(opened) = self.opened.take() {
                     let _ = opened.send(Err(error));
@@ -502,14 +500,13 @@ impl Driver {
                     if self.channels.len() <= index {
                         self.channels.resize_with(index + 1, || None);
                     }
+                    let open = Arc::new(AtomicBool::new(true));
                     self.channels[index] = Some(ChannelRoutes {
                         generation,
+                        open: open.clone(),
                         ..ChannelRoutes::default()
                     });
-                    if let Ok(mut map) = self.shared.channels.lock() {
-                        map.insert(channel, generation);
-                    }
-                    let _ = reply.send(Ok((channel, generation)));
+                    let _ = reply.send(Ok((channel, generation, open)));
                 }
                 Err(err) => {
                     let _ = reply.send(Err(err.into()));
@@ -551,12 +548,10 @@ impl Driver {
             }
         }
         for routes in self.channels.drain(..).flatten() {
+            routes.open.store(false, Ordering::SeqCst);
             for (_, tx) in routes.confirms {
                 let _ = tx.send(Err(error.clone()));
             }
-        }
-        if let Ok(mut map) = self.shared.channels.lock() {
-            map.clear();
         }
         if let Some(opened) = self.opened.take() {
             let _ = opened.send(Err(error));

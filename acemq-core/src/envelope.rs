@@ -1,0 +1,196 @@
+//! The envelope: what travels with every message besides its payload, and
+//! how it is written into (and read back from) AMQP properties and headers.
+//! The names and types here are a contract with other services (DESIGN.md §5).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortString};
+
+/// Header: the attempt number, 1 on first publish (`I`).
+pub const ATTEMPT_HEADER: &str = "x-acemq-attempt";
+/// Header: when the message was first published, seconds (`T`), set once.
+pub const FIRST_SEEN_HEADER: &str = "x-acemq-first-seen";
+/// Header: the id of the message that caused this one (`S`).
+pub const CAUSATION_HEADER: &str = "x-acemq-causation-id";
+/// Header: why a message was given up on, on `.dlq` and `.parked` (`S`).
+pub const ERROR_HEADER: &str = "x-acemq-error";
+/// Header: the exchange a set-aside message was first published to (`S`).
+pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-acemq-original-exchange";
+/// Header: the routing key a set-aside message was first published with (`S`).
+pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
+
+/// What travels with every message besides its payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// The `message-id` property: a UUID, stable across every retry and redelivery.
+    pub id: String,
+    /// Which attempt this is: 1 on first publish.
+    pub attempt: u32,
+    /// When the message was first published (whole seconds).
+    pub first_seen: SystemTime,
+    /// The `correlation-id` property.
+    pub correlation_id: Option<String>,
+    /// The id of the message that caused this one.
+    pub causation_id: Option<String>,
+    /// Other application headers (the `x-acemq-*` ones are managed here and
+    /// not repeated in this table).
+    pub headers: FieldTable,
+}
+
+impl Default for Envelope {
+    fn default() -> Self {
+        Envelope::new()
+    }
+}
+
+impl Envelope {
+    /// A new message: a fresh id, attempt 1, first seen now.
+    pub fn new() -> Self {
+        Envelope {
+            id: uuid::Uuid::new_v4().to_string(),
+            attempt: 1,
+            first_seen: whole_seconds(SystemTime::now()),
+            correlation_id: None,
+            causation_id: None,
+            headers: FieldTable::new(),
+        }
+    }
+
+    /// The same envelope with a correlation id.
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// The same envelope with a causation id.
+    pub fn with_causation_id(mut self, id: impl Into<String>) -> Self {
+        self.causation_id = Some(id.into());
+        self
+    }
+
+    /// A new message caused by this one: fresh id, attempt 1, first seen
+    /// now, same correlation, causation = this message's id.
+    pub fn caused(&self) -> Envelope {
+        Envelope {
+            correlation_id: self.correlation_id.clone(),
+            causation_id: Some(self.id.clone()),
+            ..Envelope::new()
+        }
+    }
+
+    /// Writes the envelope into `properties`: `message-id`,
+    /// `correlation-id`, and the `x-acemq-*` headers with the types of
+    /// DESIGN.md §5 (`I`, `T`, `S`).
+    pub fn write_to(&self, properties: &mut BasicProperties) {
+        properties.message_id = Some(self.id.as_str().into());
+        properties.correlation_id = self.correlation_id.as_deref().map(ShortString::from);
+        let mut headers = self.headers.clone();
+        for managed in [ATTEMPT_HEADER, FIRST_SEEN_HEADER, CAUSATION_HEADER] {
+            headers.remove(managed);
+        }
+        let attempt = i32::try_from(self.attempt).unwrap_or(i32::MAX);
+        headers.insert(ATTEMPT_HEADER, FieldValue::I32(attempt));
+        headers.insert(FIRST_SEEN_HEADER, FieldValue::Timestamp(unix_seconds(self.first_seen)));
+        if let Some(causation) = &self.causation_id {
+            headers.insert(CAUSATION_HEADER, FieldValue::from(causation.as_str()));
+        }
+        properties.headers = Some(headers);
+    }
+
+    /// Reads an envelope back from properties. Integers of every width are
+    /// accepted; what is missing gets the value a first publish would have
+    /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
+    pub fn read_from(properties: &BasicProperties) -> Envelope {
+        let mut headers = properties.headers.clone().unwrap_or_default();
+        let attempt = headers
+            .remove(ATTEMPT_HEADER)
+            .and_then(|v| v.as_i64())
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(1);
+        let first_seen = headers
+            .remove(FIRST_SEEN_HEADER)
+            .and_then(|v| v.as_i64())
+            .and_then(|secs| u64::try_from(secs).ok())
+            .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
+            .unwrap_or_else(|| whole_seconds(SystemTime::now()));
+        let causation_id = headers.remove(CAUSATION_HEADER).and_then(|v| match v {
+            FieldValue::LongString(s) => Some(s.to_string_lossy().into_owned()),
+            _ => None,
+        });
+        Envelope {
+            id: properties
+                .message_id
+                .as_ref()
+                .map(|id| id.to_string_lossy().into_owned())
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            attempt,
+            first_seen,
+            correlation_id: properties
+                .correlation_id
+                .as_ref()
+                .map(|c| c.to_string_lossy().into_owned()),
+            causation_id,
+            headers,
+        }
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn whole_seconds(t: SystemTime) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(unix_seconds(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_is_written_with_the_contracts_header_types() {
+        let envelope = Envelope::new().with_correlation_id("corr").with_causation_id("cause");
+        let mut props = BasicProperties::default();
+        envelope.write_to(&mut props);
+        let headers = props.headers.as_ref().unwrap();
+        assert_eq!(headers.get(ATTEMPT_HEADER), Some(&FieldValue::I32(1)));
+        assert!(matches!(headers.get(FIRST_SEEN_HEADER), Some(FieldValue::Timestamp(_))));
+        assert_eq!(headers.get(CAUSATION_HEADER), Some(&FieldValue::from("cause")));
+        assert_eq!(props.message_id.as_ref().unwrap(), envelope.id.as_str());
+        assert_eq!(props.correlation_id.as_ref().unwrap(), "corr");
+        assert_eq!(Envelope::read_from(&props), envelope);
+    }
+
+    #[test]
+    fn reading_accepts_every_integer_width() {
+        for attempt in [
+            FieldValue::I8(3),
+            FieldValue::U8(3),
+            FieldValue::I16(3),
+            FieldValue::U16(3),
+            FieldValue::I32(3),
+            FieldValue::U32(3),
+            FieldValue::I64(3),
+            FieldValue::I64L(3),
+        ] {
+            let mut headers = FieldTable::new();
+            headers.insert(ATTEMPT_HEADER, attempt.clone());
+            headers.insert(FIRST_SEEN_HEADER, FieldValue::I64(1_700_000_000));
+            let props = BasicProperties {
+                headers: Some(headers),
+                ..Default::default()
+            };
+            let envelope = Envelope::read_from(&props);
+            assert_eq!(envelope.attempt, 3, "{attempt:?}");
+            assert_eq!(envelope.first_seen, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        }
+    }
+
+    #[test]
+    fn a_message_from_elsewhere_reads_as_a_first_attempt() {
+        let envelope = Envelope::read_from(&BasicProperties::default());
+        assert_eq!(envelope.attempt, 1);
+        assert!(uuid::Uuid::parse_str(&envelope.id).is_ok());
+    }
+}

@@ -1,0 +1,14 @@
+//! The counter names of DESIGN.md §5, recorded through the `metrics` facade.
+
+/// `acemq_publish_total{outcome=confirmed|unconfirmed|refused|failed|nacked|unroutable}`
+pub const PUBLISH_TOTAL: &str = "acemq_publish_total";
+/// `acemq_handled_total{outcome=accepted|retried|dead_lettered|parked|undecodable}`
+pub const HANDLED_TOTAL: &str = "acemq_handled_total";
+/// `acemq_rung_missing_total`
+pub const RUNG_MISSING_TOTAL: &str = "acemq_rung_missing_total";
+/// `acemq_recovery_total{event=...}`
+pub const RECOVERY_TOTAL: &str = "acemq_recovery_total";
+
+pub(crate) fn publish(outcome: &'static str) {
+    metrics::counter!(PUBLISH_TOTAL, "outcome" => outcome).increment(1);
+}
