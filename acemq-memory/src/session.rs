@@ -276,6 +276,7 @@ impl Session {
         self.state = State::ExpectStartOk;
     }
 
+    #[inline(always)]
     fn handle_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
         if matches!(frame, Frame::Heartbeat) {
             return;
@@ -415,6 +416,7 @@ impl Session {
         self.last_send = now;
     }
 
+    #[inline(always)]
     fn open_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
         let ch = frame.channel();
         if ch == 0 {
@@ -513,6 +515,7 @@ impl Session {
     /// Feeds a frame of an open channel: methods go to the machine, a publish
     /// is assembled in place from its method, header and body frames.
     /// `Ok(true)` when the frame started a publish.
+    #[inline(always)]
     fn assemble(
         &mut self,
         machine: &mut BrokerMachine,

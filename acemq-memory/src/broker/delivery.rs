@@ -268,18 +268,28 @@ impl BrokerMachine {
             while !q.ready.is_empty() && !q.consumers.is_empty() {
                 let n = q.consumers.len();
                 let start = q.round_robin;
-                let Some(idx) = (0..n)
-                    .map(|i| (start + i) % n)
-                    .find(|&i| consumer_ready(conns, &q.consumers[i]))
-                else {
+                let mut delivered = false;
+                for i in 0..n {
+                    let idx = (start + i) % n;
+                    let Some(m) = q.ready.front() else { break };
+                    let extra = (quorum && m.delivery_count > 0)
+                        .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                    match try_deliver(conns, woken, &q.consumers[idx], &q.name, m, extra) {
+                        Attempt::Busy => continue,
+                        outcome => {
+                            let Some(m) = q.pop_ready() else { break };
+                            if let Attempt::Tracked(tag) = outcome {
+                                track(conns, &q.consumers[idx], &q.name, tag, m);
+                                q.unacked += 1;
+                            }
+                            q.round_robin = (idx + 1) % n;
+                            delivered = true;
+                            break;
+                        }
+                    }
+                }
+                if !delivered {
                     break;
-                };
-                q.round_robin = (idx + 1) % n;
-                let Some(m) = q.pop_ready() else { break };
-                let extra = (quorum && m.delivery_count > 0)
-                    .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
-                if deliver(conns, woken, &q.consumers[idx], &q.name, m, extra) {
-                    q.unacked += 1;
                 }
                 q.expire_head(now, true, &mut dead);
             }
@@ -330,33 +340,44 @@ impl BrokerMachine {
             }
         }
         let mut touched: Vec<ShortString> = Vec::new();
+        let mut pending: Option<(ShortString, u64)> = None;
         for entry in taken {
             match how {
                 Settle::Requeue => self.return_to_queue(&vhost, entry, &mut touched),
                 Settle::Ack | Settle::Discard => {
-                    let Some(q) = self
-                        .vhosts
-                        .get_mut(&*vhost)
-                        .and_then(|v| v.queues.get_mut(&entry.queue))
-                    else {
-                        continue;
-                    };
-                    q.unacked = q.unacked.saturating_sub(1);
+                    match &mut pending {
+                        Some((queue, count)) if *queue == entry.queue => *count += 1,
+                        _ => {
+                            if let Some((queue, count)) = pending.take() {
+                                self.settled(&vhost, &queue, count, &mut touched);
+                            }
+                            pending = Some((entry.queue.clone(), 1));
+                        }
+                    }
                     if how == Settle::Discard {
                         if let Some(queued) = entry.queued {
                             self.queue_dead_letters(&vhost, &entry.queue, vec![(queued, DeathReason::Rejected)]);
                         }
                     }
-                    if !touched.contains(&entry.queue) {
-                        touched.push(entry.queue);
-                    }
                 }
             }
+        }
+        if let Some((queue, count)) = pending.take() {
+            self.settled(&vhost, &queue, count, &mut touched);
         }
         for q in touched {
             self.dispatch(&vhost, &q, now);
         }
         Ok(())
+    }
+
+    fn settled(&mut self, vhost: &str, queue: &ShortString, count: u64, touched: &mut Vec<ShortString>) {
+        if let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(queue)) {
+            q.unacked = q.unacked.saturating_sub(count);
+        }
+        if !touched.contains(queue) {
+            touched.push(queue.clone());
+        }
     }
 
     /// `basic.recover` with requeue: every unacked message of the channel
@@ -523,72 +544,61 @@ fn write_ack(out: &mut bytes::BytesMut, ch: u16, upto: u64, written: u64) {
     write_method(out, ch, &ack.into());
 }
 
-/// Whether a consumer can take one more message now.
-fn consumer_ready(conns: &super::FastMap<ConnId, Conn>, cref: &ConsumerRef) -> bool {
-    let Some(channel) = conns
-        .get(&cref.conn)
-        .and_then(|c| c.channels.get(usize::from(cref.channel)))
-        .and_then(Option::as_ref)
-    else {
-        return false;
-    };
-    if channel.closing || !channel.flow {
-        return false;
-    }
-    let Some(consumer) = channel.consumers.iter().find(|c| c.tag == cref.tag) else {
-        return false;
-    };
-    if consumer.no_ack {
-        return true;
-    }
-    let global_ok = channel.global_prefetch == 0 || channel.unacked.len() < usize::from(channel.global_prefetch);
-    let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
-    global_ok && own_ok
+/// What became of an offer to a consumer.
+enum Attempt {
+    /// No room (prefetch, flow, closing): try the next consumer.
+    Busy,
+    /// Delivered with `no_ack`: nothing to track.
+    Settled,
+    /// Delivered with this delivery tag: track it until settled.
+    Tracked(u64),
 }
 
-/// Writes a delivery to a consumer and tracks it; returns whether it waits
-/// for an ack.
-fn deliver(
+/// Offers the queue's head to a consumer: if it has room, writes the
+/// delivery to its connection's outbox.
+fn try_deliver(
     conns: &mut super::FastMap<ConnId, Conn>,
     woken: &mut Vec<ConnId>,
     cref: &ConsumerRef,
     qname: &ShortString,
-    m: Queued,
+    m: &Queued,
     extra: Option<(&str, FieldValue)>,
-) -> bool {
-    let Some(conn) = conns.get_mut(&cref.conn) else {
-        return false;
-    };
+) -> Attempt {
+    let _ = qname;
+    let Some(conn) = conns.get_mut(&cref.conn) else { return Attempt::Busy };
     let frame_max = conn.frame_max;
-    let Conn { channels, out, .. } = conn;
+    let Conn { channels, out, .. } = &mut *conn;
     let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
-        return false;
+        return Attempt::Busy;
     };
+    if channel.closing || !channel.flow {
+        return Attempt::Busy;
+    }
+    let global_ok = channel.global_prefetch == 0 || channel.unacked.len() < usize::from(channel.global_prefetch);
     let Some(consumer) = channel.consumers.iter_mut().find(|c| c.tag == cref.tag) else {
-        return false;
+        return Attempt::Busy;
     };
+    let no_ack = consumer.no_ack;
+    if !no_ack && !(global_ok && (consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch))) {
+        return Attempt::Busy;
+    }
     let tag = channel.next_tag;
     channel.next_tag += 1;
-    let no_ack = consumer.no_ack;
     if !no_ack {
         consumer.in_flight += 1;
     }
-    let deliver = BasicDeliver {
-        consumer_tag: cref.tag.clone(),
-        delivery_tag: tag,
-        redelivered: m.redelivered,
-        exchange: m.msg.exchange.clone(),
-        routing_key: m.msg.routing_key.clone(),
-    };
-    write_content(
-        out,
-        cref.channel,
-        &Method::BasicDeliver(deliver),
-        &m.msg,
-        frame_max,
-        extra,
-    );
-    if !no_ack {
+    write_deliver(out, cref.channel, &cref.tag, tag, m.redelivered, &m.msg, frame_max, extra);
+    wake_conn(cref.conn, conn, woken);
+    if no_ack {
+        Attempt::Settled
+    } else {
+        Attempt::Tracked(tag)
+    }
+}
+
+/// Records an unacked delivery on the consumer's channel.
+fn track(conns: &mut super::FastMap<ConnId, Conn>, cref: &ConsumerRef, qname: &ShortString, tag: u64, m: Queued) {
+    if let Some(channel) = conns.get_mut(&cref.conn).and_then(|c| c.channel_mut(cref.channel)) {
         channel.unacked.push_back(Unacked {
             tag,
             queue: qname.clone(),
@@ -596,8 +606,45 @@ fn deliver(
             queued: Some(m),
         });
     }
-    wake_conn(cref.conn, conn, woken);
-    !no_ack
+}
+
+/// Writes `basic.deliver` and the message, encoding the method by hand so
+/// that no string is cloned per delivery.
+#[allow(clippy::too_many_arguments)]
+fn write_deliver(
+    out: &mut bytes::BytesMut,
+    channel: u16,
+    consumer_tag: &ShortString,
+    delivery_tag: u64,
+    redelivered: bool,
+    msg: &Message,
+    frame_max: u32,
+    extra: Option<(&str, FieldValue)>,
+) {
+    use bytes::BufMut;
+    let fits = consumer_tag.len() <= 255 && msg.exchange.len() <= 255 && msg.routing_key.len() <= 255;
+    if !fits {
+        return;
+    }
+    let start = out.len();
+    out.reserve(64 + consumer_tag.len() + msg.exchange.len() + msg.routing_key.len() + msg.body.len());
+    out.put_u8(amqp_codec::FRAME_METHOD);
+    out.put_u16(channel);
+    out.put_u32(0);
+    out.put_u16(BasicDeliver::CLASS_ID);
+    out.put_u16(BasicDeliver::METHOD_ID);
+    out.put_u8(consumer_tag.len() as u8);
+    out.put_slice(consumer_tag.as_bytes());
+    out.put_u64(delivery_tag);
+    out.put_u8(u8::from(redelivered));
+    out.put_u8(msg.exchange.len() as u8);
+    out.put_slice(msg.exchange.as_bytes());
+    out.put_u8(msg.routing_key.len() as u8);
+    out.put_slice(msg.routing_key.as_bytes());
+    let size = (out.len() - start - 7) as u32;
+    out[start + 3..start + 7].copy_from_slice(&size.to_be_bytes());
+    out.put_u8(amqp_codec::FRAME_END);
+    super::write_content_after_method(out, start, channel, msg, frame_max, extra);
 }
 
 /// Streams: every consumer reads the log from its own offset, as far as

@@ -15,7 +15,7 @@ mod fast_hash;
 mod methods;
 mod queue;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -268,7 +268,7 @@ pub struct QueueInfo {
 #[derive(Debug)]
 pub struct BrokerMachine {
     pub(crate) config: Arc<BrokerConfig>,
-    pub(crate) vhosts: HashMap<String, VHost>,
+    pub(crate) vhosts: FastMap<String, VHost>,
     pub(crate) conns: FastMap<ConnId, Conn>,
     next_conn: ConnId,
     pub(crate) alarm: bool,
@@ -745,6 +745,20 @@ pub(crate) fn write_content(
 ) {
     let start = out.len();
     write_method(out, channel, method);
+    write_content_after_method(out, start, channel, msg, frame_max, extra);
+}
+
+/// The header and body frames of a message whose method frame starts at
+/// `start` in `out` (everything from `start` is dropped if one cannot be
+/// encoded).
+pub(crate) fn write_content_after_method(
+    out: &mut BytesMut,
+    start: usize,
+    channel: u16,
+    msg: &Message,
+    frame_max: u32,
+    extra: Option<(&str, FieldValue)>,
+) {
     let header_start = out.len();
     out.put_u8(FRAME_HEADER);
     out.put_u16(channel);
