@@ -1,15 +1,35 @@
 //! `connection.blocked` under a real memory alarm. Its own test binary: the
 //! alarm blocks every publishing connection of the broker, so nothing else
-//! may run beside it.
+//! may run beside it, and the tests here take turns (`ALARM`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
-use acemq_tests::brokers;
+use acemq_core::{is_blocked, Config, Error};
+use acemq_tests::{brokers, unique, Broker};
 use amqp_codec::{BasicProperties, QueueDeclare};
+
+static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Clears the alarm when dropped, so a failing test leaves the broker usable.
+struct AlarmGuard<'a>(&'a Broker);
+
+impl AlarmGuard<'_> {
+    fn raise(b: &Broker) -> AlarmGuard<'_> {
+        b.set_memory_alarm(true);
+        AlarmGuard(b)
+    }
+}
+
+impl Drop for AlarmGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set_memory_alarm(false);
+    }
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unblocks_it() {
+    let _turn = ALARM.lock().await;
     for b in brokers().await {
         let conn = b.connect().await;
         let mut events = conn.events();
@@ -74,6 +94,143 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
                 .unwrap(),
             Confirmation::Ack
         );
+        conn.close().await.unwrap();
+    }
+}
+
+async fn wait_blocked(conn: &acemq_core::Conn) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !conn.is_blocked() {
+        assert!(Instant::now() < deadline, "connection.blocked within 20 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// DESIGN.md §6 statement 16, and the consumer side keeps acking meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn while_blocked_new_publishes_fail_at_once_and_written_ones_wait_up_to_blocked_timeout() {
+    let _turn = ALARM.lock().await;
+    for b in brokers().await {
+        let conn = b
+            .conn_with(Config {
+                blocked_timeout: Duration::from_secs(2),
+                ..Config::default()
+            })
+            .await;
+        let consume_ch = conn.consuming_connection().channel().await.unwrap();
+        let q = unique("blocked");
+        consume_ch
+            .queue_declare(QueueDeclare {
+                queue: q.as_str().into(),
+                durable: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let publisher = conn.publisher::<String>("", &q);
+        // Ten messages before the alarm, for the consumer to ack during it.
+        for i in 0..10 {
+            publisher.send(&format!("before-{i}")).await.unwrap();
+        }
+
+        let alarm = AlarmGuard::raise(&b);
+        // Written before the block is known: waits for its confirm...
+        let started = Instant::now();
+        let written = publisher.send(&"written".to_string()).await.unwrap_err();
+        // ... for blocked_timeout of continuous block, then fails.
+        assert!(
+            matches!(written, Error::ConnectionBlocked { .. }),
+            "{:?}: {written}",
+            b.kind
+        );
+        assert!(is_blocked(&written));
+        assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(conn.is_blocked());
+
+        // Known blocked: refused at once, never written.
+        let started = Instant::now();
+        let refused = publisher.send(&"refused".to_string()).await.unwrap_err();
+        assert!(
+            matches!(refused, Error::PublishingPaused { ref reason } if reason == "low on memory"),
+            "{refused}"
+        );
+        assert!(is_blocked(&refused));
+        assert!(started.elapsed() < Duration::from_millis(500));
+
+        // The consuming connection is not blocked: acks flow.
+        consume_ch.qos(100).await.unwrap();
+        let mut consumer = consume_ch.consume(&q).await.unwrap();
+        for _ in 0..10 {
+            let d = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+                .await
+                .expect("deliveries flow during the alarm")
+                .unwrap();
+            assert!(d.body.starts_with(b"\"before-"));
+            d.ack().unwrap();
+        }
+        consumer.cancel().await.unwrap();
+        let depth = consume_ch
+            .queue_declare(QueueDeclare {
+                queue: q.as_str().into(),
+                passive: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .unwrap()
+            .message_count;
+        assert_eq!(
+            depth, 0,
+            "{:?}: the acks were taken while publishing was blocked",
+            b.kind
+        );
+        drop(alarm);
+
+        // Unblocked: the refused message never arrives; the written one may.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        while let Some(m) = consume_ch.basic_get(&q, true).await.unwrap() {
+            assert_ne!(&m.body[..], b"\"refused\"", "a refused publish is never delivered");
+        }
+        publisher.send(&"after".to_string()).await.unwrap();
+        consume_ch
+            .queue_delete(amqp_codec::QueueDelete {
+                queue: q.as_str().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+}
+
+/// A publish caught by a block that lifts in time completes normally.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publish_in_flight_when_the_block_lifts_completes() {
+    let _turn = ALARM.lock().await;
+    for b in brokers().await {
+        let conn = b.conn().await;
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let q = unique("unblock");
+        ch.queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            exclusive: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let publisher = conn.publisher::<String>("", &q);
+        publisher.send(&"first".to_string()).await.unwrap();
+        let alarm = AlarmGuard::raise(&b);
+        let in_flight = tokio::spawn(async move { publisher.send(&"in flight".to_string()).await });
+        wait_blocked(&conn).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!in_flight.is_finished(), "it waits while blocked");
+        drop(alarm);
+        tokio::time::timeout(Duration::from_secs(20), in_flight)
+            .await
+            .expect("completes after the unblock")
+            .unwrap()
+            .unwrap();
         conn.close().await.unwrap();
     }
 }
