@@ -22,3 +22,7 @@ eval "$(scripts/rabbitmq.sh env | sed 's/^/export /')"
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
+# The README's first command: the example service, against the in-process
+# broker and against the RabbitMQ started above.
+cargo run --quiet --example orders
+AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
