@@ -84,6 +84,7 @@
 mod broker;
 mod config;
 mod error;
+pub mod fuzzing;
 mod server;
 mod session;
 

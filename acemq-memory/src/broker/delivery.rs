@@ -565,7 +565,9 @@ fn try_deliver(
     extra: Option<(&str, FieldValue)>,
 ) -> Attempt {
     let _ = qname;
-    let Some(conn) = conns.get_mut(&cref.conn) else { return Attempt::Busy };
+    let Some(conn) = conns.get_mut(&cref.conn) else {
+        return Attempt::Busy;
+    };
     let frame_max = conn.frame_max;
     let Conn { channels, out, .. } = &mut *conn;
     let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
@@ -587,7 +589,16 @@ fn try_deliver(
     if !no_ack {
         consumer.in_flight += 1;
     }
-    write_deliver(out, cref.channel, &cref.tag, tag, m.redelivered, &m.msg, frame_max, extra);
+    write_deliver(
+        out,
+        cref.channel,
+        &cref.tag,
+        tag,
+        m.redelivered,
+        &m.msg,
+        frame_max,
+        extra,
+    );
     wake_conn(cref.conn, conn, woken);
     if no_ack {
         Attempt::Settled
