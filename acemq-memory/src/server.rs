@@ -243,6 +243,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S
         session
     };
     let id = session.id();
+    // Runs when the task ends or is dropped with its runtime (a test that
+    // finishes while connected to a named broker): the connection must not
+    // linger with its consumers.
+    let _guard = ConnGuard {
+        shared: shared.clone(),
+        id,
+    };
     let mut input = BytesMut::with_capacity(64 * 1024);
     loop {
         let (deadline, want_read) = {
@@ -310,13 +317,23 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S
             break;
         }
     }
-    let woken = {
-        let mut state = shared.lock();
-        state.machine.remove_conn(id, now());
-        state.notifiers.remove(&id);
-        state.wake(Some(id))
-    };
-    for n in woken {
-        n.notify_one();
+}
+
+struct ConnGuard {
+    shared: Arc<Shared>,
+    id: ConnId,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let woken = {
+            let mut state = self.shared.lock();
+            state.machine.remove_conn(self.id, now());
+            state.notifiers.remove(&self.id);
+            state.wake(Some(self.id))
+        };
+        for n in woken {
+            n.notify_one();
+        }
     }
 }

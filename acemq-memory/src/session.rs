@@ -281,6 +281,15 @@ impl Session {
         if matches!(frame, Frame::Heartbeat) {
             return;
         }
+        let handshaking = matches!(
+            self.state,
+            State::ExpectStartOk | State::ExpectTuneOk | State::ExpectOpen
+        );
+        if handshaking && matches!(frame, Frame::Method(0, Method::ConnectionClose(_))) {
+            machine.send(self.id, 0, ConnectionCloseOk {});
+            self.fate = Fate::Close;
+            return;
+        }
         match self.state {
             State::ExpectProtocolHeader | State::Doomed => {}
             State::ExpectStartOk => match frame {

@@ -245,3 +245,35 @@ async fn the_tcp_listener_speaks_amqp() {
     assert!(matches!(d.method, Method::BasicGetOk(_)));
     let _ = Frame::Heartbeat;
 }
+
+#[tokio::test]
+async fn a_connection_whose_runtime_ends_leaves_no_consumer_behind() {
+    let broker = Broker::named("runtime-ends");
+    let mut c = Client::open(&broker).await;
+    c.open_channel(1).await;
+    c.declare_queue(1, "left-behind", FieldTable::new()).await;
+    let other = broker.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let mut c = Client::open(&other).await;
+            c.open_channel(1).await;
+            c.call(
+                1,
+                BasicConsume {
+                    queue: "left-behind".into(),
+                    consumer_tag: "gone".into(),
+                    ..Default::default()
+                },
+            )
+            .await;
+            assert_eq!(other.queue_info("/", "left-behind").unwrap().consumers, 1);
+        });
+    })
+    .join()
+    .unwrap();
+    assert_eq!(broker.queue_info("/", "left-behind").unwrap().consumers, 0);
+}

@@ -549,6 +549,7 @@ impl BrokerMachine {
         };
         let (messages, consumers) = if m.passive {
             let q = self.queue_for_use(id, vhost, &name)?;
+            q.last_used = now;
             (q.message_count(), q.consumers.len())
         } else {
             if name.as_bytes().starts_with(b"amq.") && !m.queue.is_empty() {
