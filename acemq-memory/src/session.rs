@@ -782,3 +782,110 @@ fn amqplain_credentials(response: &[u8]) -> Option<(String, String)> {
     };
     Some((text("LOGIN")?, text("PASSWORD")?))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The session driven without tokio: bytes in, frames out, a virtual clock.
+
+    use super::*;
+    use crate::BrokerConfig;
+    use amqp_codec::{encode_method, ConnectionTuneOk};
+
+    fn frames(machine: &mut BrokerMachine, id: ConnId) -> Vec<Frame> {
+        let mut out = machine.take_output(id);
+        let decoder = FrameDecoder::new(0);
+        let mut frames = Vec::new();
+        while let Ok(Some(frame)) = decoder.decode(&mut out) {
+            frames.push(frame);
+        }
+        frames
+    }
+
+    fn open(heartbeat: u16) -> (BrokerMachine, Session, Instant) {
+        let now = Instant::now();
+        let mut machine = BrokerMachine::new(BrokerConfig::default(), now);
+        let mut session = Session::new(&mut machine, now);
+        let mut input = crate::fuzzing::handshake(heartbeat);
+        session.handle_input(&mut machine, &mut input, now);
+        assert!(input.is_empty());
+        let names: Vec<&str> = frames(&mut machine, session.id())
+            .iter()
+            .map(|f| match f {
+                Frame::Method(_, m) => m.name(),
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "connection.start",
+                "connection.tune",
+                "connection.open-ok",
+                "channel.open-ok",
+                "channel.open-ok",
+                "confirm.select-ok"
+            ]
+        );
+        (machine, session, now)
+    }
+
+    #[test]
+    fn the_handshake_needs_no_runtime() {
+        let (machine, session, _) = open(0);
+        assert_eq!(session.fate(), Fate::Running);
+        assert_eq!(machine.connection_count(), 1);
+        assert_eq!(session.poll_timeout(), None);
+    }
+
+    #[test]
+    fn heartbeat_deadlines_follow_the_negotiated_interval() {
+        let (mut machine, mut session, start) = open(4);
+        assert_eq!(session.poll_timeout(), Some(start + Duration::from_secs(2)));
+        session.handle_timeout(&mut machine, start + Duration::from_secs(2));
+        assert_eq!(frames(&mut machine, session.id()), [Frame::Heartbeat]);
+        session.transmitted(start + Duration::from_secs(2));
+        session.handle_timeout(&mut machine, start + Duration::from_secs(8));
+        assert_eq!(
+            session.fate(),
+            Fate::Sever,
+            "two intervals without a byte from the client"
+        );
+    }
+
+    #[test]
+    fn a_refused_tune_ok_waits_then_drops_without_a_frame() {
+        let now = Instant::now();
+        let mut machine = BrokerMachine::new(BrokerConfig::default(), now);
+        let mut session = Session::new(&mut machine, now);
+        session.handle_input(&mut machine, &mut BytesMut::from(&PROTOCOL_HEADER[..]), now);
+        let mut tune = BytesMut::new();
+        encode_method(
+            0,
+            &amqp_codec::ConnectionStartOk {
+                mechanism: "PLAIN".into(),
+                response: b"\0guest\0guest".as_slice().into(),
+                ..Default::default()
+            }
+            .into(),
+            &mut tune,
+        )
+        .unwrap();
+        encode_method(
+            0,
+            &ConnectionTuneOk {
+                channel_max: 10,
+                frame_max: 1024,
+                heartbeat: 0,
+            }
+            .into(),
+            &mut tune,
+        )
+        .unwrap();
+        session.handle_input(&mut machine, &mut tune, now);
+        let _ = frames(&mut machine, session.id());
+        assert_eq!(session.poll_timeout(), Some(now + Duration::from_secs(3)));
+        session.handle_timeout(&mut machine, now + Duration::from_secs(3));
+        assert_eq!(session.fate(), Fate::Sever);
+        assert!(frames(&mut machine, session.id()).is_empty());
+    }
+}

@@ -453,3 +453,60 @@ async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
     }
     assert_eq!(&encoded[..], &capture[..]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_ttl_of_zero_reaches_a_waiting_consumer_and_is_dropped_otherwise() {
+    let broker = Broker::default();
+    let mut c = Client::open(&broker).await;
+    c.open_channel(1).await;
+    c.declare_queue(1, "now-or-never", args(&[("x-message-ttl", FieldValue::I32(0))]))
+        .await;
+    c.publish(1, "", "now-or-never", b"nobody waits").await;
+    c.declare_queue(1, "now-or-never", args(&[("x-message-ttl", FieldValue::I32(0))]))
+        .await;
+    assert_eq!(broker.queue_info("/", "now-or-never").unwrap().messages, 0);
+    c.call(
+        1,
+        BasicConsume {
+            queue: "now-or-never".into(),
+            consumer_tag: "c".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    c.publish(1, "", "now-or-never", b"caught").await;
+    let d = c.content().await;
+    assert_eq!(&d.body[..], b"caught");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requeued_messages_keep_their_original_expiry() {
+    let broker = Broker::default();
+    let mut c = Client::open(&broker).await;
+    c.open_channel(1).await;
+    c.declare_queue(1, "keeps", args(&[("x-message-ttl", FieldValue::I32(5000))]))
+        .await;
+    c.publish(1, "", "keeps", b"x").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.send(
+        1,
+        BasicGet {
+            queue: "keeps".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let d = c.content().await;
+    c.send(
+        1,
+        amqp_codec::BasicNack {
+            delivery_tag: d.delivery_tag(),
+            multiple: false,
+            requeue: true,
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(broker.queue_info("/", "keeps").unwrap().messages, 0);
+}
