@@ -94,6 +94,45 @@ async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetc
     figures
 }
 
+#[derive(serde::Serialize)]
+struct Payload {
+    order_id: u64,
+    customer: String,
+    note: String,
+}
+
+/// `Publisher::send` with confirms from 64 tasks at once: each send waits for
+/// its own confirm, 64 are in flight.
+async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tasks: u64) -> Figures {
+    let publisher = conn.publisher::<Payload>("", queue).transient();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let publisher = publisher.clone();
+        let share = messages / tasks + u64::from(task < messages % tasks);
+        set.spawn(async move {
+            for i in 0..share {
+                let payload = Payload {
+                    order_id: task * 1_000_000 + i,
+                    customer: "customer-0000000000000000000000000000".into(),
+                    // Pads the JSON body to about 256 bytes.
+                    note: "n".repeat(180),
+                };
+                publisher.send(&payload).await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.unwrap();
+    }
+    Figures {
+        name: "Publisher::send (64 tasks)",
+        messages,
+        wall: t0.elapsed(),
+        cpu: cpu_time() - c0,
+    }
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let messages = if benching { 100_000 } else { 2_000 };
@@ -125,15 +164,28 @@ fn main() {
             })
             .await
             .unwrap();
+        let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
+            .await
+            .unwrap();
         for round in 0..if benching { 3 } else { 1 } {
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
+            let send = publisher_send(&api, &queue, messages, 64).await;
+            setup
+                .queue_purge(amqp_codec::QueuePurge {
+                    queue: queue.as_str().into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
             if benching {
                 println!("round {round}");
             }
             publish.print();
             consume.print();
+            send.print();
         }
+        api.close().await.unwrap();
         setup
             .queue_delete(QueueDelete {
                 queue: queue.as_str().into(),
