@@ -83,7 +83,7 @@ impl Session {
             heartbeat: None,
             last_recv: now,
             last_send: now,
-            deadline: Some(now + handshake),
+            deadline: now.checked_add(handshake),
             blocked: false,
             blocked_sent: false,
             fate: Fate::Running,
@@ -381,7 +381,7 @@ impl Session {
             // waits a few seconds and drops the socket.
             tracing::debug!(conn = self.id, ?m, "refused tune-ok");
             self.state = State::Doomed;
-            self.deadline = Some(now + config.close_timeout);
+            self.deadline = now.checked_add(config.close_timeout);
             return;
         }
         self.decoder.set_frame_max(m.frame_max);
@@ -684,7 +684,7 @@ impl Session {
         );
         machine.release_conn(self.id, now);
         self.state = State::Closing;
-        self.deadline = Some(now + machine.config().close_timeout);
+        self.deadline = now.checked_add(machine.config().close_timeout);
     }
 
     /// An error before the connection is open: `connection.close`, then the socket goes.

@@ -510,3 +510,30 @@ async fn requeued_messages_keep_their_original_expiry() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(broker.queue_info("/", "keeps").unwrap().messages, 0);
 }
+
+#[tokio::test]
+async fn absurd_ttls_never_expire_and_never_crash() {
+    let broker = Broker::default();
+    let mut c = Client::open(&broker).await;
+    c.open_channel(1).await;
+    c.declare_queue(
+        1,
+        "forever",
+        args(&[
+            ("x-message-ttl", FieldValue::I64(i64::MAX)),
+            ("x-expires", FieldValue::I64(i64::MAX)),
+        ]),
+    )
+    .await;
+    publish_props(&mut c, "forever", props_expiring(u64::MAX), b"x").await;
+    c.declare_queue(
+        1,
+        "forever",
+        args(&[
+            ("x-message-ttl", FieldValue::I64(i64::MAX)),
+            ("x-expires", FieldValue::I64(i64::MAX)),
+        ]),
+    )
+    .await;
+    assert_eq!(broker.queue_info("/", "forever").unwrap().messages, 1);
+}

@@ -245,7 +245,7 @@ impl Queue {
         Queued {
             msg,
             seq,
-            expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+            expires_at: ttl.and_then(|ms| now.checked_add(Duration::from_millis(ms))),
             redelivered: false,
             delivery_count: 0,
         }
@@ -284,7 +284,7 @@ impl Queue {
     pub fn deadline(&self) -> Option<Instant> {
         let head = self.ready.front().and_then(|m| m.expires_at);
         let unused = match self.settings.expires {
-            Some(ms) if self.consumers.is_empty() => Some(self.last_used + Duration::from_millis(ms)),
+            Some(ms) if self.consumers.is_empty() => self.last_used.checked_add(Duration::from_millis(ms)),
             _ => None,
         };
         match (head, unused) {
@@ -296,7 +296,13 @@ impl Queue {
     /// Whether `x-expires` has run out.
     pub fn unused_expired(&self, now: Instant) -> bool {
         match self.settings.expires {
-            Some(ms) => self.consumers.is_empty() && self.last_used + Duration::from_millis(ms) <= now,
+            Some(ms) => {
+                self.consumers.is_empty()
+                    && self
+                        .last_used
+                        .checked_add(Duration::from_millis(ms))
+                        .is_some_and(|at| at <= now)
+            }
             None => false,
         }
     }
