@@ -416,3 +416,39 @@ async fn alternate_exchange_takes_what_the_exchange_cannot_route() {
     c.publish(1, "main", "nobody", b"caught").await;
     assert_eq!(drain(&mut c, 1, "unrouted").await, ["caught"]);
 }
+
+#[tokio::test]
+async fn cc_and_bcc_headers_add_routing_keys_and_bcc_is_removed() {
+    let broker = Broker::default();
+    let mut c = Client::open(&broker).await;
+    c.open_channel(1).await;
+    for q in ["main", "cc", "bcc"] {
+        c.declare_queue(1, q, FieldTable::new()).await;
+    }
+    let mut headers = FieldTable::new();
+    headers.insert("CC", FieldValue::Array(amqp_codec::FieldArray(vec!["cc".into()])));
+    headers.insert("BCC", FieldValue::Array(amqp_codec::FieldArray(vec!["bcc".into()])));
+    let props = amqp_codec::BasicProperties {
+        headers: Some(headers),
+        ..Default::default()
+    };
+    let publish = amqp_codec::BasicPublish {
+        routing_key: "main".into(),
+        ..Default::default()
+    };
+    c.publish_with(1, publish, props, b"x").await;
+    for q in ["main", "cc", "bcc"] {
+        c.send(
+            1,
+            BasicGet {
+                queue: q.into(),
+                no_ack: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        let d = c.content().await;
+        assert!(d.header("CC").is_some(), "{q}");
+        assert!(d.header("BCC").is_none(), "{q}");
+    }
+}

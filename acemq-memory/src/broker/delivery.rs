@@ -150,8 +150,13 @@ impl BrokerMachine {
         seq: Option<u64>,
         now: Instant,
     ) {
-        let Publication { publish, header, body } = content;
+        let Publication {
+            publish,
+            mut header,
+            body,
+        } = content;
         let mandatory = publish.mandatory;
+        let also = sender_selected_keys(&mut header);
         let msg = Arc::new(Message {
             exchange: publish.exchange,
             routing_key: publish.routing_key,
@@ -160,7 +165,17 @@ impl BrokerMachine {
         });
         let wall = self.wall_ms(now);
         let queues = match self.vhosts.get(&**vhost) {
-            Some(vh) => route(vh, &msg.exchange, &msg.routing_key, msg.headers()),
+            Some(vh) => {
+                let mut queues = route(vh, &msg.exchange, &msg.routing_key, msg.headers());
+                for key in &also {
+                    for q in route(vh, &msg.exchange, key, msg.headers()) {
+                        if !queues.contains(&q) {
+                            queues.push(q);
+                        }
+                    }
+                }
+                queues
+            }
             None => return,
         };
         let mut rejected = false;
@@ -274,7 +289,7 @@ impl BrokerMachine {
                     let Some(m) = q.ready.front() else { break };
                     let extra = (quorum && m.delivery_count > 0)
                         .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
-                    match try_deliver(conns, woken, &q.consumers[idx], &q.name, m, extra) {
+                    match try_deliver(conns, woken, &q.consumers[idx], m, extra) {
                         Attempt::Busy => continue,
                         outcome => {
                             let Some(m) = q.pop_ready() else { break };
@@ -536,6 +551,33 @@ impl BrokerMachine {
     }
 }
 
+/// RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers
+/// carry more routing keys; `BCC` is removed before the message is stored.
+fn sender_selected_keys(header: &mut Header) -> Vec<ShortString> {
+    let Header::Decoded(props) = header else {
+        return Vec::new();
+    };
+    let Some(headers) = props.headers.as_mut() else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    for name in ["CC", "BCC"] {
+        if let Some(FieldValue::Array(values)) = headers.get(name) {
+            for value in values.iter() {
+                if let FieldValue::LongString(key) = value {
+                    if let Some(key) = ShortString::from_bytes(key.to_bytes()) {
+                        keys.push(key);
+                    }
+                }
+            }
+        }
+    }
+    if headers.contains_key("BCC") {
+        headers.remove("BCC");
+    }
+    keys
+}
+
 fn write_ack(out: &mut bytes::BytesMut, ch: u16, upto: u64, written: u64) {
     let ack = BasicAck {
         delivery_tag: upto,
@@ -560,11 +602,9 @@ fn try_deliver(
     conns: &mut super::FastMap<ConnId, Conn>,
     woken: &mut Vec<ConnId>,
     cref: &ConsumerRef,
-    qname: &ShortString,
     m: &Queued,
     extra: Option<(&str, FieldValue)>,
 ) -> Attempt {
-    let _ = qname;
     let Some(conn) = conns.get_mut(&cref.conn) else {
         return Attempt::Busy;
     };

@@ -282,7 +282,7 @@ impl BrokerMachine {
                     Some(channel.consumers.remove(at))
                 });
                 if let Some(consumer) = removed {
-                    self.detach_consumer_pub(&vhost, id, ch, &consumer.tag, &consumer.queue, now);
+                    self.detach_consumer(&vhost, id, ch, &consumer.tag, &consumer.queue, now);
                 }
                 if !m.no_wait {
                     self.send(
@@ -411,26 +411,6 @@ impl BrokerMachine {
             _ => return Ok(()),
         };
         self.settle(id, ch, tag, multiple, how, now)
-    }
-
-    pub(crate) fn detach_consumer_pub(
-        &mut self,
-        vhost: &str,
-        id: ConnId,
-        ch: u16,
-        tag: &ShortString,
-        queue: &ShortString,
-        now: Instant,
-    ) {
-        let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(queue)) else {
-            return;
-        };
-        q.consumers
-            .retain(|c| !(c.conn == id && c.channel == ch && &c.tag == tag));
-        q.last_used = now;
-        if q.auto_delete && q.had_consumers && q.consumers.is_empty() {
-            self.delete_queue_internal(vhost, queue);
-        }
     }
 
     fn exchange_declare(&mut self, id: ConnId, ch: u16, vhost: &str, m: ExchangeDeclare) -> Result<(), AmqpError> {
@@ -723,6 +703,3 @@ fn stream_start(q: &Queue, offset: Option<&FieldValue>) -> Result<u64, AmqpError
         },
     })
 }
-
-#[allow(dead_code)]
-fn _unused(_: ExchangeKind) {}
