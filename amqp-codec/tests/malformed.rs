@@ -437,3 +437,12 @@ fn values_the_wire_cannot_carry_fail_to_encode_and_write_nothing() {
     );
     assert_eq!(&out[..], b"prefix");
 }
+
+#[test]
+fn a_header_announcing_4_gib_without_frame_max_reserves_a_bounded_amount() {
+    // Found by the decode_frames fuzzer: `frame_max` 0 (no limit) and a body
+    // frame announcing 4 GiB made the decoder reserve 4 GiB up front.
+    let mut buf = BytesMut::from(&[3u8, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
+    assert_eq!(FrameDecoder::new(0).decode(&mut buf), Ok(None));
+    assert!(buf.capacity() <= 1 << 20, "reserved {} bytes", buf.capacity());
+}

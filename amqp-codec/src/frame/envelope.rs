@@ -16,6 +16,9 @@ use crate::method::Method;
 use crate::parse::{ArgReader, Ctx};
 use crate::types::DEFAULT_MAX_DEPTH;
 
+/// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
+const MAX_RESERVE: usize = 256 * 1024;
+
 /// Decodes frames from a read buffer, in place.
 ///
 /// ```
@@ -80,7 +83,10 @@ impl FrameDecoder {
             Err(_) => return Ok(None),
         };
         if buf.len() < total {
-            buf.reserve(total - buf.len());
+            // Room for the rest of the frame, but never more than a bounded
+            // step on the peer's word: a header announcing 4 GiB (with no
+            // frame_max) must not allocate 4 GiB before a byte arrives.
+            buf.reserve((total - buf.len()).min(MAX_RESERVE));
             return Ok(None);
         }
         let frame = buf.split_to(total).freeze();
