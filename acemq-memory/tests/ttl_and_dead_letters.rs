@@ -395,7 +395,7 @@ async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
         mandatory: true,
         ..Default::default()
     };
-    c.publish_with(1, publish, published, captured_body).await;
+    c.publish_with(1, publish, *published, captured_body).await;
     c.send(
         1,
         BasicGet {

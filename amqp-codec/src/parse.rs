@@ -6,7 +6,6 @@
 //! envelope has already delimited, so running out of input is `Truncated`,
 //! never a request for more bytes.
 
-use bytes::Bytes;
 use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
 
 use crate::error::DecodeErrorKind;
@@ -44,31 +43,16 @@ pub(crate) fn kind_of(err: nom::Err<PError>) -> DecodeErrorKind {
     }
 }
 
-/// What every parser of a payload needs besides the bytes: the buffer the
-/// bytes come from, so strings and bodies can be zero-copy slices of it, and
-/// the nesting limit.
+/// What every parser of a payload needs besides the bytes: the nesting limit.
 #[derive(Clone, Copy)]
-pub(crate) struct Ctx<'a> {
-    pub(crate) src: &'a Bytes,
+pub(crate) struct Ctx {
     pub(crate) max_depth: usize,
-}
-
-impl<'a> Ctx<'a> {
-    /// A `Bytes` for a sub-slice of `src`, without copying.
-    #[inline]
-    pub(crate) fn share(&self, part: &'a [u8]) -> Bytes {
-        if part.is_empty() {
-            Bytes::new()
-        } else {
-            self.src.slice_ref(part)
-        }
-    }
 }
 
 /// Reads the arguments of a method field by field, packing consecutive
 /// `bit` fields into octets as AMQP 0-9-1 §4.2.5.2 requires.
 pub(crate) struct ArgReader<'a> {
-    ctx: Ctx<'a>,
+    ctx: Ctx,
     rest: &'a [u8],
     /// The octet bits are being taken from, and the next bit's index (8 = none left).
     bits: u8,
@@ -78,7 +62,7 @@ pub(crate) struct ArgReader<'a> {
 type ReadResult<T> = Result<T, DecodeErrorKind>;
 
 impl<'a> ArgReader<'a> {
-    pub(crate) fn new(ctx: Ctx<'a>, input: &'a [u8]) -> Self {
+    pub(crate) fn new(ctx: Ctx, input: &'a [u8]) -> Self {
         ArgReader {
             ctx,
             rest: input,
@@ -133,14 +117,14 @@ impl<'a> ArgReader<'a> {
     #[inline]
     pub(crate) fn shortstr(&mut self) -> ReadResult<ShortString> {
         let raw = self.run(types::short_string_raw)?;
-        Ok(ShortString::from_bytes_unchecked(self.ctx.share(raw)))
+        Ok(ShortString::from_slice(raw))
     }
 
     /// `longstr`
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
         let raw = self.run(types::long_string_raw)?;
-        Ok(LongString::from(self.ctx.share(raw)))
+        Ok(LongString::from_slice(raw))
     }
 
     /// `table`

@@ -36,16 +36,16 @@ macro_rules! properties {
                 Ok(())
             }
 
-            pub(crate) fn decode(ctx: Ctx<'_>, input: &[u8]) -> Result<Self, DecodeErrorKind> {
+            /// Decodes the flag word and the properties into `props`, which
+            /// must be empty (fields are written where they lie, not moved).
+            pub(crate) fn decode_into(props: &mut Self, ctx: Ctx, input: &[u8]) -> Result<(), DecodeErrorKind> {
                 let mut r = ArgReader::new(ctx, input);
                 let flags = r.short()?;
                 if flags & DEFINED_FLAGS != flags {
                     return Err(DecodeErrorKind::BadPropertyFlags(flags));
                 }
-                let mut props = BasicProperties::default();
                 $( if flags & (1 << $bit) != 0 { props.$field = Some(r.$read()?); } )*
-                r.finish()?;
-                Ok(props)
+                r.finish()
             }
         }
 

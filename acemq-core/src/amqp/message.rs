@@ -9,10 +9,11 @@ use tokio::sync::mpsc;
 use super::Error;
 use crate::io::driver::Command;
 
-/// Properties as received: decoded, or the raw header when the codec refused
-/// them (too deeply nested, an unknown field type). Such a message can still
-/// be acknowledged or set aside; the connection is fine.
-pub type Properties = Result<BasicProperties, UndecodableHeader>;
+/// Properties as received: decoded (boxed, as the codec hands them over), or
+/// the raw header when the codec refused them (too deeply nested, an unknown
+/// field type). Such a message can still be acknowledged or set aside; the
+/// connection is fine.
+pub type Properties = Result<Box<BasicProperties>, UndecodableHeader>;
 
 /// A message delivered to a consumer.
 #[derive(Debug)]

@@ -769,7 +769,7 @@ pub(crate) fn write_content_after_method(
     let encoded = match (&msg.header, extra) {
         (Header::Decoded(props), None) => props.encode(out),
         (Header::Decoded(props), Some((key, value))) => {
-            let mut props: BasicProperties = props.clone();
+            let mut props: BasicProperties = BasicProperties::clone(props);
             let mut headers = props.headers.take().unwrap_or_default();
             args::set_table_value(&mut headers, key, value);
             props.headers = Some(headers);

@@ -15,10 +15,9 @@ use super::ConnId;
 /// A message's properties: decoded, or kept raw when the codec could not
 /// decode them (RabbitMQ passes such a header through untouched).
 #[derive(Debug, Clone)]
-// The decoded variant is the hot one; boxing it would cost an allocation per message.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Header {
-    Decoded(BasicProperties),
+    /// Boxed as the codec hands it over: no copy of the properties.
+    Decoded(Box<BasicProperties>),
     Raw(UndecodableHeader),
 }
 

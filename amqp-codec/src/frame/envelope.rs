@@ -77,6 +77,9 @@ impl FrameDecoder {
     /// means the stream is corrupt and must be closed, except that a content
     /// header with bad properties is not an error but
     /// [`Frame::UndecodableHeader`].
+    ///
+    /// Method and header frames are parsed where they lie and then skipped;
+    /// a body frame's payload is split off `buf` without copying.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
         let total = match self.frame_size(buf)? {
             Ok(total) => total,
@@ -89,8 +92,16 @@ impl FrameDecoder {
             buf.reserve((total - buf.len()).min(MAX_RESERVE));
             return Ok(None);
         }
-        let frame = buf.split_to(total).freeze();
-        self.parse_whole(&frame).map(Some)
+        let (frame_type, channel) = check_end(&buf[..total])?;
+        if frame_type == FRAME_BODY {
+            buf.advance(7);
+            let payload = buf.split_to(total - FRAME_OVERHEAD).freeze();
+            buf.advance(1);
+            return Ok(Some(Frame::Body(channel, payload)));
+        }
+        let frame = self.parse_payload(frame_type, channel, &buf[7..total - 1]);
+        buf.advance(total);
+        frame.map(Some)
     }
 
     /// Decodes the first frame of `input`, returning it and how many bytes it
@@ -105,7 +116,12 @@ impl FrameDecoder {
                 needed: total - input.len(),
             });
         }
-        let frame = self.parse_whole(&input.slice(..total))?;
+        let (frame_type, channel) = check_end(&input[..total])?;
+        let frame = if frame_type == FRAME_BODY {
+            Frame::Body(channel, input.slice(7..total - 1))
+        } else {
+            self.parse_payload(frame_type, channel, &input[7..total - 1])?
+        };
         Ok((frame, total))
     }
 
@@ -133,22 +149,14 @@ impl FrameDecoder {
         })
     }
 
-    /// Parses a frame known to be complete: header, payload, end byte.
-    fn parse_whole(&self, frame: &Bytes) -> Result<Frame, Error> {
-        let end = frame[frame.len() - 1];
-        if end != FRAME_END {
-            return Err(Error::BadFrameEnd { found: end });
-        }
-        let frame_type = frame[0];
-        let channel = u16::from_be_bytes([frame[1], frame[2]]);
-        let payload = frame.slice(7..frame.len() - 1);
+    /// Parses the payload of a method, header or heartbeat frame completely.
+    fn parse_payload(&self, frame_type: u8, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
         match frame_type {
-            FRAME_METHOD => self.method(channel, &payload),
-            FRAME_HEADER => match content_header(&payload, self.max_depth)? {
+            FRAME_METHOD => self.method(channel, payload),
+            FRAME_HEADER => match content_header(payload, self.max_depth)? {
                 HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
                 HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
             },
-            FRAME_BODY => Ok(Frame::Body(channel, payload)),
             FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
             FRAME_HEARTBEAT => Err(Error::Malformed {
                 context: "heartbeat",
@@ -159,7 +167,7 @@ impl FrameDecoder {
     }
 
     /// `method-payload = class-id method-id *amqp-field`.
-    fn method(&self, channel: u16, payload: &Bytes) -> Result<Frame, Error> {
+    fn method(&self, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
         if payload.len() < 4 {
             return Err(Error::Malformed {
                 context: "method frame",
@@ -169,12 +177,20 @@ impl FrameDecoder {
         let class_id = u16::from_be_bytes([payload[0], payload[1]]);
         let method_id = u16::from_be_bytes([payload[2], payload[3]]);
         let ctx = Ctx {
-            src: payload,
             max_depth: self.max_depth,
         };
         let method = Method::decode_args(class_id, method_id, ArgReader::new(ctx, &payload[4..]))?;
         Ok(Frame::Method(channel, method))
     }
+}
+
+/// Checks the end byte of a whole frame; returns its type and channel.
+fn check_end(frame: &[u8]) -> Result<(u8, u16), Error> {
+    let end = frame[frame.len() - 1];
+    if end != FRAME_END {
+        return Err(Error::BadFrameEnd { found: end });
+    }
+    Ok((frame[0], u16::from_be_bytes([frame[1], frame[2]])))
 }
 
 /// Decodes the first frame of `input` with `frame_max` and the default

@@ -22,8 +22,10 @@ pub struct ContentHeader {
     pub weight: u16,
     /// The total size of the body frames that follow.
     pub body_size: u64,
-    /// The message properties.
-    pub properties: BasicProperties,
+    /// The message properties, boxed: a header moves through several hands
+    /// on its way to the application, and a pointer moves cheaper than the
+    /// few hundred bytes of the properties.
+    pub properties: Box<BasicProperties>,
 }
 
 impl ContentHeader {
@@ -33,7 +35,7 @@ impl ContentHeader {
             class_id: class::BASIC,
             weight: 0,
             body_size,
-            properties,
+            properties: Box::new(properties),
         }
     }
 
@@ -86,7 +88,7 @@ pub(crate) enum HeaderPayload {
 /// `content-header = class-id weight body-size property-flags property-list`.
 ///
 /// Only a payload too short for the fixed 12 bytes is a stream error.
-pub(crate) fn content_header(payload: &Bytes, max_depth: usize) -> Result<HeaderPayload, Error> {
+pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderPayload, Error> {
     let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
         let (i, class_id) = be_u16(i)?;
         let (i, weight) = be_u16(i)?;
@@ -97,12 +99,10 @@ pub(crate) fn content_header(payload: &Bytes, max_depth: usize) -> Result<Header
         context: "content header",
         kind: kind_of(err),
     })?;
-    let ctx = Ctx {
-        src: payload,
-        max_depth,
-    };
+    let ctx = Ctx { max_depth };
     let properties = if class_id == class::BASIC {
-        BasicProperties::decode(ctx, rest)
+        let mut props = Box::<BasicProperties>::default();
+        BasicProperties::decode_into(&mut props, ctx, rest).map(|()| props)
     } else {
         Err(DecodeErrorKind::NoContentClass(class_id))
     };
@@ -117,7 +117,7 @@ pub(crate) fn content_header(payload: &Bytes, max_depth: usize) -> Result<Header
             class_id,
             weight,
             body_size,
-            raw_properties: ctx.share(rest),
+            raw_properties: Bytes::copy_from_slice(rest),
             error,
         }),
     })

@@ -89,19 +89,15 @@ impl ContentError {
     }
 }
 
-#[derive(Debug, Default)]
-// Boxing the header would cost an allocation per message on the hot path;
-// moving a few hundred bytes is cheaper.
-#[allow(clippy::large_enum_variant)]
-enum State {
-    #[default]
-    Idle,
-    ExpectHeader(Method),
-    ExpectBody {
-        method: Method,
-        header: Result<ContentHeader, UndecodableHeader>,
-        body: Body,
-    },
+/// A message being assembled: its method, then its header, then its body.
+/// Kept in place and filled in as frames arrive, so nothing large is moved
+/// per frame.
+#[derive(Debug)]
+struct Partial {
+    method: Method,
+    header: Option<Result<ContentHeader, UndecodableHeader>>,
+    body_size: u64,
+    body: Body,
 }
 
 #[derive(Debug)]
@@ -162,7 +158,7 @@ impl Body {
 /// ```
 #[derive(Debug)]
 pub struct ContentAssembler {
-    state: State,
+    partial: Option<Partial>,
     max_body: u64,
 }
 
@@ -181,19 +177,19 @@ impl ContentAssembler {
     /// An assembler that refuses bodies larger than `max_body` bytes.
     pub fn with_max_body(max_body: u64) -> Self {
         ContentAssembler {
-            state: State::Idle,
+            partial: None,
             max_body,
         }
     }
 
     /// Whether a message is partly assembled.
     pub fn in_progress(&self) -> bool {
-        !matches!(self.state, State::Idle)
+        self.partial.is_some()
     }
 
     /// Forgets any partly assembled message (e.g. when the channel closes).
     pub fn reset(&mut self) {
-        self.state = State::Idle;
+        self.partial = None;
     }
 
     /// Feeds the next frame of this channel. After an error the assembler is
@@ -201,108 +197,146 @@ impl ContentAssembler {
     pub fn push(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
         let result = self.step(frame);
         if result.is_err() {
-            self.state = State::Idle;
+            self.partial = None;
         }
         result
     }
 
     fn step(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
-        match (std::mem::take(&mut self.state), frame) {
-            (State::Idle, Frame::Method(_, method)) => {
-                if method.has_content() {
-                    self.state = State::ExpectHeader(method);
-                    Ok(Assembly::Partial)
-                } else {
-                    Ok(Assembly::Method(method))
+        match frame {
+            Frame::Method(_, method) => {
+                if let Some(partial) = &self.partial {
+                    let expected = if partial.header.is_some() {
+                        "content body"
+                    } else {
+                        "content header"
+                    };
+                    return Err(ContentError::UnexpectedFrame {
+                        expected,
+                        got: "method",
+                    });
                 }
-            }
-            (State::Idle, other) => Err(unexpected("method", &other)),
-            (State::ExpectHeader(method), Frame::Header(_, header)) => {
-                let (class, size) = (header.class_id, header.body_size);
-                self.after_header(method, Ok(header), class, size)
-            }
-            (State::ExpectHeader(method), Frame::UndecodableHeader(_, header)) => {
-                let (class, size) = (header.class_id, header.body_size);
-                self.after_header(method, Err(header), class, size)
-            }
-            (State::ExpectHeader(_), other) => Err(unexpected("content header", &other)),
-            (
-                State::ExpectBody {
+                if !method.has_content() {
+                    return Ok(Assembly::Method(method));
+                }
+                self.partial = Some(Partial {
                     method,
-                    header,
-                    mut body,
-                },
-                Frame::Body(_, part),
-            ) => {
-                let body_size = body_size_of(&header);
-                let received = body.len() as u64 + part.len() as u64;
-                if received > body_size {
-                    return Err(ContentError::BodyOverrun { body_size, received });
+                    header: None,
+                    body_size: 0,
+                    body: Body::Empty,
+                });
+                Ok(Assembly::Partial)
+            }
+            Frame::Header(_, header) => {
+                let (class, size) = (header.class_id, header.body_size);
+                self.on_header(Ok(header), class, size)
+            }
+            Frame::UndecodableHeader(_, header) => {
+                let (class, size) = (header.class_id, header.body_size);
+                self.on_header(Err(header), class, size)
+            }
+            Frame::Body(_, part) => {
+                let partial = match &mut self.partial {
+                    Some(p) if p.header.is_some() => p,
+                    Some(_) => {
+                        return Err(ContentError::UnexpectedFrame {
+                            expected: "content header",
+                            got: "content body",
+                        })
+                    }
+                    None => {
+                        return Err(ContentError::UnexpectedFrame {
+                            expected: "method",
+                            got: "content body",
+                        })
+                    }
+                };
+                let received = partial.body.len() as u64 + part.len() as u64;
+                if received > partial.body_size {
+                    return Err(ContentError::BodyOverrun {
+                        body_size: partial.body_size,
+                        received,
+                    });
                 }
-                body.push(part, body_size);
-                if received == body_size {
-                    Ok(Assembly::Complete(Content {
-                        method,
-                        header,
-                        body: body.into_bytes(),
-                    }))
+                partial.body.push(part, partial.body_size);
+                if received == partial.body_size {
+                    Ok(self.complete())
                 } else {
-                    self.state = State::ExpectBody { method, header, body };
                     Ok(Assembly::Partial)
                 }
             }
-            (State::ExpectBody { .. }, other) => Err(unexpected("content body", &other)),
+            Frame::Heartbeat => {
+                let expected = match &self.partial {
+                    None => "method",
+                    Some(p) if p.header.is_none() => "content header",
+                    Some(_) => "content body",
+                };
+                Err(ContentError::UnexpectedFrame {
+                    expected,
+                    got: "heartbeat",
+                })
+            }
         }
     }
 
-    fn after_header(
+    fn on_header(
         &mut self,
-        method: Method,
         header: Result<ContentHeader, UndecodableHeader>,
         header_class: u16,
         body_size: u64,
     ) -> Result<Assembly, ContentError> {
-        if header_class != method.class_id() {
+        let max_body = self.max_body;
+        let partial = match &mut self.partial {
+            Some(p) if p.header.is_none() => p,
+            Some(_) => {
+                return Err(ContentError::UnexpectedFrame {
+                    expected: "content body",
+                    got: "content header",
+                })
+            }
+            None => {
+                return Err(ContentError::UnexpectedFrame {
+                    expected: "method",
+                    got: "content header",
+                })
+            }
+        };
+        let method_class = partial.method.class_id();
+        if header_class != method_class {
             return Err(ContentError::ClassMismatch {
-                method_class: method.class_id(),
+                method_class,
                 header_class,
             });
         }
-        if body_size > self.max_body {
+        if body_size > max_body {
             return Err(ContentError::TooLarge {
                 body_size,
-                max: self.max_body,
+                max: max_body,
             });
         }
+        partial.header = Some(header);
+        partial.body_size = body_size;
         if body_size == 0 {
-            return Ok(Assembly::Complete(Content {
-                method,
-                header,
-                body: Bytes::new(),
-            }));
+            return Ok(self.complete());
         }
-        self.state = State::ExpectBody {
-            method,
-            header,
-            body: Body::Empty,
-        };
         Ok(Assembly::Partial)
     }
-}
 
-fn body_size_of(header: &Result<ContentHeader, UndecodableHeader>) -> u64 {
-    match header {
-        Ok(h) => h.body_size,
-        Err(h) => h.body_size,
+    /// Hands over the finished message.
+    fn complete(&mut self) -> Assembly {
+        match self.partial.take() {
+            Some(Partial {
+                method,
+                header: Some(header),
+                body,
+                ..
+            }) => Assembly::Complete(Content {
+                method,
+                header,
+                body: body.into_bytes(),
+            }),
+            // `complete` is only called with a header in place.
+            _ => Assembly::Partial,
+        }
     }
-}
-
-fn unexpected(expected: &'static str, got: &Frame) -> ContentError {
-    let got = match got {
-        Frame::Method(..) => "method",
-        Frame::Header(..) | Frame::UndecodableHeader(..) => "content header",
-        Frame::Body(..) => "content body",
-        Frame::Heartbeat => "heartbeat",
-    };
-    ContentError::UnexpectedFrame { expected, got }
 }

@@ -52,7 +52,7 @@ impl FieldTable {
     /// assert_eq!(back.get("x-attempt").and_then(FieldValue::as_i64), Some(2));
     /// ```
     pub fn decode(input: &Bytes, max_depth: usize) -> Result<FieldTable, Error> {
-        let ctx = Ctx { src: input, max_depth };
+        let ctx = Ctx { max_depth };
         let malformed = |kind| Error::Malformed {
             context: "field table",
             kind,

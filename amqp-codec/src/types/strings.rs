@@ -1,8 +1,9 @@
 //! `shortstr` and `longstr`: byte strings, kept as the bytes received.
 //!
 //! AMQP strings are octet sequences; RabbitMQ does not insist on UTF-8, so
-//! neither does the decoder. Both types are cheap `Bytes` slices of the frame
-//! they came from. Nothing here may copy on decode.
+//! neither does the decoder. Short values (most of them: names, keys, ids)
+//! live inline; longer ones in a `Bytes`. Decoding never allocates for an
+//! inline string and never touches a reference count for one.
 
 use std::fmt;
 
@@ -10,63 +11,161 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::EncodeError;
 
+/// How many bytes a string keeps inline, without a heap allocation or a
+/// reference count: enough for a UUID, a RabbitMQ consumer tag and the usual
+/// exchange names, routing keys and content types. Copying that many bytes is
+/// cheaper than the atomic increment and decrement a shared slice costs.
+const INLINE: usize = 38;
+
+/// The storage behind both string types: short strings inline, longer ones
+/// as a (possibly shared) `Bytes`.
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Heap(Bytes),
+}
+
+impl Repr {
+    const EMPTY: Repr = Repr::Inline {
+        len: 0,
+        buf: [0; INLINE],
+    };
+
+    #[inline]
+    fn from_slice(s: &[u8]) -> Repr {
+        if s.len() <= INLINE {
+            let mut buf = [0; INLINE];
+            buf[..s.len()].copy_from_slice(s);
+            Repr::Inline {
+                len: s.len() as u8,
+                buf,
+            }
+        } else {
+            Repr::Heap(Bytes::copy_from_slice(s))
+        }
+    }
+
+    #[inline]
+    fn from_bytes(b: Bytes) -> Repr {
+        if b.len() <= INLINE {
+            Repr::from_slice(&b)
+        } else {
+            Repr::Heap(b)
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Repr::Inline { len, buf } => &buf[..usize::from(*len)],
+            Repr::Heap(b) => b,
+        }
+    }
+
+    fn to_bytes(&self) -> Bytes {
+        match self {
+            Repr::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
+            Repr::Heap(b) => b.clone(),
+        }
+    }
+}
+
 macro_rules! byte_string {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub struct $name(Bytes);
+        #[derive(Clone)]
+        pub struct $name(Repr);
 
         impl $name {
             /// An empty string.
             pub const fn new() -> Self {
-                $name(Bytes::new())
+                $name(Repr::EMPTY)
             }
 
             /// A string from a `'static` literal, without copying.
             pub const fn from_static(s: &'static str) -> Self {
-                $name(Bytes::from_static(s.as_bytes()))
+                $name(Repr::Heap(Bytes::from_static(s.as_bytes())))
+            }
+
+            /// A string holding a copy of these bytes (no length check).
+            pub(crate) fn from_slice(bytes: &[u8]) -> Self {
+                $name(Repr::from_slice(bytes))
             }
 
             /// The raw bytes.
+            #[inline]
             pub fn as_bytes(&self) -> &[u8] {
-                &self.0
+                self.0.as_slice()
             }
 
             /// The bytes as UTF-8, or `None` if they are not valid UTF-8.
             pub fn as_str(&self) -> Option<&str> {
-                std::str::from_utf8(&self.0).ok()
+                std::str::from_utf8(self.as_bytes()).ok()
             }
 
             /// The bytes as text, with invalid UTF-8 replaced.
             pub fn to_string_lossy(&self) -> std::borrow::Cow<'_, str> {
-                String::from_utf8_lossy(&self.0)
+                String::from_utf8_lossy(self.as_bytes())
             }
 
             /// Length in bytes.
             pub fn len(&self) -> usize {
-                self.0.len()
+                self.as_bytes().len()
             }
 
             /// Whether the string is empty.
             pub fn is_empty(&self) -> bool {
-                self.0.is_empty()
+                self.as_bytes().is_empty()
             }
 
-            /// The underlying `Bytes` (a cheap clone).
+            /// The bytes as `Bytes` (a copy for short strings, a cheap clone
+            /// for long ones).
             pub fn to_bytes(&self) -> Bytes {
-                self.0.clone()
+                self.0.to_bytes()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name::new()
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                self.as_bytes() == other.as_bytes()
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.as_bytes().cmp(other.as_bytes())
+            }
+        }
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.as_bytes().hash(state)
             }
         }
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                $name(Bytes::copy_from_slice(s.as_bytes()))
+                $name(Repr::from_slice(s.as_bytes()))
             }
         }
 
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                $name(Bytes::from(s))
+                $name(Repr::from_bytes(Bytes::from(s)))
             }
         }
 
@@ -78,13 +177,13 @@ macro_rules! byte_string {
 
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other.as_bytes()
+                self.as_bytes() == other.as_bytes()
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == other.as_bytes()
+                self.as_bytes() == other.as_bytes()
             }
         }
 
@@ -92,7 +191,7 @@ macro_rules! byte_string {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 match self.as_str() {
                     Some(s) => fmt::Debug::fmt(s, f),
-                    None => write!(f, "b{:?}", self.0),
+                    None => write!(f, "b{:?}", Bytes::copy_from_slice(self.as_bytes())),
                 }
             }
         }
@@ -117,45 +216,41 @@ byte_string! {
 }
 
 impl ShortString {
-    /// Wraps bytes the decoder has already length-checked.
-    pub(crate) fn from_bytes_unchecked(bytes: Bytes) -> Self {
-        ShortString(bytes)
-    }
-
     /// A short string from raw bytes, or `None` if they are longer than 255.
     pub fn from_bytes(bytes: Bytes) -> Option<Self> {
-        (bytes.len() <= 255).then_some(ShortString(bytes))
+        (bytes.len() <= 255).then(|| ShortString(Repr::from_bytes(bytes)))
     }
 
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        let len = u8::try_from(self.0.len()).map_err(|_| EncodeError::ShortStringTooLong(self.0.len()))?;
+        let bytes = self.as_bytes();
+        let len = u8::try_from(bytes.len()).map_err(|_| EncodeError::ShortStringTooLong(bytes.len()))?;
         dst.put_u8(len);
-        dst.put_slice(&self.0);
+        dst.put_slice(bytes);
         Ok(())
     }
 }
 
 impl LongString {
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        encode_long_bytes(&self.0, dst)
+        encode_long_bytes(self.as_bytes(), dst)
     }
 }
 
 impl From<Bytes> for LongString {
     fn from(bytes: Bytes) -> Self {
-        LongString(bytes)
+        LongString(Repr::from_bytes(bytes))
     }
 }
 
 impl From<Vec<u8>> for LongString {
     fn from(bytes: Vec<u8>) -> Self {
-        LongString(Bytes::from(bytes))
+        LongString(Repr::from_bytes(Bytes::from(bytes)))
     }
 }
 
 impl From<&[u8]> for LongString {
     fn from(bytes: &[u8]) -> Self {
-        LongString(Bytes::copy_from_slice(bytes))
+        LongString(Repr::from_slice(bytes))
     }
 }
 

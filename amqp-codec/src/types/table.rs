@@ -184,7 +184,7 @@ fn length_prefixed(i: &[u8]) -> PResult<'_, &[u8]> {
 }
 
 /// `field-table = long-uint *field-value-pair`, at nesting level `depth`.
-pub(crate) fn field_table<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResult<'a, FieldTable> {
+pub(crate) fn field_table(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldTable> {
     let (rest, mut body) = length_prefixed(i)?;
     // A pair takes at least 3 bytes (empty key, type code, one value byte) and
     // usually far more; a modest guess avoids most regrowth without trusting
@@ -193,14 +193,14 @@ pub(crate) fn field_table<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResul
     while !body.is_empty() {
         let (i, key) = super::short_string_raw(body)?;
         let (i, value) = field_value(ctx, depth, i)?;
-        entries.push((ShortString::from_bytes_unchecked(ctx.share(key)), value));
+        entries.push((ShortString::from_slice(key), value));
         body = i;
     }
     Ok((rest, FieldTable { entries }))
 }
 
 /// `field-array = long-int *field-value`, at nesting level `depth`.
-pub(crate) fn field_array<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResult<'a, FieldArray> {
+pub(crate) fn field_array(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldArray> {
     let (rest, mut body) = length_prefixed(i)?;
     let mut values = Vec::with_capacity(capacity_guess(body.len(), 8));
     while !body.is_empty() {

@@ -220,7 +220,7 @@ impl From<FieldArray> for FieldValue {
 
 /// `field-value = type-code value`, where `depth` is the nesting level of
 /// the table or array holding it (the outermost table is level 1).
-pub(crate) fn field_value<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResult<'a, FieldValue> {
+pub(crate) fn field_value(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldValue> {
     let (i, code) = be_u8(i)?;
     match code {
         b't' => be_u8(i).map(|(i, v)| (i, FieldValue::Bool(v != 0))),
@@ -241,11 +241,11 @@ pub(crate) fn field_value<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResul
         }
         b'S' => {
             let (i, raw) = super::long_string_raw(i)?;
-            Ok((i, FieldValue::LongString(LongString::from(ctx.share(raw)))))
+            Ok((i, FieldValue::LongString(LongString::from_slice(raw))))
         }
         b'x' => {
             let (i, raw) = super::long_string_raw(i)?;
-            Ok((i, FieldValue::ByteArray(ctx.share(raw))))
+            Ok((i, FieldValue::ByteArray(Bytes::copy_from_slice(raw))))
         }
         b'T' => be_u64(i).map(|(i, v)| (i, FieldValue::Timestamp(v))),
         b'V' => Ok((i, FieldValue::Void)),
@@ -262,7 +262,7 @@ pub(crate) fn field_value<'a>(ctx: Ctx<'a>, depth: usize, i: &'a [u8]) -> PResul
 }
 
 /// The level of a table or array nested at `depth`, or an error past the limit.
-fn nested(ctx: Ctx<'_>, depth: usize) -> Result<usize, nom::Err<crate::parse::PError>> {
+fn nested(ctx: Ctx, depth: usize) -> Result<usize, nom::Err<crate::parse::PError>> {
     let next = depth + 1;
     if next > ctx.max_depth {
         fail(DecodeErrorKind::NestingTooDeep(ctx.max_depth))
