@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod ack;
 pub mod amqp;
 pub mod codec;
 mod conn;
@@ -41,9 +42,12 @@ pub mod io;
 pub mod metrics_names;
 pub mod proto;
 mod publish;
+pub mod retry;
 
+pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
 pub use codec::{Codec, CodecError, Json};
 pub use conn::{Config, Conn, OnRecovery, RecoveryEvent};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
 pub use publish::{Publisher, SendResult};
+pub use retry::{Decision, RetryPolicy};

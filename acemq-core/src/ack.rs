@@ -1,0 +1,99 @@
+//! What a handler says about a message (`Ack`), and fatal errors.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A boxed error from a handler.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// A handler's verdict on one message.
+#[derive(Debug)]
+pub enum Ack {
+    /// Done: acknowledge it.
+    Accept,
+    /// Failed: try again as the retry policy says (a fatal error, see
+    /// [`fatal`], is dead-lettered at once).
+    Retry(BoxError),
+    /// Set it aside in `{queue}.parked` with this reason, for a person to look at.
+    Park(String),
+}
+
+impl Ack {
+    /// Done: acknowledge it.
+    pub fn accept() -> Ack {
+        Ack::Accept
+    }
+
+    /// Failed with `err`: try again as the retry policy says.
+    pub fn retry(err: impl Into<BoxError>) -> Ack {
+        Ack::Retry(err.into())
+    }
+
+    /// Set it aside in `{queue}.parked`.
+    pub fn park(reason: impl Into<String>) -> Ack {
+        Ack::Park(reason.into())
+    }
+}
+
+/// An error that will not improve with retrying: a message failing with it
+/// goes to `{queue}.dlq` at once.
+#[derive(Debug)]
+pub struct Fatal(pub BoxError);
+
+impl fmt::Display for Fatal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for Fatal {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Marks `err` as fatal (see [`Fatal`]).
+pub fn fatal(err: impl Into<BoxError>) -> Fatal {
+    Fatal(err.into())
+}
+
+/// Whether `err`, or anything in its `source()` chain, is [`Fatal`].
+pub fn is_fatal(err: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if e.is::<Fatal>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapper(Box<dyn StdError + Send + Sync>);
+    impl fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("while saving the order")
+        }
+    }
+    impl StdError for Wrapper {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(self.0.as_ref())
+        }
+    }
+
+    #[test]
+    fn is_fatal_sees_through_wrapping() {
+        let inner = fatal("no customer on this order");
+        assert!(is_fatal(&inner));
+        let wrapped = Wrapper(Box::new(inner));
+        assert!(is_fatal(&wrapped));
+        let twice = Wrapper(Box::new(Wrapper(Box::new(fatal("x")))));
+        assert!(is_fatal(&twice));
+        assert!(!is_fatal(&Wrapper("plain".into())));
+    }
+}
