@@ -245,7 +245,7 @@ pub(crate) struct DeadLetter {
 }
 
 /// What a queue looks like from outside, for tests and tools.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueInfo {
     /// Messages ready for delivery (for a stream: messages in the log).
     pub messages: usize,
@@ -255,6 +255,8 @@ pub struct QueueInfo {
     pub consumers: usize,
     /// Whether it survives a restart.
     pub durable: bool,
+    /// The arguments it was declared with, as received.
+    pub arguments: amqp_codec::FieldTable,
 }
 
 /// The broker state machine. One per broker, shared by every connection's
@@ -506,6 +508,7 @@ impl BrokerMachine {
             unacked: q.unacked,
             consumers: q.consumers.len(),
             durable: q.durable,
+            arguments: q.arguments.clone(),
         })
     }
 
