@@ -80,6 +80,9 @@ pub struct Config {
     pub connection_name: Option<String>,
     /// Engine settings (tuning, timeouts) for both connections.
     pub engine: amqp::Config,
+    /// The retry policy of consumers that set none (without one, a retry is
+    /// republished at once, without limit).
+    pub retry: Option<crate::retry::RetryPolicy>,
 }
 
 impl Default for Config {
@@ -93,6 +96,7 @@ impl Default for Config {
             tls: TlsConfig::new(),
             connection_name: None,
             engine: amqp::Config::default(),
+            retry: None,
         }
     }
 }
@@ -167,6 +171,8 @@ pub(crate) struct Inner {
     pub(crate) consuming: amqp::Connection,
     pub(crate) publish_channel: ChannelSlot,
     pub(crate) library_channel: ChannelSlot,
+    /// Everything declared through this connection, for recovery to replay.
+    pub(crate) declared: std::sync::Mutex<Vec<crate::topology::Declaration>>,
 }
 
 /// A connection to RabbitMQ (or an in-process acemq-memory broker) for the
@@ -214,6 +220,7 @@ impl Conn {
                 consuming,
                 publish_channel,
                 library_channel,
+                declared: std::sync::Mutex::new(Vec::new()),
             }),
         })
     }
@@ -247,6 +254,21 @@ impl Conn {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// What has been declared through this connection (by [`crate::Topology`]
+    /// and by consumers), in order.
+    pub fn declared(&self) -> Vec<crate::topology::Declaration> {
+        self.inner.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn record_declarations(&self, declarations: &[crate::topology::Declaration]) {
+        let mut declared = self.inner.declared.lock().unwrap_or_else(|p| p.into_inner());
+        for d in declarations {
+            if !declared.contains(d) {
+                declared.push(d.clone());
+            }
+        }
     }
 
     /// Closes both connections.

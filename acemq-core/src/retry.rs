@@ -79,7 +79,11 @@ impl RetryPolicy {
     /// Spreads in-process waits by ±`fraction` (0.2 by default; 0 = exact).
     /// Waits spent in the broker are never jittered.
     pub fn with_jitter(mut self, fraction: f64) -> Self {
-        self.jitter = if fraction.is_finite() { fraction.clamp(0.0, 1.0) } else { 0.0 };
+        self.jitter = if fraction.is_finite() {
+            fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         self
     }
 
@@ -274,7 +278,10 @@ mod tests {
         let now = SystemTime::now();
         assert_eq!(policy.decide(1, now, &Plain, now), Decision::WaitInProcess(s(1)));
         assert_eq!(policy.decide(2, now, &Plain, now), Decision::WaitInProcess(s(1)));
-        assert!(matches!(policy.decide(3, now, &Plain, now), Decision::DeadLetter { .. }));
+        assert!(matches!(
+            policy.decide(3, now, &Plain, now),
+            Decision::DeadLetter { .. }
+        ));
     }
 
     #[test]
@@ -320,7 +327,10 @@ mod tests {
             .collect();
         assert!(wide_waits.iter().any(|d| *d < s(6)));
         let exact = policy.with_jitter(0.0);
-        assert_eq!(exact.decide_with(1, now, &Plain, now, &mut rng), Decision::WaitInProcess(s(10)));
+        assert_eq!(
+            exact.decide_with(1, now, &Plain, now, &mut rng),
+            Decision::WaitInProcess(s(10))
+        );
     }
 
     #[test]
@@ -333,8 +343,14 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let old = now - s(61);
-        assert!(matches!(policy.decide(1, old, &Plain, now), Decision::DeadLetter { .. }));
-        assert!(matches!(policy.decide(1, now - s(59), &Plain, now), Decision::WaitInProcess(_)));
+        assert!(matches!(
+            policy.decide(1, old, &Plain, now),
+            Decision::DeadLetter { .. }
+        ));
+        assert!(matches!(
+            policy.decide(1, now - s(59), &Plain, now),
+            Decision::WaitInProcess(_)
+        ));
     }
 
     #[test]

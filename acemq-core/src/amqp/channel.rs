@@ -17,13 +17,47 @@ use super::{Connection, Error};
 use crate::io::driver::Command;
 use crate::proto::Reply;
 
-/// An open channel. Cheap to clone; all clones are the same channel.
+/// An open channel. Cheap to clone; all clones are the same channel. When
+/// the last clone (including those held by consumers) is dropped, the
+/// channel is closed, and deliveries not yet acknowledged go back to the queue.
 #[derive(Clone, Debug)]
 pub struct Channel {
     conn: Connection,
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
+    _close_on_drop: Arc<CloseOnDrop>,
+}
+
+/// Closes the channel when the last handle goes.
+#[derive(Debug)]
+struct CloseOnDrop {
+    commands: tokio::sync::mpsc::UnboundedSender<Command>,
+    id: u16,
+    generation: u64,
+    open: Arc<AtomicBool>,
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if !self.open.load(Ordering::SeqCst) {
+            return;
+        }
+        // Nobody waits for the close-ok: the reply goes nowhere.
+        let (reply, _) = oneshot::channel();
+        let _ = self.commands.send(Command::Call {
+            channel: self.id,
+            generation: self.generation,
+            method: ChannelClose {
+                reply_code: 200,
+                reply_text: "Goodbye".into(),
+                class_id: 0,
+                method_id: 0,
+            }
+            .into(),
+            reply,
+        });
+    }
 }
 
 /// The broker's answer to one publish; resolves when it is confirmed (or at
@@ -104,11 +138,18 @@ macro_rules! rpc {
 
 impl Channel {
     pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>) -> Self {
+        let close_on_drop = Arc::new(CloseOnDrop {
+            commands: conn.commands.clone(),
+            id,
+            generation,
+            open: open.clone(),
+        });
         Channel {
             conn,
             id,
             generation,
             open,
+            _close_on_drop: close_on_drop,
         }
     }
 

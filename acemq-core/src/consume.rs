@@ -1,0 +1,578 @@
+//! Consuming: a handler per message, the attempt counter on the message,
+//! retries as republishes, dead letters and parked messages, rungs, and a
+//! close that finishes work instead of cutting it in half.
+//!
+//! Every delivery runs in its own task: it decodes, waits for a handler slot
+//! (`concurrency`), runs the handler, and carries out what the handler and
+//! the retry policy decided. A wait spent in the process holds the delivery
+//! (and its prefetch slot) but not a handler slot.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::ack::{Ack, BoxError};
+use crate::amqp::{self, Delivery};
+use crate::codec::{Codec, Json};
+use crate::conn::Conn;
+use crate::envelope::{Envelope, ATTEMPT_HEADER, ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
+use crate::error::Error;
+use crate::retry::{rung_name, Decision, RetryPolicy};
+use crate::topology::{self, DLX};
+
+/// The longest `x-acemq-error` written: a huge error must not push a message
+/// over `frame_max`.
+pub const MAX_ERROR_TEXT: usize = 16 * 1024;
+
+/// A message as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Message<T> {
+    /// The decoded payload.
+    pub payload: T,
+    /// The envelope; `attempt` includes broker redeliveries.
+    pub envelope: Envelope,
+    /// Whether the broker delivered this copy before.
+    pub redelivered: bool,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// The routing key it was published with.
+    pub routing_key: String,
+    /// The queue it was consumed from.
+    pub queue: String,
+}
+
+/// A running consumer. Dropping it leaves it running; [`Consumer::close`]
+/// stops it gracefully.
+#[derive(Debug)]
+pub struct Consumer {
+    queue: String,
+    shutdown: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Consumer {
+    /// The queue it consumes.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Stops consuming: cancels the consumer, returns deliveries that never
+    /// reached a handler to the broker, lets running handlers finish and
+    /// settle up to the drain timeout (an in-process retry wait cut short is
+    /// republished with its attempt advanced), then closes the channel.
+    pub async fn close(self) -> Result<(), Error> {
+        self.shutdown.send_replace(true);
+        self.done
+            .await
+            .map_err(|e| Error::Io(format!("the consumer task failed: {e}")))
+    }
+
+    /// Whether the consumer has stopped (closed, or its queue went away).
+    pub fn is_finished(&self) -> bool {
+        self.done.is_finished()
+    }
+}
+
+/// Starts building a consumer of `T` on `queue`; `.await` it (after setting
+/// options) to start consuming.
+///
+/// ```no_run
+/// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
+/// use std::time::Duration;
+/// use acemq_core::{consume, Ack, Message, RetryPolicy};
+///
+/// let consumer = consume(&conn, "orders", |m: Message<serde_json::Value>| async move {
+///     println!("order {}", m.payload);
+///     Ack::accept()
+/// })
+/// .prefetch(20)
+/// .retry_with(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)))
+/// .await?;
+/// consumer.close().await?;
+/// # Ok(()) }
+/// ```
+pub fn consume<T, F, Fut>(conn: &Conn, queue: &str, handler: F) -> ConsumerBuilder<T, F, Json>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+{
+    ConsumerBuilder {
+        conn: conn.clone(),
+        queue: queue.to_string(),
+        handler,
+        prefetch: 20,
+        concurrency: None,
+        retry: None,
+        drain_timeout: Duration::from_secs(20),
+        codec: Json,
+        _payload: PhantomData,
+    }
+}
+
+/// Options of a consumer; `.await` starts it.
+pub struct ConsumerBuilder<T, F, C> {
+    conn: Conn,
+    queue: String,
+    handler: F,
+    prefetch: u16,
+    concurrency: Option<usize>,
+    retry: Option<RetryPolicy>,
+    drain_timeout: Duration,
+    codec: C,
+    _payload: PhantomData<fn() -> T>,
+}
+
+impl<T, F, C> ConsumerBuilder<T, F, C> {
+    /// How many unacknowledged deliveries the broker sends ahead (20).
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// How many handlers run at once (the prefetch by default).
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = Some(concurrency.max(1));
+        self
+    }
+
+    /// The retry policy for this consumer (instead of the connection's).
+    pub fn retry_with(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// How long `close` lets running handlers finish (20 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Decodes payloads with another codec.
+    pub fn with_codec<C2>(self, codec: C2) -> ConsumerBuilder<T, F, C2> {
+        ConsumerBuilder {
+            conn: self.conn,
+            queue: self.queue,
+            handler: self.handler,
+            prefetch: self.prefetch,
+            concurrency: self.concurrency,
+            retry: self.retry,
+            drain_timeout: self.drain_timeout,
+            codec,
+            _payload: PhantomData,
+        }
+    }
+}
+
+impl<T, F, Fut, C> IntoFuture for ConsumerBuilder<T, F, C>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    type Output = Result<Consumer, Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<Consumer, Error>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.start())
+    }
+}
+
+impl<T, F, Fut, C> ConsumerBuilder<T, F, C>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    async fn start(self) -> Result<Consumer, Error> {
+        let policy = self
+            .retry
+            .or_else(|| self.conn.config().retry.clone())
+            .unwrap_or_else(RetryPolicy::immediate);
+        // The set-aside queues and the rungs, with Topology's arguments, so
+        // either may come first; never the source queue's arguments.
+        let mut declarations = topology::set_aside_declarations(&self.queue);
+        declarations.extend(topology::rung_declarations(&self.queue, &policy));
+        topology::apply(&self.conn, &declarations).await?;
+        self.conn.record_declarations(&declarations);
+
+        let channel = self.conn.consuming_connection().channel().await?;
+        channel.qos(self.prefetch).await?;
+        let engine_consumer = channel
+            .basic_consume(BasicConsume {
+                queue: self.queue.as_str().into(),
+                ..Default::default()
+            })
+            .await?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            conn: self.conn.clone(),
+            queue: self.queue.clone(),
+            handler: self.handler,
+            codec: self.codec,
+            policy,
+            handler_slots: Semaphore::new(self.concurrency.unwrap_or(usize::from(self.prefetch))),
+            shutdown: shutdown_rx.clone(),
+            _payload: PhantomData,
+        });
+        let done = tokio::spawn(run(shared, channel, engine_consumer, shutdown_rx, self.drain_timeout));
+        Ok(Consumer {
+            queue: self.queue,
+            shutdown,
+            done,
+        })
+    }
+}
+
+struct Shared<T, F, C> {
+    conn: Conn,
+    queue: String,
+    handler: F,
+    codec: C,
+    policy: RetryPolicy,
+    handler_slots: Semaphore,
+    shutdown: watch::Receiver<bool>,
+    _payload: PhantomData<fn() -> T>,
+}
+
+async fn run<T, F, Fut, C>(
+    shared: Arc<Shared<T, F, C>>,
+    channel: amqp::Channel,
+    mut deliveries: amqp::Consumer,
+    mut shutdown: watch::Receiver<bool>,
+    drain_timeout: Duration,
+) where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            delivery = deliveries.next() => match delivery {
+                Some(delivery) => {
+                    tasks.spawn(process(shared.clone(), delivery));
+                }
+                None => {
+                    tracing::warn!(queue = %shared.queue, "the consumer ended: its queue or channel went away");
+                    break;
+                }
+            },
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+    // Stop the flow, then give back what no handler has seen.
+    if let Err(err) = deliveries.cancel().await {
+        tracing::debug!(queue = %shared.queue, %err, "cancelling the consumer");
+    }
+    while let Some(delivery) = deliveries.try_next() {
+        let _ = delivery.nack(true);
+    }
+    let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(queue = %shared.queue, ?drain_timeout, "handlers still running after the drain timeout; their messages go back to the broker");
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    let _ = channel.close().await;
+}
+
+/// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
+/// else one if `redelivered`.
+fn redeliveries(properties: &BasicProperties, redelivered: bool) -> u32 {
+    let count = properties
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("x-delivery-count"))
+        .and_then(FieldValue::as_i64);
+    match count {
+        Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+        None => u32::from(redelivered),
+    }
+}
+
+/// A panic in a handler, as an error for the retry policy.
+#[derive(Debug)]
+struct HandlerPanicked(String);
+
+impl std::fmt::Display for HandlerPanicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the handler panicked: {}", self.0)
+    }
+}
+
+impl std::error::Error for HandlerPanicked {}
+
+fn outcome(outcome: &'static str) {
+    metrics::counter!(crate::metrics_names::HANDLED_TOTAL, "outcome" => outcome).increment(1);
+}
+
+async fn process<T, F, Fut, C>(shared: Arc<Shared<T, F, C>>, delivery: Delivery)
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    let span = tracing::info_span!(
+        "acemq.delivery",
+        queue = %shared.queue,
+        message_id = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let result = handle(&shared, &delivery).await;
+        let name = match &result {
+            Ok(name) => *name,
+            Err(err) => {
+                // The library publish failed (blocked, connection trouble):
+                // nothing is lost, the broker redelivers it.
+                tracing::error!(%err, "could not settle the message; returning it to the broker");
+                let _ = delivery.nack(true);
+                "requeued"
+            }
+        };
+        tracing::Span::current().record("outcome", name);
+        if name != "requeued" {
+            outcome(name);
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs one delivery to its end; returns the outcome's name.
+async fn handle<T, F, Fut, C>(shared: &Shared<T, F, C>, delivery: &Delivery) -> Result<&'static str, Error>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    let properties = match &delivery.properties {
+        Ok(p) => p.as_ref().clone(),
+        Err(raw) => {
+            let reason = format!("the message's properties could not be decoded: {}", raw.error);
+            set_aside(shared, delivery, BasicProperties::default(), "dlq", &reason).await?;
+            delivery.ack().map_err(Error::from)?;
+            return Ok("undecodable");
+        }
+    };
+    let mut envelope = Envelope::read_from(&properties);
+    envelope.attempt = envelope
+        .attempt
+        .saturating_add(redeliveries(&properties, delivery.redelivered));
+    let span = tracing::Span::current();
+    span.record("message_id", envelope.id.as_str());
+    span.record("attempt", envelope.attempt);
+
+    let payload: T = match shared.codec.decode(&delivery.body) {
+        Ok(payload) => payload,
+        Err(err) => {
+            let reason = format!("the body could not be decoded: {err}");
+            set_aside(shared, delivery, properties, "dlq", &reason).await?;
+            delivery.ack().map_err(Error::from)?;
+            return Ok("undecodable");
+        }
+    };
+
+    // A handler slot, unless the consumer is closing first: then the message
+    // goes back to the broker without having run.
+    let mut shutdown = shared.shutdown.clone();
+    let permit = tokio::select! {
+        permit = shared.handler_slots.acquire() => permit,
+        _ = shutdown.wait_for(|stop| *stop) => {
+            delivery.nack(true).map_err(Error::from)?;
+            return Ok("returned");
+        }
+    };
+    let message = Message {
+        payload,
+        envelope: envelope.clone(),
+        redelivered: delivery.redelivered,
+        exchange: delivery.exchange.to_string(),
+        routing_key: delivery.routing_key.to_string(),
+        queue: shared.queue.clone(),
+    };
+    // In its own task, so that a panic is caught and becomes a retry.
+    let verdict = match tokio::spawn((shared.handler)(message)).await {
+        Ok(ack) => ack,
+        Err(join) => {
+            let text = match join.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into()),
+                Err(join) => join.to_string(),
+            };
+            Ack::Retry(Box::new(HandlerPanicked(text)))
+        }
+    };
+    drop(permit);
+
+    match verdict {
+        Ack::Accept => {
+            delivery.ack().map_err(Error::from)?;
+            Ok("accepted")
+        }
+        Ack::Park(reason) => {
+            set_aside(shared, delivery, properties, "parked", &reason).await?;
+            delivery.ack().map_err(Error::from)?;
+            Ok("parked")
+        }
+        Ack::Retry(err) => retry(shared, delivery, properties, &envelope, err).await,
+    }
+}
+
+async fn retry<T, F, C>(
+    shared: &Shared<T, F, C>,
+    delivery: &Delivery,
+    properties: BasicProperties,
+    envelope: &Envelope,
+    err: BoxError,
+) -> Result<&'static str, Error> {
+    let decision = shared
+        .policy
+        .decide(envelope.attempt, envelope.first_seen, err.as_ref(), SystemTime::now());
+    let next = hop_properties(&properties, delivery, envelope.attempt.saturating_add(1), None);
+    match decision {
+        Decision::DeadLetter { reason } => {
+            set_aside(shared, delivery, properties, "dlq", &reason).await?;
+            delivery.ack().map_err(Error::from)?;
+            Ok("dead_lettered")
+        }
+        Decision::WaitInProcess(wait) => {
+            wait_unless_closing(shared, wait).await;
+            republish(shared, &shared.queue, next, delivery.body.clone(), &envelope.id).await?;
+            delivery.ack().map_err(Error::from)?;
+            Ok("retried")
+        }
+        Decision::WaitInBroker(wait) => {
+            let rung = rung_name(&shared.queue, wait);
+            match republish(shared, &rung, next.clone(), delivery.body.clone(), &envelope.id).await {
+                Ok(()) => {}
+                Err(Error::Unroutable { .. }) => {
+                    metrics::counter!(crate::metrics_names::RUNG_MISSING_TOTAL).increment(1);
+                    tracing::warn!(%rung, ?wait, "the rung queue is missing; waiting in the process instead");
+                    wait_unless_closing(shared, wait).await;
+                    republish(shared, &shared.queue, next, delivery.body.clone(), &envelope.id).await?;
+                }
+                Err(other) => return Err(other),
+            }
+            delivery.ack().map_err(Error::from)?;
+            Ok("retried")
+        }
+    }
+}
+
+/// Sleeps `wait`, or less if the consumer starts closing: the message is then
+/// republished at once, so nothing is lost or run twice.
+async fn wait_unless_closing<T, F, C>(shared: &Shared<T, F, C>, wait: Duration) {
+    let mut shutdown = shared.shutdown.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = shutdown.wait_for(|stop| *stop) => {}
+    }
+}
+
+/// The properties for a library hop: the original's, with the attempt
+/// advanced, the original exchange and routing key recorded on the first
+/// hop, and the error text (bounded) for set-asides.
+fn hop_properties(
+    original: &BasicProperties,
+    delivery: &Delivery,
+    attempt: u32,
+    error: Option<&str>,
+) -> BasicProperties {
+    let mut props = original.clone();
+    let mut headers = props.headers.take().unwrap_or_default();
+    headers.insert(
+        ATTEMPT_HEADER,
+        FieldValue::I32(i32::try_from(attempt).unwrap_or(i32::MAX)),
+    );
+    if !headers.contains_key(ORIGINAL_EXCHANGE_HEADER) {
+        headers.insert(
+            ORIGINAL_EXCHANGE_HEADER,
+            FieldValue::from(delivery.exchange.to_string()),
+        );
+        headers.insert(
+            ORIGINAL_ROUTING_KEY_HEADER,
+            FieldValue::from(delivery.routing_key.to_string()),
+        );
+    }
+    if let Some(error) = error {
+        headers.insert(ERROR_HEADER, FieldValue::from(bounded(error)));
+    }
+    props.headers = Some(headers);
+    props
+}
+
+/// At most [`MAX_ERROR_TEXT`] bytes, cut at a character boundary.
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text.to_string();
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Republishes to `routing_key` on the default exchange (mandatory, on the
+/// always-confirmed library channel).
+async fn republish<T, F, C>(
+    shared: &Shared<T, F, C>,
+    routing_key: &str,
+    properties: BasicProperties,
+    body: Bytes,
+    message_id: &str,
+) -> Result<(), Error> {
+    let publish = BasicPublish {
+        exchange: ShortString::new(),
+        routing_key: routing_key.into(),
+        mandatory: true,
+        ..Default::default()
+    };
+    shared.conn.publish_library(publish, properties, body, message_id).await
+}
+
+/// Sets a message aside in `{queue}.{suffix}` (`dlq` or `parked`) through
+/// `acemq.dlx`, with the reason in `x-acemq-error`.
+async fn set_aside<T, F, C>(
+    shared: &Shared<T, F, C>,
+    delivery: &Delivery,
+    properties: BasicProperties,
+    suffix: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    let attempt = Envelope::read_from(&properties).attempt;
+    let props = hop_properties(&properties, delivery, attempt, Some(reason));
+    let message_id = props.message_id.as_ref().map(|m| m.to_string()).unwrap_or_default();
+    let publish = BasicPublish {
+        exchange: DLX.into(),
+        routing_key: format!("{}.{suffix}", shared.queue).as_str().into(),
+        mandatory: true,
+        ..Default::default()
+    };
+    tracing::info!(queue = %shared.queue, %message_id, suffix, reason = %bounded(reason), "setting a message aside");
+    shared
+        .conn
+        .publish_library(publish, props, delivery.body.clone(), &message_id)
+        .await
+}

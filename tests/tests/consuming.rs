@@ -1,0 +1,757 @@
+//! The consuming side of the acemq API: DESIGN.md §6 statements 1–12, each
+//! a test named after it, run on acemq-memory with a paused clock (delays at
+//! full scale: a 160 s rung takes no real time) and on RabbitMQ with the same
+//! shape a hundred times faster.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
+use acemq_core::topology::Declaration;
+use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Error, Message, RetryPolicy, Topology};
+use acemq_tests::{brokers, unique, Broker, Kind};
+use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDelete};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    id: u32,
+}
+
+/// Runs `scenario` on every broker: acemq-memory on a paused clock with
+/// `scale` 1, RabbitMQ on a real clock with `scale` 100 (divide delays by it).
+fn on_every_broker<F, Fut>(scenario: F)
+where
+    F: Fn(Broker, u32) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+    for b in all {
+        let kind = b.kind;
+        let runtime = if kind == Kind::Memory {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        }
+        .unwrap();
+        let scale = if kind == Kind::Memory { 1 } else { 100 };
+        runtime.block_on(scenario(b, scale));
+    }
+}
+
+fn secs(n: u64, scale: u32) -> Duration {
+    Duration::from_secs(n) / scale
+}
+
+/// A fresh source queue with acemq's topology (quorum, dead letters, the rungs of `policy`).
+async fn setup(b: &Broker, policy: &RetryPolicy) -> (Conn, String) {
+    let conn = b.conn_with(Config::default()).await;
+    let q = unique("consume");
+    Topology::new()
+        .queue(&q)
+        .dead_letters(&q)
+        .retries(&q, policy)
+        .declare(&conn)
+        .await
+        .unwrap();
+    (conn, q)
+}
+
+async fn cleanup(conn: &Conn, queue: &str) {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    for d in conn.declared() {
+        if let Declaration::Queue { name, .. } = d {
+            if name.starts_with(queue) {
+                let _ = ch
+                    .queue_delete(QueueDelete {
+                        queue: name.as_str().into(),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+        }
+    }
+    conn.close().await.unwrap();
+}
+
+/// Polls until `check` holds (on the paused clock too), for at most `limit`.
+async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "condition not met within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One handler call, as the test records it.
+#[derive(Debug, Clone)]
+struct Call {
+    attempt: u32,
+    id: String,
+    redelivered: bool,
+    at: Instant,
+}
+
+type Calls = Arc<Mutex<Vec<Call>>>;
+
+fn record(calls: &Calls, m: &Message<Order>) -> usize {
+    let mut calls = calls.lock().unwrap();
+    calls.push(Call {
+        attempt: m.envelope.attempt,
+        id: m.envelope.id.clone(),
+        redelivered: m.redelivered,
+        at: Instant::now(),
+    });
+    calls.len()
+}
+
+/// Takes the one message in `queue`, if any, through the engine.
+async fn take(conn: &Conn, queue: &str) -> Option<acemq_core::amqp::GetMessage> {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    ch.basic_get(queue, true).await.unwrap()
+}
+
+async fn take_eventually(conn: &Conn, queue: &str, limit: Duration) -> acemq_core::amqp::GetMessage {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(m) = take(conn, queue).await {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "nothing in {queue} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn header<'a>(m: &'a acemq_core::amqp::GetMessage, key: &str) -> Option<&'a FieldValue> {
+    m.properties.as_ref().ok()?.headers.as_ref()?.get(key)
+}
+
+#[derive(Debug)]
+struct Boom(&'static str);
+impl std::fmt::Display for Boom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+impl std::error::Error for Boom {}
+
+// ---- 1 ----
+
+#[test]
+fn statement_01_a_retry_is_a_republish_with_the_attempt_advanced_and_redeliveries_count() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(5, secs(1, scale)).with_jitter(0.0);
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            let n = record(&seen, &m);
+            async move {
+                if n < 3 {
+                    Ack::retry(Boom("not yet"))
+                } else {
+                    Ack::accept()
+                }
+            }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 1 }).await.unwrap();
+        eventually(secs(30, scale) + Duration::from_secs(5), || {
+            calls.lock().unwrap().len() == 3
+        })
+        .await;
+        consumer.close().await.unwrap();
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(
+            calls.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+            [1, 2, 3],
+            "{:?}",
+            b.kind
+        );
+        assert!(
+            calls.iter().all(|c| c.id == calls[0].id),
+            "the message id never changes"
+        );
+        assert!(
+            calls.iter().all(|c| !c.redelivered),
+            "a retry is a republish, not a redelivery"
+        );
+
+        // A broker requeue does not advance the header, but the redelivery counts.
+        let publisher = conn.publisher::<Order>("", &q);
+        publisher.send(&Order { id: 2 }).await.unwrap();
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let got = take_get(&ch, &q).await;
+        got.nack(true).unwrap();
+        let attempts: Calls = Arc::default();
+        let seen = attempts.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::accept() }
+        })
+        .await
+        .unwrap();
+        eventually(Duration::from_secs(10), || attempts.lock().unwrap().len() == 1).await;
+        consumer.close().await.unwrap();
+        let first = attempts.lock().unwrap()[0].clone();
+        assert!(first.redelivered);
+        assert_eq!(first.attempt, 2, "{:?}: header 1 plus one redelivery", b.kind);
+        cleanup(&conn, &q).await;
+    });
+}
+
+async fn take_get(ch: &acemq_core::amqp::Channel, q: &str) -> acemq_core::amqp::GetMessage {
+    for _ in 0..500 {
+        if let Some(m) = ch.basic_get(q, false).await.unwrap() {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no message in {q}");
+}
+
+// ---- 2 ----
+
+#[test]
+fn statement_02_max_attempts_counts_the_first_delivery_then_the_dlq_with_the_error() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(3, secs(1, scale)).with_jitter(0.0);
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::retry(Boom("payment service down")) }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 7 }).await.unwrap();
+        let dead = take_eventually(&conn, &format!("{q}.dlq"), secs(60, scale) + Duration::from_secs(5)).await;
+        consumer.close().await.unwrap();
+        assert_eq!(calls.lock().unwrap().len(), 3, "{:?}: one try and two retries", b.kind);
+        let error = header(&dead, ERROR_HEADER).and_then(FieldValue::as_str).unwrap();
+        assert!(error.contains("payment service down"), "{error}");
+        assert!(error.contains("3 attempts"), "{error}");
+        assert_eq!(
+            header(&dead, ORIGINAL_EXCHANGE_HEADER).and_then(FieldValue::as_str),
+            Some("")
+        );
+        assert_eq!(
+            header(&dead, ORIGINAL_ROUTING_KEY_HEADER).and_then(FieldValue::as_str),
+            Some(q.as_str())
+        );
+        assert_eq!(serde_json::from_slice::<Order>(&dead.body).unwrap(), Order { id: 7 });
+        cleanup(&conn, &q).await;
+    });
+}
+
+// ---- 3 ----
+
+#[test]
+fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the_dlq_at_once() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(5, secs(1, scale));
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::retry(fatal(Boom("no customer on this order"))) }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        let dlq = format!("{q}.dlq");
+        conn.publisher::<Order>("", &q).send(&Order { id: 1 }).await.unwrap();
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        assert!(header(&dead, ERROR_HEADER)
+            .and_then(FieldValue::as_str)
+            .unwrap()
+            .contains("no customer"));
+        assert_eq!(calls.lock().unwrap().len(), 1, "fatal: no retries");
+
+        // A body that does not decode never reaches the handler.
+        let raw = conn.publishing_connection().channel().await.unwrap();
+        raw.confirm_select().await.unwrap();
+        raw.publish("", &q, false, BasicProperties::default(), "not json".into())
+            .unwrap()
+            .await
+            .unwrap();
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"not json");
+        let error = header(&dead, ERROR_HEADER)
+            .and_then(FieldValue::as_str)
+            .unwrap()
+            .to_string();
+        assert!(error.contains("body could not be decoded"), "{error}");
+
+        // Properties the codec refuses (headers nested deeper than 64) are
+        // set aside once; the connection stays up.
+        let mut deep = FieldValue::Void;
+        for _ in 0..80 {
+            deep = FieldValue::Array(FieldArray(vec![deep]));
+        }
+        let mut headers = FieldTable::new();
+        headers.insert("deep", deep);
+        let poison = BasicProperties {
+            headers: Some(headers),
+            ..Default::default()
+        };
+        raw.publish("", &q, false, poison, "{\"id\":3}".into())
+            .unwrap()
+            .await
+            .unwrap();
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        let error = header(&dead, ERROR_HEADER)
+            .and_then(FieldValue::as_str)
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("properties could not be decoded"),
+            "{:?}: {error}",
+            b.kind
+        );
+        assert_eq!(calls.lock().unwrap().len(), 1, "neither reached the handler");
+        assert!(!conn.consuming_connection().is_closed());
+        assert!(
+            take(&conn, &dlq).await.is_none(),
+            "set aside once, not redelivered forever"
+        );
+        consumer.close().await.unwrap();
+        cleanup(&conn, &q).await;
+    });
+}
+
+// ---- 4 ----
+
+#[test]
+fn statement_04_park_republishes_to_parked_with_the_reason() {
+    on_every_broker(|b, _scale| async move {
+        let policy = RetryPolicy::immediate();
+        let (conn, q) = setup(&b, &policy).await;
+        let consumer = consume(&conn, &q, |_m: Message<Order>| async {
+            Ack::park("needs a human: odd address")
+        })
+        .await
+        .unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 4 }).await.unwrap();
+        let parked = take_eventually(&conn, &format!("{q}.parked"), Duration::from_secs(10)).await;
+        consumer.close().await.unwrap();
+        assert_eq!(
+            header(&parked, ERROR_HEADER).and_then(FieldValue::as_str),
+            Some("needs a human: odd address")
+        );
+        assert_eq!(
+            header(&parked, ORIGINAL_ROUTING_KEY_HEADER).and_then(FieldValue::as_str),
+            Some(q.as_str())
+        );
+        cleanup(&conn, &q).await;
+    });
+}
+
+// ---- 5 ----
+
+#[test]
+fn statement_05_give_up_after_dead_letters_a_message_first_seen_too_long_ago() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(10, secs(1, scale)).give_up_after(Duration::from_secs(3600));
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::retry(Boom("still failing")) }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        let mut old = Envelope::new();
+        old.first_seen = SystemTime::now() - Duration::from_secs(2 * 3600);
+        conn.publisher::<Order>("", &q)
+            .send_envelope(old, &Order { id: 5 })
+            .await
+            .unwrap();
+        let dead = take_eventually(&conn, &format!("{q}.dlq"), Duration::from_secs(10)).await;
+        consumer.close().await.unwrap();
+        assert_eq!(calls.lock().unwrap().len(), 1);
+        assert!(header(&dead, ERROR_HEADER)
+            .and_then(FieldValue::as_str)
+            .unwrap()
+            .contains("first seen"));
+        cleanup(&conn, &q).await;
+    });
+}
+
+// ---- 6 and 7: pure policy, no broker ----
+
+#[test]
+fn statement_06_jitter_is_twenty_percent_both_ways_settable_and_never_on_broker_waits() {
+    let now = SystemTime::now();
+    let spread = |policy: &RetryPolicy, attempt: u32| -> (Duration, Duration) {
+        let waits: Vec<Duration> = (0..3000)
+            .map(|_| match policy.decide(attempt, now, &Boom("x"), now) {
+                acemq_core::Decision::WaitInProcess(d) | acemq_core::Decision::WaitInBroker(d) => d,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (*waits.iter().min().unwrap(), *waits.iter().max().unwrap())
+    };
+    let (lo, hi) = spread(&RetryPolicy::fixed(9, Duration::from_secs(10)), 1);
+    assert!(
+        lo >= Duration::from_secs(8) && lo < Duration::from_millis(8400),
+        "{lo:?}"
+    );
+    assert!(
+        hi <= Duration::from_secs(12) && hi > Duration::from_millis(11600),
+        "{hi:?}"
+    );
+    let (lo, _) = spread(&RetryPolicy::fixed(9, Duration::from_secs(10)).with_jitter(0.5), 1);
+    assert!(lo < Duration::from_secs(6));
+    assert_eq!(
+        spread(&RetryPolicy::fixed(9, Duration::from_secs(10)).with_jitter(0.0), 1),
+        (Duration::from_secs(10), Duration::from_secs(10))
+    );
+    // A wait in the broker is exactly the rung's TTL.
+    assert_eq!(
+        spread(&RetryPolicy::fixed(9, Duration::from_secs(40)), 1),
+        (Duration::from_secs(40), Duration::from_secs(40))
+    );
+}
+
+#[test]
+fn statement_07_schedules_are_the_unjittered_delays() {
+    let s = Duration::from_secs;
+    assert_eq!(RetryPolicy::exponential(4, s(1), s(3)).schedule(), [s(1), s(2), s(3)]);
+    assert_eq!(RetryPolicy::fixed(3, s(5)).schedule(), [s(5), s(5)]);
+    assert_eq!(
+        RetryPolicy::exponential(6, s(10), s(0)).schedule(),
+        [s(10), s(20), s(40), s(80), s(160)]
+    );
+}
+
+// ---- 8 ----
+
+#[test]
+fn statement_08_short_waits_stay_in_the_consumer_and_long_ones_go_to_the_rungs() {
+    on_every_broker(|b, scale| async move {
+        // exponential(6, 10 s, 0): 10 s and 20 s here, 40 s, 80 s and 160 s on rungs.
+        let policy = RetryPolicy::exponential(6, secs(10, scale), Duration::ZERO)
+            .with_jitter(0.0)
+            .wait_in_broker_from(secs(30, scale));
+        let rungs: Vec<String> = policy
+            .rungs()
+            .into_iter()
+            .map(|d| acemq_core::retry::rung_name("q", d))
+            .collect();
+        if scale == 1 {
+            assert_eq!(rungs, ["q.retry.40s", "q.retry.80s", "q.retry.160s"]);
+        } else {
+            assert_eq!(rungs, ["q.retry.400ms", "q.retry.800ms", "q.retry.1600ms"]);
+        }
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::retry(Boom("try later")) }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 8 }).await.unwrap();
+        take_eventually(&conn, &format!("{q}.dlq"), secs(400, scale) + Duration::from_secs(10)).await;
+        consumer.close().await.unwrap();
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 6, "{:?}", b.kind);
+        let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1].at - w[0].at).collect();
+        for (gap, expected) in gaps.iter().zip([10, 20, 40, 80, 160]) {
+            let expected = secs(expected, scale);
+            // The broker's TTL and delivery add a little; never less than the wait.
+            assert!(*gap >= expected, "{:?}: gap {gap:?} < {expected:?}", b.kind);
+            assert!(
+                *gap < expected + expected / 2 + Duration::from_millis(300),
+                "{:?}: gap {gap:?} vs {expected:?}",
+                b.kind
+            );
+        }
+        assert_eq!(calls.iter().map(|c| c.attempt).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+        cleanup(&conn, &q).await;
+    });
+}
+
+// ---- 9 ----
+
+#[test]
+fn statement_09_a_missing_rung_degrades_to_an_in_process_wait_and_is_counted() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+        for b in all {
+            let scale = if b.kind == Kind::Memory { 1 } else { 100 };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(b.kind == Kind::Memory)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let policy = RetryPolicy::fixed(2, secs(40, scale)).wait_in_broker_from(secs(30, scale));
+                let (conn, q) = setup(&b, &policy).await;
+                let rung = acemq_core::retry::rung_name(&q, secs(40, scale));
+                let ch = conn.consuming_connection().channel().await.unwrap();
+                let calls: Calls = Arc::default();
+                let seen = calls.clone();
+                let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                    let n = record(&seen, &m);
+                    async move {
+                        if n == 1 {
+                            Ack::retry(Boom("once"))
+                        } else {
+                            Ack::accept()
+                        }
+                    }
+                })
+                .retry_with(policy)
+                .await
+                .unwrap();
+                // Behind the consumer's back, the rung goes away.
+                ch.queue_delete(QueueDelete {
+                    queue: rung.as_str().into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+                conn.publisher::<Order>("", &q).send(&Order { id: 9 }).await.unwrap();
+                eventually(secs(60, scale) + Duration::from_secs(5), || {
+                    calls.lock().unwrap().len() == 2
+                })
+                .await;
+                consumer.close().await.unwrap();
+                let calls = calls.lock().unwrap().clone();
+                assert!(calls[1].at - calls[0].at >= secs(40, scale), "it still waited");
+                assert_eq!(calls[1].attempt, 2);
+                cleanup(&conn, &q).await;
+            });
+        }
+    });
+    let missing: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == acemq_core::metrics_names::RUNG_MISSING_TOTAL)
+        .map(|(_, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert!(missing >= 1, "acemq_rung_missing_total counted");
+}
+
+// ---- 10 and 11 ----
+
+#[test]
+fn statement_10_topology_and_consumer_declare_in_either_order_without_a_406() {
+    on_every_broker(|b, _scale| async move {
+        let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::ZERO);
+        // Consumer first (on a queue someone else declared), then Topology.
+        let conn = b.conn_with(Config::default()).await;
+        let q = unique("order");
+        Topology::new().queue(&q).dead_letters(&q).declare(&conn).await.unwrap();
+        let consumer = consume(&conn, &q, |_m: Message<Order>| async { Ack::accept() })
+            .retry_with(policy.clone())
+            .await
+            .unwrap();
+        consumer.close().await.unwrap();
+        Topology::new()
+            .queue(&q)
+            .dead_letters(&q)
+            .retries(&q, &policy)
+            .declare(&conn)
+            .await
+            .unwrap();
+        // Topology first, then a consumer: again no refusal.
+        let consumer = consume(&conn, &q, |_m: Message<Order>| async { Ack::accept() })
+            .retry_with(policy)
+            .await
+            .unwrap();
+        consumer.close().await.unwrap();
+        // The consumer never declared the source queue's dead-letter arguments.
+        let consumer_declared: Vec<String> = conn
+            .declared()
+            .into_iter()
+            .filter_map(|d| match d {
+                Declaration::Queue { name, .. } => Some(name),
+                _ => None,
+            })
+            .collect();
+        assert!(consumer_declared.contains(&format!("{q}.retry.40s")));
+        cleanup(&conn, &q).await;
+    });
+}
+
+#[test]
+fn statement_11_dead_letters_and_dead_letter_to_on_one_queue_is_refused() {
+    let topology = Topology::new()
+        .queue("orders")
+        .dead_letters("orders")
+        .dead_letter_to("orders", "orders-dead");
+    let err = topology.declarations().unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(err.to_string().contains("dead_letters and dead_letter_to"), "{err}");
+}
+
+// ---- 12 ----
+
+#[test]
+fn statement_12_expired_dropped_and_rejected_messages_reach_the_dlq_through_the_brokers_route() {
+    on_every_broker(|b, scale| async move {
+        let conn = b.conn_with(Config::default()).await;
+        let q = unique("broker-route");
+        let extra: FieldTable = [
+            ("x-max-length", FieldValue::I32(2)),
+            ("x-overflow", FieldValue::from("drop-head")),
+        ]
+        .into_iter()
+        .collect();
+        Topology::new()
+            .queue_with_arguments(&q, extra)
+            .dead_letters(&q)
+            .declare(&conn)
+            .await
+            .unwrap();
+        let dlq = format!("{q}.dlq");
+        let raw = conn.publishing_connection().channel().await.unwrap();
+        raw.confirm_select().await.unwrap();
+        let send = |body: &'static str, expiration: Option<String>| {
+            let props = BasicProperties {
+                expiration: expiration.map(|e| e.as_str().into()),
+                ..Default::default()
+            };
+            raw.publish("", &q, false, props, body.into()).unwrap()
+        };
+        let reason_of = |m: &acemq_core::amqp::GetMessage| -> String {
+            let deaths = header(m, "x-death").and_then(FieldValue::as_array).unwrap();
+            deaths.0[0]
+                .as_table()
+                .unwrap()
+                .get("reason")
+                .and_then(FieldValue::as_str)
+                .unwrap()
+                .to_string()
+        };
+        // Rejected by another client.
+        send("rejected", None).await.unwrap();
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        take_get(&ch, &q).await.reject(false).unwrap();
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"rejected");
+        assert_eq!(reason_of(&dead), "rejected");
+        // Dropped by x-max-length (drop-head): three into a queue of two.
+        for body in ["first", "second", "third"] {
+            send(body, None).await.unwrap();
+        }
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"first");
+        assert_eq!(reason_of(&dead), "maxlen");
+        while take(&conn, &q).await.is_some() {}
+        // Expired (a per-message TTL), then pushed out by a later message.
+        let ttl_ms = (secs(1, scale)).as_millis().to_string();
+        send("expired", Some(ttl_ms)).await.unwrap();
+        tokio::time::sleep(secs(2, scale)).await;
+        // Reading the queue makes the broker look at the expired head.
+        assert!(take(&conn, &q).await.is_none());
+        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"expired", "{:?}", b.kind);
+        assert_eq!(reason_of(&dead), "expired");
+        cleanup(&conn, &q).await;
+    });
+}
+
+/// DESIGN.md §5 on the wire: the argument tables as the broker stores them.
+#[test]
+fn the_wire_contract_arguments_are_what_the_broker_stores() {
+    on_every_broker(|b, _scale| async move {
+        let conn = b.conn_with(Config::default()).await;
+        let q = unique("contract");
+        let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::ZERO);
+        Topology::new()
+            .queue(&q)
+            .dead_letters(&q)
+            .retries(&q, &policy)
+            .declare(&conn)
+            .await
+            .unwrap();
+        let expect_source =
+            format!("x-dead-letter-exchange=acemq.dlx(S) x-dead-letter-routing-key={q}.dlq(S) x-queue-type=quorum(S)");
+        let expect_rung = format!("x-dead-letter-exchange=(S) x-dead-letter-routing-key={q}(S) x-message-ttl=40000(I)");
+        match &b.memory {
+            Some(memory) => {
+                let args = |name: &str| describe(&memory.queue_info("/", name).expect(name).arguments);
+                assert_eq!(args(&q), expect_source);
+                assert_eq!(args(&format!("{q}.dlq")), "");
+                assert_eq!(args(&format!("{q}.parked")), "");
+                assert_eq!(args(&format!("{q}.retry.40s")), expect_rung);
+            }
+            None if b.kind == Kind::RabbitTcp => {
+                let listing = b.rabbitmqctl(&["list_queues", "name", "arguments"]);
+                let line = |name: &str| -> String {
+                    listing
+                        .lines()
+                        .find(|l| l.split('\t').next() == Some(name))
+                        .unwrap_or_else(|| panic!("{name} not listed"))
+                        .to_string()
+                };
+                let source = line(&q);
+                assert!(source.contains(r#"{"x-queue-type","quorum"}"#), "{source}");
+                assert!(source.contains(r#"{"x-dead-letter-exchange","acemq.dlx"}"#), "{source}");
+                assert!(
+                    source.contains(&format!(r#"{{"x-dead-letter-routing-key","{q}.dlq"}}"#)),
+                    "{source}"
+                );
+                assert!(line(&format!("{q}.dlq")).ends_with("[]"));
+                let rung = line(&format!("{q}.retry.40s"));
+                assert!(rung.contains(r#"{"x-message-ttl",40000}"#), "{rung}");
+                // rabbitmqctl prints the empty string as [].
+                assert!(
+                    rung.contains(r#"{"x-dead-letter-exchange",[]}"#)
+                        || rung.contains(r#"{"x-dead-letter-exchange",""}"#),
+                    "{rung}"
+                );
+                assert!(
+                    rung.contains(&format!(r#"{{"x-dead-letter-routing-key","{q}"}}"#)),
+                    "{rung}"
+                );
+                assert!(!rung.contains("x-queue-type"), "{rung}");
+            }
+            None => {}
+        }
+        cleanup(&conn, &q).await;
+    });
+}
+
+/// `key=value(type)` pairs, sorted by key.
+fn describe(table: &FieldTable) -> String {
+    let mut pairs: Vec<String> = table
+        .iter()
+        .map(|(k, v)| {
+            let value = match v {
+                FieldValue::LongString(s) => s.to_string(),
+                other => other
+                    .as_i64()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("{other:?}")),
+            };
+            format!("{k}={value}({})", char::from(v.type_code()))
+        })
+        .collect();
+    pairs.sort();
+    pairs.join(" ")
+}
