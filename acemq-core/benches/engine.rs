@@ -133,6 +133,48 @@ async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tas
     }
 }
 
+/// The acemq consumer, accepting every message (prefetch 1000); with
+/// `retry_once`, every message is retried once in the process (no wait) first.
+async fn acemq_consume(conn: &acemq_core::Conn, queue: &str, messages: u64, retry_once: bool) -> Figures {
+    use acemq_core::{consume, Ack, Message, RetryPolicy};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let accepted = Arc::new(AtomicU64::new(0));
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let counter = accepted.clone();
+    let consumer = consume(conn, queue, move |m: Message<serde_json::Value>| {
+        let counter = counter.clone();
+        async move {
+            if retry_once && m.envelope.attempt == 1 {
+                return Ack::retry("once more");
+            }
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ack::accept()
+        }
+    })
+    .prefetch(1000)
+    .retry_with(RetryPolicy::fixed(3, Duration::ZERO))
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while accepted.load(Ordering::Relaxed) < messages {
+        assert!(Instant::now() < deadline, "the consumer stalled");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let figures = Figures {
+        name: if retry_once {
+            "consume (acemq, retry once)"
+        } else {
+            "consume (acemq, accept)"
+        },
+        messages,
+        wall: t0.elapsed(),
+        cpu: cpu_time() - c0,
+    };
+    consumer.close().await.unwrap();
+    figures
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let messages = if benching { 100_000 } else { 2_000 };
@@ -171,6 +213,10 @@ fn main() {
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
             let send = publisher_send(&api, &queue, messages, 64).await;
+            let accept = acemq_consume(&api, &queue, messages, false).await;
+            // JSON payloads again (the raw publishes above are not JSON).
+            publisher_send(&api, &queue, messages, 64).await;
+            let retried = acemq_consume(&api, &queue, messages, true).await;
             setup
                 .queue_purge(amqp_codec::QueuePurge {
                     queue: queue.as_str().into(),
@@ -184,6 +230,8 @@ fn main() {
             publish.print();
             consume.print();
             send.print();
+            accept.print();
+            retried.print();
         }
         api.close().await.unwrap();
         setup

@@ -755,3 +755,102 @@ fn describe(table: &FieldTable) -> String {
     pairs.sort();
     pairs.join(" ")
 }
+
+#[test]
+fn a_handler_that_panics_is_retried_and_the_consumer_goes_on() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(3, secs(1, scale)).with_jitter(0.0);
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            let n = record(&seen, &m);
+            async move {
+                if n == 1 {
+                    panic!("index out of bounds in the handler");
+                }
+                Ack::accept()
+            }
+        })
+        .retry_with(policy)
+        .await
+        .unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 1 }).await.unwrap();
+        conn.publisher::<Order>("", &q).send(&Order { id: 2 }).await.unwrap();
+        eventually(secs(30, scale) + Duration::from_secs(5), || {
+            calls.lock().unwrap().len() == 3
+        })
+        .await;
+        assert!(!consumer.is_finished(), "{:?}: the consumer goes on", b.kind);
+        consumer.close().await.unwrap();
+        let attempts: Vec<u32> = calls.lock().unwrap().iter().map(|c| c.attempt).collect();
+        assert_eq!(
+            attempts.iter().filter(|a| **a == 2).count(),
+            1,
+            "the panicking one came back as attempt 2"
+        );
+        cleanup(&conn, &q).await;
+    });
+}
+
+#[test]
+fn handled_outcomes_are_counted() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let b = brokers().await.into_iter().find(|b| b.kind == Kind::Memory).unwrap();
+            let policy = RetryPolicy::fixed(2, Duration::from_secs(1)).with_jitter(0.0);
+            let (conn, q) = setup(&b, &policy).await;
+            let consumer = consume(&conn, &q, |m: Message<Order>| async move {
+                match m.payload.id {
+                    1 => Ack::accept(),
+                    2 => Ack::retry(Boom("always")),
+                    _ => Ack::park("look at it"),
+                }
+            })
+            .retry_with(policy)
+            .await
+            .unwrap();
+            let publisher = conn.publisher::<Order>("", &q);
+            for id in 1..=3 {
+                publisher.send(&Order { id }).await.unwrap();
+            }
+            let raw = conn.publishing_connection().channel().await.unwrap();
+            raw.publish("", &q, false, BasicProperties::default(), "garbage".into())
+                .unwrap();
+            take_eventually(&conn, &format!("{q}.parked"), Duration::from_secs(30)).await;
+            for _ in 0..2 {
+                take_eventually(&conn, &format!("{q}.dlq"), Duration::from_secs(30)).await;
+            }
+            consumer.close().await.unwrap();
+            cleanup(&conn, &q).await;
+        });
+    });
+    let mut counts = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() == acemq_core::metrics_names::HANDLED_TOTAL {
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .unwrap()
+                .value()
+                .to_string();
+            if let metrics_util::debugging::DebugValue::Counter(n) = value {
+                counts.insert(outcome, n);
+            }
+        }
+    }
+    let get = |o: &str| counts.get(o).copied().unwrap_or(0);
+    assert_eq!(get("accepted"), 1, "{counts:?}");
+    assert_eq!(get("retried"), 1, "{counts:?}");
+    assert_eq!(get("dead_lettered"), 1, "{counts:?}");
+    assert_eq!(get("parked"), 1, "{counts:?}");
+    assert_eq!(get("undecodable"), 1, "{counts:?}");
+}
