@@ -364,18 +364,18 @@ where
     C: Codec,
 {
     let properties = match &delivery.properties {
-        Ok(p) => p.as_ref().clone(),
+        Ok(p) => p.as_ref(),
         Err(raw) => {
             let reason = format!("the message's properties could not be decoded: {}", raw.error);
-            set_aside(shared, delivery, BasicProperties::default(), "dlq", &reason).await?;
+            set_aside(shared, delivery, &BasicProperties::default(), "dlq", &reason).await?;
             delivery.ack().map_err(Error::from)?;
             return Ok("undecodable");
         }
     };
-    let mut envelope = Envelope::read_from(&properties);
+    let mut envelope = Envelope::read_from(properties);
     envelope.attempt = envelope
         .attempt
-        .saturating_add(redeliveries(&properties, delivery.redelivered));
+        .saturating_add(redeliveries(properties, delivery.redelivered));
     let span = tracing::Span::current();
     span.record("message_id", envelope.id.as_str());
     span.record("attempt", envelope.attempt);
@@ -442,14 +442,14 @@ where
 async fn retry<T, F, C>(
     shared: &Shared<T, F, C>,
     delivery: &Delivery,
-    properties: BasicProperties,
+    properties: &BasicProperties,
     envelope: &Envelope,
     err: BoxError,
 ) -> Result<&'static str, Error> {
     let decision = shared
         .policy
         .decide(envelope.attempt, envelope.first_seen, err.as_ref(), SystemTime::now());
-    let next = hop_properties(&properties, delivery, envelope.attempt.saturating_add(1), None);
+    let next = hop_properties(properties, delivery, envelope.attempt.saturating_add(1), None);
     match decision {
         Decision::DeadLetter { reason } => {
             set_aside(shared, delivery, properties, "dlq", &reason).await?;
@@ -557,12 +557,12 @@ async fn republish<T, F, C>(
 async fn set_aside<T, F, C>(
     shared: &Shared<T, F, C>,
     delivery: &Delivery,
-    properties: BasicProperties,
+    properties: &BasicProperties,
     suffix: &str,
     reason: &str,
 ) -> Result<(), Error> {
-    let attempt = Envelope::read_from(&properties).attempt;
-    let props = hop_properties(&properties, delivery, attempt, Some(reason));
+    let attempt = Envelope::read_from(properties).attempt;
+    let props = hop_properties(properties, delivery, attempt, Some(reason));
     let message_id = props.message_id.as_ref().map(|m| m.to_string()).unwrap_or_default();
     let publish = BasicPublish {
         exchange: DLX.into(),
