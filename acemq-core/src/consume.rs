@@ -304,6 +304,13 @@ fn redeliveries(properties: &BasicProperties, redelivered: bool) -> u32 {
     }
 }
 
+/// The parts of the envelope a retry decision needs.
+struct RetryFacts {
+    id: String,
+    attempt: u32,
+    first_seen: SystemTime,
+}
+
 /// A panic in a handler, as an error for the retry policy.
 #[derive(Debug)]
 struct HandlerPanicked(String);
@@ -379,6 +386,12 @@ where
     let span = tracing::Span::current();
     span.record("message_id", envelope.id.as_str());
     span.record("attempt", envelope.attempt);
+    // What a retry needs once the envelope has gone to the handler.
+    let facts = RetryFacts {
+        id: envelope.id.clone(),
+        attempt: envelope.attempt,
+        first_seen: envelope.first_seen,
+    };
 
     let payload: T = match shared.codec.decode(&delivery.body) {
         Ok(payload) => payload,
@@ -402,24 +415,30 @@ where
     };
     let message = Message {
         payload,
-        envelope: envelope.clone(),
+        envelope,
         redelivered: delivery.redelivered,
         exchange: delivery.exchange.to_string(),
         routing_key: delivery.routing_key.to_string(),
         queue: shared.queue.clone(),
     };
-    // In its own task, so that a panic is caught and becomes a retry.
-    let verdict = match tokio::spawn((shared.handler)(message)).await {
+    // A panic in the handler is caught and becomes a retry.
+    let mut running = std::pin::pin!((shared.handler)(message));
+    let caught = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(ack)) => std::task::Poll::Ready(Ok(ack)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await;
+    let verdict = match caught {
         Ok(ack) => ack,
-        Err(join) => {
-            let text = match join.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".into()),
-                Err(join) => join.to_string(),
-            };
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
             Ack::Retry(Box::new(HandlerPanicked(text)))
         }
     };
@@ -435,7 +454,7 @@ where
             delivery.ack().map_err(Error::from)?;
             Ok("parked")
         }
-        Ack::Retry(err) => retry(shared, delivery, properties, &envelope, err).await,
+        Ack::Retry(err) => retry(shared, delivery, properties, &facts, err).await,
     }
 }
 
@@ -443,7 +462,7 @@ async fn retry<T, F, C>(
     shared: &Shared<T, F, C>,
     delivery: &Delivery,
     properties: &BasicProperties,
-    envelope: &Envelope,
+    envelope: &RetryFacts,
     err: BoxError,
 ) -> Result<&'static str, Error> {
     let decision = shared

@@ -306,7 +306,7 @@ impl Channel {
             channel: self.id,
             generation: self.generation,
             publish,
-            properties,
+            properties: Box::new(properties),
             body,
             confirm: Some(confirm),
         })?;

@@ -45,7 +45,9 @@ pub(crate) enum Command {
         channel: u16,
         generation: u64,
         publish: BasicPublish,
-        properties: BasicProperties,
+        /// Boxed: commands travel through a channel, and every slot is as
+        /// large as the largest command.
+        properties: Box<BasicProperties>,
         body: Bytes,
         confirm: Option<Reply1<Confirmation>>,
     },

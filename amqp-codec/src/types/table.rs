@@ -55,17 +55,10 @@ impl FieldTable {
 
     /// Removes every entry named `key`; returns the first value removed.
     pub fn remove(&mut self, key: &str) -> Option<FieldValue> {
-        let mut first = None;
-        let mut kept = Vec::with_capacity(self.entries.len());
-        for (k, v) in self.entries.drain(..) {
-            if k.as_bytes() == key.as_bytes() {
-                first.get_or_insert(v);
-            } else {
-                kept.push((k, v));
-            }
-        }
-        self.entries = kept;
-        first
+        let at = self.entries.iter().position(|(k, _)| k.as_bytes() == key.as_bytes())?;
+        let (_, first) = self.entries.remove(at);
+        self.entries.retain(|(k, _)| k.as_bytes() != key.as_bytes());
+        Some(first)
     }
 
     /// Whether an entry named `key` exists.
