@@ -226,3 +226,16 @@ pub fn unique(prefix: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// Declares a server-named exclusive queue on `ch` and returns its name.
+pub async fn exclusive_queue(ch: &acemq_core::amqp::Channel) -> String {
+    ch.queue_declare(amqp_codec::QueueDeclare {
+        exclusive: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .queue
+    .to_string()
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
-use acemq_tests::{brokers, unique, Broker};
+use acemq_tests::{brokers, exclusive_queue, unique, Broker};
 use amqp_codec::{BasicProperties, QueueDeclare};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -35,16 +35,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
         let mut events = conn.events();
         let ch = conn.channel().await.unwrap();
         ch.confirm_select().await.unwrap();
-        let q = ch
-            .queue_declare(QueueDeclare {
-                exclusive: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .queue
-            .to_string();
+        let q = exclusive_queue(&ch).await;
         // RabbitMQ blocks only connections that have published.
         let first = ch
             .publish("", &q, false, BasicProperties::default(), "before".into())

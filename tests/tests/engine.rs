@@ -6,24 +6,12 @@
 use std::time::Duration;
 
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error, Properties, TlsConfig};
-use acemq_tests::{brokers, unique, Broker, Kind};
+use acemq_tests::{brokers, exclusive_queue, unique, Broker, Kind};
 use amqp_codec::{
     BasicConsume, BasicProperties, BasicQos, Decimal, ExchangeDeclare, FieldArray, FieldTable, FieldValue, QueueBind,
     QueueDeclare, ReplyCode,
 };
 use bytes::{Bytes, BytesMut};
-
-async fn exclusive_queue(ch: &acemq_core::amqp::Channel) -> String {
-    let ok = ch
-        .queue_declare(QueueDeclare {
-            exclusive: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    ok.queue.to_string()
-}
 
 fn props_of(p: &Properties) -> &BasicProperties {
     p.as_ref().expect("properties decode")

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error};
-use acemq_tests::{brokers, unique};
+use acemq_tests::{brokers, exclusive_queue, unique};
 use amqp_codec::*;
 use bytes::Bytes;
 
@@ -215,16 +215,7 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_committed_one_everyth
     for b in brokers().await {
         let conn = b.connect().await;
         let ch = conn.channel().await.unwrap();
-        let q = ch
-            .queue_declare(QueueDeclare {
-                exclusive: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .queue
-            .to_string();
+        let q = exclusive_queue(&ch).await;
         ch.tx_select().await.unwrap();
         let no_confirms = ch
             .publish("", &q, false, BasicProperties::default(), "rolled back".into())
@@ -247,16 +238,7 @@ async fn recover_redelivers_unacknowledged_messages() {
         let conn = b.connect().await;
         let ch = conn.channel().await.unwrap();
         ch.confirm_select().await.unwrap();
-        let q = ch
-            .queue_declare(QueueDeclare {
-                exclusive: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .queue
-            .to_string();
+        let q = exclusive_queue(&ch).await;
         ch.publish("", &q, false, BasicProperties::default(), "again".into())
             .unwrap()
             .await
