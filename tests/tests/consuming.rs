@@ -854,3 +854,59 @@ fn handled_outcomes_are_counted() {
     assert_eq!(get("parked"), 1, "{counts:?}");
     assert_eq!(get("undecodable"), 1, "{counts:?}");
 }
+
+/// DESIGN.md §6 statement 20 (the shutdown half): `close()` lets a running
+/// handler finish and ack, and an in-process retry wait cut short is
+/// republished with its attempt advanced: nothing lost, nothing run twice.
+#[test]
+fn statement_20_close_finishes_running_handlers_and_republishes_cut_short_waits() {
+    on_every_broker(|b, scale| async move {
+        let policy = RetryPolicy::fixed(5, secs(20, scale)).with_jitter(0.0);
+        let (conn, q) = setup(&b, &policy).await;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async move {
+                if m.payload.id == 1 {
+                    // Fails: waits 20 s in the consumer before its retry.
+                    Ack::retry(Boom("later"))
+                } else {
+                    // Slow but successful: still running when close() begins.
+                    tokio::time::sleep(secs(2, scale)).await;
+                    Ack::accept()
+                }
+            }
+        })
+        .retry_with(policy)
+        .drain_timeout(secs(10, scale))
+        .await
+        .unwrap();
+        let publisher = conn.publisher::<Order>("", &q);
+        publisher.send(&Order { id: 1 }).await.unwrap();
+        publisher.send(&Order { id: 2 }).await.unwrap();
+        eventually(Duration::from_secs(10), || calls.lock().unwrap().len() == 2).await;
+        let started = Instant::now();
+        consumer.close().await.unwrap();
+        assert!(
+            started.elapsed() < secs(10, scale),
+            "{:?}: close did not wait out the retry",
+            b.kind
+        );
+        // The slow handler finished and acked; the waiting message is back in
+        // the queue as attempt 2, once.
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let back = take_get(&ch, &q).await;
+        let envelope = Envelope::read_from(back.properties.as_ref().unwrap());
+        assert_eq!(envelope.attempt, 2, "{:?}", b.kind);
+        assert_eq!(serde_json::from_slice::<Order>(&back.body).unwrap(), Order { id: 1 });
+        back.ack().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            ch.basic_get(&q, true).await.unwrap().is_none(),
+            "order 2 was acked, not returned"
+        );
+        drop(ch);
+        cleanup(&conn, &q).await;
+    });
+}
