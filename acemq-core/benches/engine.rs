@@ -209,7 +209,14 @@ fn main() {
         let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
             .await
             .unwrap();
+        // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for profiling).
+        let engine_only = std::env::var("ACEMQ_BENCH_ONLY").is_ok_and(|v| v == "engine");
         for round in 0..if benching { 3 } else { 1 } {
+            if engine_only {
+                publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
             let send = publisher_send(&api, &queue, messages, 64).await;
