@@ -126,7 +126,7 @@ async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tas
         done.unwrap();
     }
     Figures {
-        name: "Publisher::send (64 tasks)",
+        name: "Publisher::send (N tasks)",
         messages,
         wall: t0.elapsed(),
         cpu: cpu_time() - c0,
@@ -215,6 +215,19 @@ fn main() {
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
+            // `ACEMQ_BENCH_SEND_TASKS=N` runs `Publisher::send` alone from N tasks.
+            if let Ok(tasks) = std::env::var("ACEMQ_BENCH_SEND_TASKS") {
+                let tasks: u64 = tasks.parse().unwrap();
+                publisher_send(&api, &queue, messages, tasks).await.print();
+                setup
+                    .queue_purge(amqp_codec::QueuePurge {
+                        queue: queue.as_str().into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
                 continue;
             }
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
