@@ -12,11 +12,11 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::amqp::{self, AmqpUrl, Confirmation, ConnectionEvent, TlsConfig};
+use crate::amqp::{self, AmqpUrl, ConnectionEvent, TlsConfig};
 use crate::codec::Json;
 use crate::error::Error;
 use crate::proto::CloseReason;
-use crate::publish::{await_confirm, Publisher};
+use crate::publish::{await_confirm, settle, Publisher, SendResult};
 
 /// What happened to a connection, for [`Config::on_recovery`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,15 +306,8 @@ impl Conn {
             ..Default::default()
         };
         let result = self.publish_library(publish, properties, body, &message_id).await;
-        let outcome = match &result {
-            Ok(()) => "confirmed",
-            Err(Error::PublishingPaused { .. }) => "refused",
-            Err(Error::Unroutable { .. }) => "unroutable",
-            Err(Error::Nacked { .. }) => "nacked",
-            Err(_) => "failed",
-        };
-        crate::metrics_names::publish(outcome);
-        result
+        crate::metrics_names::publish(crate::publish::outcome_label(&result));
+        result.map(|_| ())
     }
 
     pub(crate) async fn publish_library(
@@ -323,27 +316,18 @@ impl Conn {
         properties: BasicProperties,
         body: Bytes,
         message_id: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<SendResult, Error> {
         if let Some(reason) = self.inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
         }
-        let (exchange, routing_key) = (publish.exchange.to_string(), publish.routing_key.to_string());
+        let (exchange, routing_key) = (publish.exchange.clone(), publish.routing_key.clone());
         let channel = self.inner.library_channel.get().await?;
         let pending = channel.basic_publish(publish, properties, body)?;
         let blocked = self.inner.publishing.blocked_changes();
-        match await_confirm(pending, blocked, self.inner.config.blocked_timeout, message_id).await? {
-            Confirmation::Ack => Ok(()),
-            Confirmation::Nack => Err(Error::Nacked {
-                message_id: message_id.to_string(),
-            }),
-            Confirmation::Returned(ret) => Err(Error::Unroutable {
-                message_id: message_id.to_string(),
-                exchange,
-                routing_key,
-                code: ret.reply_code,
-                text: ret.reply_text.to_string(),
-            }),
-            Confirmation::NotRequested => Err(Error::Io("the library channel lost confirm mode".into())),
+        let confirmation = await_confirm(pending, blocked, self.inner.config.blocked_timeout, message_id).await?;
+        match settle(confirmation, message_id, &exchange, &routing_key)? {
+            SendResult { confirmed: false, .. } => Err(Error::Io("the library channel lost confirm mode".into())),
+            confirmed => Ok(confirmed),
         }
     }
 }

@@ -468,7 +468,8 @@ async fn retry<T, F, C>(
     let decision = shared
         .policy
         .decide(envelope.attempt, envelope.first_seen, err.as_ref(), SystemTime::now());
-    let next = hop_properties(properties, delivery, envelope.attempt.saturating_add(1), None);
+    // The republished copy: only built where a retry republishes.
+    let next = || hop_properties(properties, delivery, envelope.attempt.saturating_add(1), None);
     match decision {
         Decision::DeadLetter { reason } => {
             set_aside(shared, delivery, properties, "dlq", &reason).await?;
@@ -477,19 +478,19 @@ async fn retry<T, F, C>(
         }
         Decision::WaitInProcess(wait) => {
             wait_unless_closing(shared, wait).await;
-            republish(shared, &shared.queue, next, delivery.body.clone(), &envelope.id).await?;
+            republish(shared, &shared.queue, next(), delivery.body.clone(), &envelope.id).await?;
             delivery.ack().map_err(Error::from)?;
             Ok("retried")
         }
         Decision::WaitInBroker(wait) => {
             let rung = rung_name(&shared.queue, wait);
-            match republish(shared, &rung, next.clone(), delivery.body.clone(), &envelope.id).await {
+            match republish(shared, &rung, next(), delivery.body.clone(), &envelope.id).await {
                 Ok(()) => {}
                 Err(Error::Unroutable { .. }) => {
                     metrics::counter!(crate::metrics_names::RUNG_MISSING_TOTAL).increment(1);
                     tracing::warn!(%rung, ?wait, "the rung queue is missing; waiting in the process instead");
                     wait_unless_closing(shared, wait).await;
-                    republish(shared, &shared.queue, next, delivery.body.clone(), &envelope.id).await?;
+                    republish(shared, &shared.queue, next(), delivery.body.clone(), &envelope.id).await?;
                 }
                 Err(other) => return Err(other),
             }
@@ -568,7 +569,11 @@ async fn republish<T, F, C>(
         mandatory: true,
         ..Default::default()
     };
-    shared.conn.publish_library(publish, properties, body, message_id).await
+    shared
+        .conn
+        .publish_library(publish, properties, body, message_id)
+        .await
+        .map(|_| ())
 }
 
 /// Sets a message aside in `{queue}.{suffix}` (`dlq` or `parked`) through
@@ -594,4 +599,5 @@ async fn set_aside<T, F, C>(
         .conn
         .publish_library(publish, props, delivery.body.clone(), &message_id)
         .await
+        .map(|_| ())
 }

@@ -143,14 +143,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
 
     async fn publish(&self, envelope: Envelope, payload: &T) -> Result<SendResult, Error> {
         let result = self.publish_inner(&envelope, payload).await;
-        let outcome = match &result {
-            Ok(SendResult { confirmed: false, .. }) => "unconfirmed",
-            Ok(_) => "confirmed",
-            Err(Error::PublishingPaused { .. }) => "refused",
-            Err(Error::Unroutable { .. }) => "unroutable",
-            Err(Error::Nacked { .. }) => "nacked",
-            Err(_) => "failed",
-        };
+        let outcome = outcome_label(&result);
         metrics_names::publish(outcome);
         match &result {
             Ok(_) => {
@@ -195,26 +188,50 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             });
         }
         let blocked = inner.publishing.blocked_changes();
-        match await_confirm(pending, blocked, inner.config.blocked_timeout, &envelope.id).await? {
-            Confirmation::Ack => Ok(SendResult {
-                confirmed: true,
-                routed: true,
-            }),
-            Confirmation::Returned(ret) => Err(Error::Unroutable {
-                message_id: envelope.id.clone(),
-                exchange: self.exchange.to_string(),
-                routing_key: self.routing_key.to_string(),
-                code: ret.reply_code,
-                text: ret.reply_text.to_string(),
-            }),
-            Confirmation::Nack => Err(Error::Nacked {
-                message_id: envelope.id.clone(),
-            }),
-            Confirmation::NotRequested => Ok(SendResult {
-                confirmed: false,
-                routed: true,
-            }),
-        }
+        let confirmation = await_confirm(pending, blocked, inner.config.blocked_timeout, &envelope.id).await?;
+        settle(confirmation, &envelope.id, &self.exchange, &self.routing_key)
+    }
+}
+
+/// The `outcome` label of `acemq_publish_total` for a publish's result.
+pub(crate) fn outcome_label(result: &Result<SendResult, Error>) -> &'static str {
+    match result {
+        Ok(SendResult { confirmed: false, .. }) => "unconfirmed",
+        Ok(_) => "confirmed",
+        Err(Error::PublishingPaused { .. }) => "refused",
+        Err(Error::Unroutable { .. }) => "unroutable",
+        Err(Error::Nacked { .. }) => "nacked",
+        Err(_) => "failed",
+    }
+}
+
+/// What the broker's confirmation means for the sender: an ack is a
+/// confirmed, routed send; a nack and a return are errors naming the message.
+pub(crate) fn settle(
+    confirmation: Confirmation,
+    message_id: &str,
+    exchange: &ShortString,
+    routing_key: &ShortString,
+) -> Result<SendResult, Error> {
+    match confirmation {
+        Confirmation::Ack => Ok(SendResult {
+            confirmed: true,
+            routed: true,
+        }),
+        Confirmation::Returned(ret) => Err(Error::Unroutable {
+            message_id: message_id.to_string(),
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            code: ret.reply_code,
+            text: ret.reply_text.to_string(),
+        }),
+        Confirmation::Nack => Err(Error::Nacked {
+            message_id: message_id.to_string(),
+        }),
+        Confirmation::NotRequested => Ok(SendResult {
+            confirmed: false,
+            routed: true,
+        }),
     }
 }
 

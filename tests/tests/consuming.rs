@@ -110,6 +110,24 @@ fn record(calls: &Calls, m: &Message<Order>) -> usize {
     calls.len()
 }
 
+/// Starts a consumer on `q` that records every call and answers call `n`
+/// (from 1) with `verdict(n)`.
+async fn recording<V>(conn: &Conn, q: &str, policy: RetryPolicy, verdict: V) -> (acemq_core::Consumer, Calls)
+where
+    V: Fn(usize) -> Ack + Send + Sync + 'static,
+{
+    let calls: Calls = Arc::default();
+    let seen = calls.clone();
+    let consumer = consume(conn, q, move |m: Message<Order>| {
+        let ack = verdict(record(&seen, &m));
+        async move { ack }
+    })
+    .retry_with(policy)
+    .await
+    .unwrap();
+    (consumer, calls)
+}
+
 /// Takes the one message in `queue`, if any, through the engine.
 async fn take(conn: &Conn, queue: &str) -> Option<acemq_core::amqp::GetMessage> {
     let ch = conn.consuming_connection().channel().await.unwrap();
@@ -147,21 +165,14 @@ fn statement_01_a_retry_is_a_republish_with_the_attempt_advanced_and_redeliverie
     on_every_broker(|b, scale| async move {
         let policy = RetryPolicy::fixed(5, secs(1, scale)).with_jitter(0.0);
         let (conn, q) = setup(&b, &policy).await;
-        let calls: Calls = Arc::default();
-        let seen = calls.clone();
-        let consumer = consume(&conn, &q, move |m: Message<Order>| {
-            let n = record(&seen, &m);
-            async move {
-                if n < 3 {
-                    Ack::retry(Boom("not yet"))
-                } else {
-                    Ack::accept()
-                }
+        let (consumer, calls) = recording(&conn, &q, policy, |n| {
+            if n < 3 {
+                Ack::retry(Boom("not yet"))
+            } else {
+                Ack::accept()
             }
         })
-        .retry_with(policy)
-        .await
-        .unwrap();
+        .await;
         conn.publisher::<Order>("", &q).send(&Order { id: 1 }).await.unwrap();
         eventually(secs(30, scale) + Duration::from_secs(5), || {
             calls.lock().unwrap().len() == 3
@@ -224,15 +235,7 @@ fn statement_02_max_attempts_counts_the_first_delivery_then_the_dlq_with_the_err
     on_every_broker(|b, scale| async move {
         let policy = RetryPolicy::fixed(3, secs(1, scale)).with_jitter(0.0);
         let (conn, q) = setup(&b, &policy).await;
-        let calls: Calls = Arc::default();
-        let seen = calls.clone();
-        let consumer = consume(&conn, &q, move |m: Message<Order>| {
-            record(&seen, &m);
-            async { Ack::retry(Boom("payment service down")) }
-        })
-        .retry_with(policy)
-        .await
-        .unwrap();
+        let (consumer, calls) = recording(&conn, &q, policy, |_| Ack::retry(Boom("payment service down"))).await;
         conn.publisher::<Order>("", &q).send(&Order { id: 7 }).await.unwrap();
         let dead = take_eventually(&conn, &format!("{q}.dlq"), secs(60, scale) + Duration::from_secs(5)).await;
         consumer.close().await.unwrap();
@@ -260,15 +263,10 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
     on_every_broker(|b, scale| async move {
         let policy = RetryPolicy::fixed(5, secs(1, scale));
         let (conn, q) = setup(&b, &policy).await;
-        let calls: Calls = Arc::default();
-        let seen = calls.clone();
-        let consumer = consume(&conn, &q, move |m: Message<Order>| {
-            record(&seen, &m);
-            async { Ack::retry(fatal(Boom("no customer on this order"))) }
+        let (consumer, calls) = recording(&conn, &q, policy, |_| {
+            Ack::retry(fatal(Boom("no customer on this order")))
         })
-        .retry_with(policy)
-        .await
-        .unwrap();
+        .await;
         let dlq = format!("{q}.dlq");
         conn.publisher::<Order>("", &q).send(&Order { id: 1 }).await.unwrap();
         let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
@@ -364,15 +362,7 @@ fn statement_05_give_up_after_dead_letters_a_message_first_seen_too_long_ago() {
     on_every_broker(|b, scale| async move {
         let policy = RetryPolicy::fixed(10, secs(1, scale)).give_up_after(Duration::from_secs(3600));
         let (conn, q) = setup(&b, &policy).await;
-        let calls: Calls = Arc::default();
-        let seen = calls.clone();
-        let consumer = consume(&conn, &q, move |m: Message<Order>| {
-            record(&seen, &m);
-            async { Ack::retry(Boom("still failing")) }
-        })
-        .retry_with(policy)
-        .await
-        .unwrap();
+        let (consumer, calls) = recording(&conn, &q, policy, |_| Ack::retry(Boom("still failing"))).await;
         let mut old = Envelope::new();
         old.first_seen = SystemTime::now() - Duration::from_secs(2 * 3600);
         conn.publisher::<Order>("", &q)
@@ -457,15 +447,7 @@ fn statement_08_short_waits_stay_in_the_consumer_and_long_ones_go_to_the_rungs()
             assert_eq!(rungs, ["q.retry.400ms", "q.retry.800ms", "q.retry.1600ms"]);
         }
         let (conn, q) = setup(&b, &policy).await;
-        let calls: Calls = Arc::default();
-        let seen = calls.clone();
-        let consumer = consume(&conn, &q, move |m: Message<Order>| {
-            record(&seen, &m);
-            async { Ack::retry(Boom("try later")) }
-        })
-        .retry_with(policy)
-        .await
-        .unwrap();
+        let (consumer, calls) = recording(&conn, &q, policy, |_| Ack::retry(Boom("try later"))).await;
         conn.publisher::<Order>("", &q).send(&Order { id: 8 }).await.unwrap();
         take_eventually(&conn, &format!("{q}.dlq"), secs(400, scale) + Duration::from_secs(10)).await;
         consumer.close().await.unwrap();
@@ -507,21 +489,14 @@ fn statement_09_a_missing_rung_degrades_to_an_in_process_wait_and_is_counted() {
                 let (conn, q) = setup(&b, &policy).await;
                 let rung = acemq_core::retry::rung_name(&q, secs(40, scale));
                 let ch = conn.consuming_connection().channel().await.unwrap();
-                let calls: Calls = Arc::default();
-                let seen = calls.clone();
-                let consumer = consume(&conn, &q, move |m: Message<Order>| {
-                    let n = record(&seen, &m);
-                    async move {
-                        if n == 1 {
-                            Ack::retry(Boom("once"))
-                        } else {
-                            Ack::accept()
-                        }
+                let (consumer, calls) = recording(&conn, &q, policy, |n| {
+                    if n == 1 {
+                        Ack::retry(Boom("once"))
+                    } else {
+                        Ack::accept()
                     }
                 })
-                .retry_with(policy)
-                .await
-                .unwrap();
+                .await;
                 // Behind the consumer's back, the rung goes away.
                 ch.queue_delete(QueueDelete {
                     queue: rung.as_str().into(),

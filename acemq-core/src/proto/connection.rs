@@ -391,8 +391,8 @@ impl Connection {
             return;
         }
         if now.saturating_duration_since(self.last_sent) >= interval / 2 {
-            // Heartbeats go out even while blocked; RabbitMQ still reads them... it
-            // does not, but a blocked connection is not judged dead by it either.
+            // Sent even while blocked: RabbitMQ does not read a blocked
+            // connection, but does not judge it dead for that either.
             Frame::Heartbeat.encode(&mut self.outbox).ok();
         }
     }
