@@ -14,44 +14,95 @@ use acemq_core::amqp::{Config, Confirmation, Connection};
 use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete};
 use bytes::Bytes;
 
-/// User + system CPU time of this process so far.
-fn cpu_time() -> Duration {
+/// CPU time of this process so far: user and system.
+#[derive(Clone, Copy)]
+struct Cpu {
+    user: Duration,
+    system: Duration,
+}
+
+impl std::ops::Sub for Cpu {
+    type Output = Cpu;
+    fn sub(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+        }
+    }
+}
+
+fn cpu_time() -> Cpu {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name (which is in parentheses and may hold spaces).
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let total = ticks(11) + ticks(12);
-    Duration::from_millis(total * 10) // USER_HZ is 100 on Linux
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the
+    // name; USER_HZ is 100 on Linux.
+    Cpu {
+        user: Duration::from_millis(ticks(11) * 10),
+        system: Duration::from_millis(ticks(12) * 10),
+    }
 }
 
 struct Figures {
     name: &'static str,
     messages: u64,
     wall: Duration,
-    cpu: Duration,
+    cpu: Cpu,
 }
 
 impl Figures {
     fn print(&self) {
         let rate = self.messages as f64 / self.wall.as_secs_f64();
-        let cpu_per = self.cpu.as_secs_f64() * 1e6 / self.messages as f64;
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.messages as f64;
+        let (user, system) = (per(self.cpu.user), per(self.cpu.system));
         println!(
-            "{:<28} {:>8} msgs  {:>8.0} msg/s  {:>6.2} µs CPU/msg  (wall {:.2?}, cpu {:.2?})",
-            self.name, self.messages, rate, cpu_per, self.wall, self.cpu
+            "{:<28} {:>8} msgs  {:>8.0} msg/s  {:>6.2} µs CPU/msg (user {:.2} + sys {:.2})  wall {:.2?}",
+            self.name,
+            self.messages,
+            rate,
+            user + system,
+            user,
+            system,
+            self.wall
         );
     }
 }
 
 async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
-    let ch = conn.channel().await.unwrap();
-    ch.confirm_select().await.unwrap();
-    let body = Bytes::from(vec![b'x'; 256]);
     let props = BasicProperties {
         delivery_mode: Some(1),
         ..Default::default()
     };
+    publish_confirmed_with(conn, queue, messages, window, props, "confirmed publish (w=1000)").await
+}
+
+/// The engine's confirmed publish with the properties `Publisher` writes
+/// (content type, message id, timestamp, the envelope headers): the same
+/// bytes on the wire, so the broker's share of the work is the same too.
+async fn publish_confirmed_envelope(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let mut props = BasicProperties {
+        content_type: Some("application/json".into()),
+        delivery_mode: Some(1),
+        timestamp: Some(1_764_508_980),
+        ..Default::default()
+    };
+    acemq_core::Envelope::new().write_to(&mut props);
+    publish_confirmed_with(conn, queue, messages, window, props, "  same, envelope properties").await
+}
+
+async fn publish_confirmed_with(
+    conn: &Connection,
+    queue: &str,
+    messages: u64,
+    window: usize,
+    props: BasicProperties,
+    name: &'static str,
+) -> Figures {
+    let ch = conn.channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let body = Bytes::from(vec![b'x'; 256]);
     let mut in_flight = VecDeque::with_capacity(window);
     let (t0, c0) = (Instant::now(), cpu_time());
     for _ in 0..messages {
@@ -65,7 +116,7 @@ async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
     }
     let figures = Figures {
-        name: "confirmed publish (w=1000)",
+        name,
         messages,
         wall: t0.elapsed(),
         cpu: cpu_time() - c0,
@@ -127,6 +178,38 @@ async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tas
     }
     Figures {
         name: "Publisher::send (N tasks)",
+        messages,
+        wall: t0.elapsed(),
+        cpu: cpu_time() - c0,
+    }
+}
+
+/// `Publisher::begin_send` with confirms from one task, a window of 1000
+/// sends in flight: the same shape as the engine's confirmed publish, with
+/// everything the API adds (envelope, JSON, headers, blocked handling).
+async fn publisher_window(conn: &acemq_core::Conn, queue: &str, messages: u64, window: usize) -> Figures {
+    let publisher = conn.publisher::<Payload>("", queue).transient();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let mut in_flight = VecDeque::with_capacity(window);
+    // One payload, changed in place: what is measured is the publisher.
+    let mut payload = Payload {
+        order_id: 0,
+        customer: "customer-0000000000000000000000000000".into(),
+        note: "n".repeat(180),
+    };
+    for i in 0..messages {
+        if in_flight.len() == window {
+            let oldest: acemq_core::PendingSend = in_flight.pop_front().unwrap();
+            oldest.await.unwrap();
+        }
+        payload.order_id = i;
+        in_flight.push_back(publisher.begin_send(&payload).await.unwrap());
+    }
+    for pending in in_flight {
+        pending.await.unwrap();
+    }
+    Figures {
+        name: "Publisher::begin_send (w=1000)",
         messages,
         wall: t0.elapsed(),
         cpu: cpu_time() - c0,
@@ -209,12 +292,27 @@ fn main() {
         let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
             .await
             .unwrap();
-        // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for profiling).
-        let engine_only = std::env::var("ACEMQ_BENCH_ONLY").is_ok_and(|v| v == "engine");
+        // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
+        // profiling); `=publish` the engine's publish and the publisher's.
+        let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
+        let engine_only = only == "engine";
         for round in 0..if benching { 3 } else { 1 } {
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
+            if only == "publish" {
+                publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
+                publisher_window(&api, &queue, messages, 1000).await.print();
+                setup
+                    .queue_purge(amqp_codec::QueuePurge {
+                        queue: queue.as_str().into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
                 continue;
             }
             // `ACEMQ_BENCH_SEND_TASKS=N` runs `Publisher::send` alone from N tasks.
@@ -231,8 +329,10 @@ fn main() {
                 continue;
             }
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
+            let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
             let send = publisher_send(&api, &queue, messages, 64).await;
+            let window = publisher_window(&api, &queue, messages, 1000).await;
             let accept = acemq_consume(&api, &queue, messages, false).await;
             // JSON payloads again (the raw publishes above are not JSON).
             publisher_send(&api, &queue, messages, 64).await;
@@ -248,8 +348,10 @@ fn main() {
                 println!("round {round}");
             }
             publish.print();
+            publish_envelope.print();
             consume.print();
             send.print();
+            window.print();
             accept.print();
             retried.print();
         }

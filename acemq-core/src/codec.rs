@@ -31,7 +31,11 @@ impl Codec for Json {
     }
 
     fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, CodecError> {
-        serde_json::to_vec(value).map_err(|e| CodecError(e.to_string()))
+        // Room for a typical message up front, rather than growing from
+        // nothing through several reallocations.
+        let mut body = Vec::with_capacity(256);
+        serde_json::to_writer(&mut body, value).map_err(|e| CodecError(e.to_string()))?;
+        Ok(body)
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {

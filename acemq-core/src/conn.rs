@@ -306,7 +306,7 @@ impl Conn {
             ..Default::default()
         };
         let result = self.publish_library(publish, properties, body, &message_id).await;
-        crate::metrics_names::publish(crate::publish::outcome_label(&result));
+        crate::metrics_names::publish(crate::publish::outcome_label(result.as_ref()));
         result.map(|_| ())
     }
 

@@ -47,7 +47,7 @@ impl Envelope {
     /// A new message: a fresh id, attempt 1, first seen now.
     pub fn new() -> Self {
         Envelope {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: new_id(),
             attempt: 1,
             first_seen: whole_seconds(SystemTime::now()),
             correlation_id: None,
@@ -85,8 +85,10 @@ impl Envelope {
         properties.message_id = Some(self.id.as_str().into());
         properties.correlation_id = self.correlation_id.as_deref().map(ShortString::from);
         let mut headers = self.headers.clone();
-        for managed in [ATTEMPT_HEADER, FIRST_SEEN_HEADER, CAUSATION_HEADER] {
-            headers.remove(managed);
+        if !headers.is_empty() {
+            for managed in [ATTEMPT_HEADER, FIRST_SEEN_HEADER, CAUSATION_HEADER] {
+                headers.remove(managed);
+            }
         }
         let attempt = i32::try_from(self.attempt).unwrap_or(i32::MAX);
         headers.insert(ATTEMPT_HEADER, FieldValue::I32(attempt));
@@ -134,6 +136,12 @@ impl Envelope {
             headers,
         }
     }
+}
+
+/// A fresh message id: a random UUID in its hyphenated lower-case form.
+fn new_id() -> String {
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text).to_owned()
 }
 
 fn unix_seconds(t: SystemTime) -> u64 {

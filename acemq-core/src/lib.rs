@@ -52,6 +52,6 @@ pub use conn::{Config, Conn, OnRecovery, RecoveryEvent};
 pub use consume::{consume, Consumer, ConsumerBuilder, Message};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
-pub use publish::{Publisher, SendResult};
+pub use publish::{PendingSend, Publisher, SendResult, Settling};
 pub use retry::{Decision, RetryPolicy};
 pub use topology::Topology;

@@ -3,8 +3,10 @@
 //! seed describes: a publish made while blocked is refused at once; one
 //! already written waits at most `blocked_timeout` of continuous block.
 
+use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::pin;
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amqp_codec::{BasicProperties, BasicPublish, ShortString};
@@ -126,13 +128,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// mandatory message that reaches no queue is `routed: false` here, not
     /// an error.
     pub async fn send_result(&self, payload: &T) -> Result<SendResult, Error> {
-        match self.publish(Envelope::new(), payload).await {
-            Err(Error::Unroutable { .. }) => Ok(SendResult {
-                confirmed: true,
-                routed: false,
-            }),
-            other => other,
-        }
+        self.begin(Envelope::new(), payload).await?.result().await
     }
 
     /// Sends a message with this envelope (a replay keeps its id,
@@ -141,22 +137,62 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         self.publish(envelope, payload).await.map(|_| ())
     }
 
-    async fn publish(&self, envelope: Envelope, payload: &T) -> Result<SendResult, Error> {
-        let result = self.publish_inner(&envelope, payload).await;
-        let outcome = outcome_label(&result);
-        metrics_names::publish(outcome);
-        match &result {
-            Ok(_) => {
-                tracing::debug!(message_id = %envelope.id, exchange = %self.exchange, routing_key = %self.routing_key, outcome, "published")
-            }
-            Err(err) => {
-                tracing::warn!(message_id = %envelope.id, exchange = %self.exchange, routing_key = %self.routing_key, outcome, %err, "publish failed")
-            }
-        }
-        result
+    /// Hands a new message to the connection and returns once it is written
+    /// (in order with every other send of this connection), without waiting
+    /// for the broker. Awaiting the returned [`PendingSend`] gives what
+    /// [`Publisher::send`] gives. This keeps many sends in flight from one
+    /// task, as a window:
+    ///
+    /// ```no_run
+    /// # async fn demo(publisher: acemq_core::Publisher<u64>) -> Result<(), acemq_core::Error> {
+    /// let mut window = std::collections::VecDeque::new();
+    /// for n in 0..10_000u64 {
+    ///     if window.len() == 1000 {
+    ///         let oldest: acemq_core::PendingSend = window.pop_front().unwrap();
+    ///         oldest.await?;
+    ///     }
+    ///     window.push_back(publisher.begin_send(&n).await?);
+    /// }
+    /// for pending in window {
+    ///     pending.await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A send refused before it is written (blocked connection, payload that
+    /// does not encode, closed connection) is the error of this call.
+    pub async fn begin_send(&self, payload: &T) -> Result<PendingSend, Error> {
+        self.begin(Envelope::new(), payload).await
     }
 
-    async fn publish_inner(&self, envelope: &Envelope, payload: &T) -> Result<SendResult, Error> {
+    async fn publish(&self, envelope: Envelope, payload: &T) -> Result<SendResult, Error> {
+        self.begin(envelope, payload).await?.settle().await
+    }
+
+    /// Writes the message; a refusal here is counted and logged at once,
+    /// the outcome of a written one when its [`PendingSend`] settles.
+    async fn begin(&self, envelope: Envelope, payload: &T) -> Result<PendingSend, Error> {
+        let confirm = match self.write(&envelope, payload).await {
+            Ok(confirm) => confirm,
+            Err(err) => {
+                report(Err(&err), &envelope.id, &self.exchange, &self.routing_key);
+                return Err(err);
+            }
+        };
+        let inner = &self.conn.inner;
+        Ok(PendingSend {
+            confirm,
+            blocked: inner.publishing.blocked_changes(),
+            blocked_timeout: inner.config.blocked_timeout,
+            message_id: envelope.id,
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
+        })
+    }
+
+    /// Encodes and writes the message; the confirm to wait for, if any.
+    async fn write(&self, envelope: &Envelope, payload: &T) -> Result<Option<PublishConfirm>, Error> {
         let inner = &self.conn.inner;
         if let Some(reason) = inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
@@ -181,20 +217,156 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         };
         let channel = inner.publish_channel.get().await?;
         let pending = channel.basic_publish(publish, properties, Bytes::from(body))?;
-        if !inner.confirms {
-            return Ok(SendResult {
+        Ok(inner.confirms.then_some(pending))
+    }
+}
+
+/// A message written to the connection whose broker answer is still to
+/// come; from [`Publisher::begin_send`]. Await it for what
+/// [`Publisher::send`] returns, or call [`PendingSend::result`] for what
+/// [`Publisher::send_result`] returns. Dropping it does not take the message
+/// back: the broker still gets it, but nobody hears (and no counter records)
+/// what became of it.
+#[must_use = "the broker's answer is only known by awaiting it"]
+pub struct PendingSend {
+    /// `None` without confirms: nothing to wait for.
+    confirm: Option<PublishConfirm>,
+    blocked: watch::Receiver<Option<String>>,
+    blocked_timeout: Duration,
+    message_id: String,
+    exchange: ShortString,
+    routing_key: ShortString,
+}
+
+impl std::fmt::Debug for PendingSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingSend")
+            .field("message_id", &self.message_id)
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .finish()
+    }
+}
+
+impl PendingSend {
+    /// The id of the message (its `message-id`).
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// Waits for the broker and says whether the message was confirmed and
+    /// routed; a mandatory message that reached no queue is `routed: false`,
+    /// as with [`Publisher::send_result`].
+    pub async fn result(self) -> Result<SendResult, Error> {
+        match self.settle().await {
+            Err(Error::Unroutable { .. }) => Ok(SendResult {
+                confirmed: true,
+                routed: false,
+            }),
+            other => other,
+        }
+    }
+
+    async fn settle(self) -> Result<SendResult, Error> {
+        let result = match self.confirm {
+            None => Ok(SendResult {
                 confirmed: false,
                 routed: true,
-            });
+            }),
+            Some(confirm) => match await_confirm(confirm, self.blocked, self.blocked_timeout, &self.message_id).await {
+                Ok(confirmation) => settle(confirmation, &self.message_id, &self.exchange, &self.routing_key),
+                Err(err) => Err(err),
+            },
+        };
+        report(result.as_ref(), &self.message_id, &self.exchange, &self.routing_key);
+        result
+    }
+}
+
+impl std::future::IntoFuture for PendingSend {
+    type Output = Result<(), Error>;
+    type IntoFuture = Settling;
+
+    fn into_future(self) -> Settling {
+        Settling {
+            pending: Some(self),
+            waiting: None,
         }
-        let blocked = inner.publishing.blocked_changes();
-        let confirmation = await_confirm(pending, blocked, inner.config.blocked_timeout, &envelope.id).await?;
-        settle(confirmation, &envelope.id, &self.exchange, &self.routing_key)
+    }
+}
+
+/// Awaiting a [`PendingSend`]. A confirm that is already there settles at
+/// once; only one still to come is waited for with the block watch.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Settling {
+    pending: Option<PendingSend>,
+    waiting: Option<BoxedSettle>,
+}
+
+type BoxedSettle = Pin<Box<dyn Future<Output = Result<SendResult, Error>> + Send>>;
+
+impl std::fmt::Debug for Settling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settling").field("pending", &self.pending).finish()
+    }
+}
+
+impl Future for Settling {
+    type Output = Result<(), Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(mut pending) = self.pending.take() {
+            let arrived = match pending.confirm.as_mut() {
+                Some(confirm) => match Pin::new(confirm).poll(cx) {
+                    Poll::Ready(arrived) => Some(arrived.map_err(Error::from)),
+                    Poll::Pending => None,
+                },
+                None => Some(Ok(Confirmation::NotRequested)),
+            };
+            match arrived {
+                Some(arrived) => {
+                    let result = arrived.and_then(|confirmation| {
+                        settle(
+                            confirmation,
+                            &pending.message_id,
+                            &pending.exchange,
+                            &pending.routing_key,
+                        )
+                    });
+                    report(
+                        result.as_ref(),
+                        &pending.message_id,
+                        &pending.exchange,
+                        &pending.routing_key,
+                    );
+                    return Poll::Ready(result.map(|_| ()));
+                }
+                None => self.waiting = Some(Box::pin(pending.settle())),
+            }
+        }
+        match self.waiting.as_mut() {
+            Some(waiting) => waiting.as_mut().poll(cx).map(|result| result.map(|_| ())),
+            None => Poll::Ready(Err(Error::Io("a settled send was polled again".into()))),
+        }
+    }
+}
+
+/// Counts a publish's outcome and logs it.
+fn report(result: Result<&SendResult, &Error>, message_id: &str, exchange: &ShortString, routing_key: &ShortString) {
+    let outcome = outcome_label(result);
+    metrics_names::publish(outcome);
+    match result {
+        Ok(_) => {
+            tracing::debug!(message_id, exchange = %exchange, routing_key = %routing_key, outcome, "published")
+        }
+        Err(err) => {
+            tracing::warn!(message_id, exchange = %exchange, routing_key = %routing_key, outcome, %err, "publish failed")
+        }
     }
 }
 
 /// The `outcome` label of `acemq_publish_total` for a publish's result.
-pub(crate) fn outcome_label(result: &Result<SendResult, Error>) -> &'static str {
+pub(crate) fn outcome_label(result: Result<&SendResult, &Error>) -> &'static str {
     match result {
         Ok(SendResult { confirmed: false, .. }) => "unconfirmed",
         Ok(_) => "confirmed",
@@ -254,6 +426,9 @@ pub(crate) async fn await_confirm(
         };
         let deadline = block_started.map(|at| at + blocked_timeout);
         tokio::select! {
+            // The confirm first: usually it is already there, and then the
+            // block watch is never registered with.
+            biased;
             result = &mut pending => return result.map_err(Error::from),
             changed = blocked.changed() => {
                 if changed.is_err() {

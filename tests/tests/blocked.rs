@@ -147,6 +147,9 @@ async fn while_blocked_new_publishes_fail_at_once_and_written_ones_wait_up_to_bl
         );
         assert!(is_blocked(&refused));
         assert!(started.elapsed() < Duration::from_millis(500));
+        // The same for a pipelined send: refused before it is written.
+        let refused = publisher.begin_send(&"refused".to_string()).await.unwrap_err();
+        assert!(matches!(refused, Error::PublishingPaused { .. }), "{refused}");
 
         // The consuming connection is not blocked: acks flow.
         consume_ch.qos(100).await.unwrap();

@@ -270,6 +270,51 @@ async fn among_many_outstanding_mandatory_publishes_the_error_lands_on_the_unrou
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn begin_send_keeps_a_window_in_flight_from_one_task_and_each_pending_send_gets_its_own_answer() {
+    for b in brokers().await {
+        let conn = b.conn().await;
+        let (q, ch) = queue(&conn, FieldTable::new()).await;
+        let nowhere = unique("nowhere");
+        let to_queue = conn.publisher::<Order>("", &q).mandatory();
+        let to_nowhere = conn.publisher::<Order>("", &nowhere).mandatory();
+        // All 300 are written before the first answer is awaited.
+        let mut pending = Vec::new();
+        for i in 0..300u32 {
+            let publisher = if i == 150 { &to_nowhere } else { &to_queue };
+            pending.push((i, publisher.begin_send(&order(i)).await.unwrap()));
+        }
+        let mut failed = Vec::new();
+        for (i, send) in pending {
+            let id = send.message_id().to_string();
+            if let Err(err) = send.await {
+                let Error::Unroutable { message_id, .. } = &err else {
+                    panic!("{:?}: {err}", b.kind)
+                };
+                assert_eq!(*message_id, id);
+                failed.push(i);
+            }
+        }
+        assert_eq!(failed, [150], "{:?}", b.kind);
+        // In the order they were begun.
+        for i in (0..300u32).filter(|i| *i != 150) {
+            let got = ch.basic_get(&q, true).await.unwrap().unwrap();
+            assert_eq!(serde_json::from_slice::<Order>(&got.body).unwrap(), order(i));
+        }
+        // `result()` is `send_result`: unroutable is routed false, not an error.
+        let pending = to_nowhere.begin_send(&order(1)).await.unwrap();
+        assert_eq!(
+            pending.result().await.unwrap(),
+            SendResult {
+                confirmed: true,
+                routed: false
+            }
+        );
+        delete(&ch, &q).await;
+        conn.close().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_envelope_round_trips_exactly_with_the_contracts_header_types() {
     for b in brokers().await {
         let conn = b.conn().await;
