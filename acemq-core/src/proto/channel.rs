@@ -7,6 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use amqp_codec::track::{Confirms, Content, ContentAssembler, Returns};
 use amqp_codec::{class, Method};
 
+use super::settle::Settlements;
 use super::Token;
 
 /// Where a channel is in its life.
@@ -38,6 +39,8 @@ pub(crate) struct ChannelState {
     pub(crate) returns: Returns,
     /// Returned messages waiting for the confirm of their publish.
     pub(crate) returned: HashMap<u64, Content>,
+    /// Deliveries not yet settled, for ack coalescing.
+    pub(crate) settlements: Settlements,
 }
 
 impl ChannelState {
@@ -49,6 +52,7 @@ impl ChannelState {
             confirms: Confirms::new(),
             returns: Returns::new(),
             returned: HashMap::new(),
+            settlements: Settlements::default(),
         }
     }
 }

@@ -27,6 +27,7 @@ use bytes::BytesMut;
 
 use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase};
 use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
+use super::settle::Settle;
 
 /// Identifies a synchronous call; its reply comes back as [`Event::Reply`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -284,6 +285,8 @@ pub struct Connection {
     last_received: Instant,
     last_sent: Instant,
     scratch: Vec<u64>,
+    /// Channels holding back a coalesced ack (see `settle`).
+    holding: Vec<u16>,
 }
 
 impl Connection {
@@ -305,6 +308,7 @@ impl Connection {
             last_received: now,
             last_sent: now,
             scratch: Vec::new(),
+            holding: Vec::new(),
         }
     }
 
@@ -432,6 +436,17 @@ impl Connection {
             Some(c) if c.phase == Phase::Open => {}
             _ => return Err(CommandError::ChannelNotOpen(channel)),
         }
+        let state = self.channel_mut(channel).expect("checked above");
+        match state.settlements.on_send(&method) {
+            Settle::Held => {
+                if self.holding.last() != Some(&channel) {
+                    self.holding.push(channel);
+                }
+                return Ok(None);
+            }
+            Settle::Write { flush_first: true } => self.release_held(channel),
+            Settle::Write { flush_first: false } => {}
+        }
         let token = self.push_call(channel, &method)?;
         let state = self.channel_mut(channel).expect("checked above");
         match method {
@@ -502,6 +517,7 @@ impl Connection {
     /// Moves every byte waiting to be written into `dst`; returns whether
     /// there was any. Counts as sending for the heartbeat.
     pub fn poll_transmit(&mut self, dst: &mut BytesMut, now: Instant) -> bool {
+        self.release_all_held();
         if self.outbox.is_empty() {
             return false;
         }
@@ -565,6 +581,30 @@ impl Connection {
             });
         }
         Ok(Some(token))
+    }
+
+    /// Writes the ack `channel` holds back, if any, as one multiple ack.
+    fn release_held(&mut self, channel: u16) {
+        let Some(tag) = self.channel_mut(channel).and_then(|c| c.settlements.take_held()) else {
+            return;
+        };
+        self.send(
+            channel,
+            amqp_codec::BasicAck {
+                delivery_tag: tag,
+                multiple: true,
+            },
+        );
+    }
+
+    /// Writes every held-back ack.
+    fn release_all_held(&mut self) {
+        let mut holding = std::mem::take(&mut self.holding);
+        for &channel in &holding {
+            self.release_held(channel);
+        }
+        holding.clear();
+        self.holding = holding;
     }
 
     fn send(&mut self, channel: u16, method: impl Into<Method>) {
@@ -800,8 +840,18 @@ impl Connection {
 
     fn channel_content(&mut self, channel: u16, content: Content) {
         match &content.method {
-            Method::BasicDeliver(_) => self.events.push_back(Event::Delivery { channel, content }),
-            Method::BasicGetOk(_) => self.resolve_call(channel, Reply::Content(Box::new(content))),
+            Method::BasicDeliver(deliver) => {
+                if let Some(state) = self.channel_mut(channel) {
+                    state.settlements.on_delivery(deliver.delivery_tag);
+                }
+                self.events.push_back(Event::Delivery { channel, content })
+            }
+            Method::BasicGetOk(get) => {
+                if let Some(state) = self.channel_mut(channel) {
+                    state.settlements.on_delivery(get.delivery_tag);
+                }
+                self.resolve_call(channel, Reply::Content(Box::new(content)))
+            }
             Method::BasicReturn(ret) => {
                 let Some(state) = self.channel_mut(channel) else { return };
                 let message_id = content
@@ -931,6 +981,8 @@ impl Connection {
             }
             _ => {}
         }
+        // Acks the application made are said before goodbye.
+        self.release_all_held();
         self.send(
             0,
             ConnectionClose {

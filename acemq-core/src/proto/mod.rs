@@ -5,6 +5,7 @@
 mod channel;
 mod connection;
 pub mod handshake;
+mod settle;
 #[cfg(test)]
 mod tests;
 

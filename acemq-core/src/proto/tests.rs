@@ -440,3 +440,113 @@ fn client_close_waits_for_close_ok() {
     p.server(0, ConnectionCloseOk {});
     assert_eq!(p.events(), [Event::Closed(CloseReason::ByClient)]);
 }
+
+/// Delivers `tags` on `ch` to consumer "c", one empty message each.
+fn deliver(p: &mut Peer, ch: u16, tags: std::ops::RangeInclusive<u64>) {
+    for tag in tags {
+        let deliver = BasicDeliver {
+            consumer_tag: "c".into(),
+            delivery_tag: tag,
+            redelivered: false,
+            exchange: "".into(),
+            routing_key: "q".into(),
+        };
+        p.server_frames(&[
+            Frame::Method(ch, deliver.into()),
+            Frame::Header(ch, ContentHeader::basic(0, BasicProperties::default())),
+        ]);
+    }
+    p.events();
+}
+
+fn ack(p: &mut Peer, ch: u16, tag: u64) {
+    let ack = BasicAck {
+        delivery_tag: tag,
+        multiple: false,
+    };
+    assert_eq!(p.conn.call(ch, ack.into()).unwrap(), None);
+}
+
+/// Every method the client has written since the last look.
+fn written_methods(p: &mut Peer) -> Vec<Method> {
+    std::iter::from_fn(|| match p.client_frame() {
+        Some(Frame::Method(_, m)) => Some(m),
+        Some(other) => panic!("expected a method, got {other:?}"),
+        None => None,
+    })
+    .collect()
+}
+
+#[test]
+fn acks_of_the_oldest_deliveries_go_out_as_one_multiple_ack_in_the_same_write() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    deliver(&mut p, ch, 1..=100);
+    for tag in 1..=100 {
+        ack(&mut p, ch, tag);
+    }
+    assert_eq!(
+        written_methods(&mut p),
+        [Method::BasicAck(BasicAck {
+            delivery_tag: 100,
+            multiple: true
+        })]
+    );
+}
+
+#[test]
+fn an_ack_past_a_delivery_still_in_hand_is_written_alone_and_the_multiple_ack_stops_short() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    deliver(&mut p, ch, 1..=4);
+    for tag in [1, 2, 4] {
+        ack(&mut p, ch, tag);
+    }
+    let single = |tag| {
+        Method::BasicAck(BasicAck {
+            delivery_tag: tag,
+            multiple: false,
+        })
+    };
+    let multiple = |tag| {
+        Method::BasicAck(BasicAck {
+            delivery_tag: tag,
+            multiple: true,
+        })
+    };
+    assert_eq!(written_methods(&mut p), [single(4), multiple(2)]);
+    ack(&mut p, ch, 3);
+    assert_eq!(written_methods(&mut p), [multiple(3)]);
+}
+
+#[test]
+fn a_channel_close_and_a_connection_close_let_held_acks_out_first() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    let other = p.open_channel();
+    deliver(&mut p, ch, 1..=2);
+    deliver(&mut p, other, 1..=3);
+    ack(&mut p, ch, 1);
+    p.conn.call(ch, ChannelClose::default().into()).unwrap();
+    let methods = written_methods(&mut p);
+    assert_eq!(
+        methods[0],
+        Method::BasicAck(BasicAck {
+            delivery_tag: 1,
+            multiple: true
+        })
+    );
+    assert!(matches!(methods[1], Method::ChannelClose(_)), "{methods:?}");
+    ack(&mut p, other, 1);
+    ack(&mut p, other, 2);
+    p.conn.close();
+    let methods = written_methods(&mut p);
+    assert_eq!(
+        methods[0],
+        Method::BasicAck(BasicAck {
+            delivery_tag: 2,
+            multiple: true
+        })
+    );
+    assert!(matches!(methods[1], Method::ConnectionClose(_)), "{methods:?}");
+}
