@@ -161,7 +161,7 @@ async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetc
     figures
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Payload {
     order_id: u64,
     customer: String,
@@ -241,7 +241,7 @@ async fn acemq_consume(conn: &acemq_core::Conn, queue: &str, messages: u64, retr
     let accepted = Arc::new(AtomicU64::new(0));
     let (t0, c0) = (Instant::now(), cpu_time());
     let counter = accepted.clone();
-    let consumer = consume(conn, queue, move |m: Message<serde_json::Value>| {
+    let consumer = consume(conn, queue, move |m: Message<Payload>| {
         let counter = counter.clone();
         async move {
             if retry_once && m.envelope.attempt == 1 {
@@ -309,13 +309,21 @@ fn main() {
             .await
             .unwrap();
         // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
-        // profiling); `=publish` the engine's publish and the publisher's.
+        // profiling); `=publish` the engine's publish and the publisher's;
+        // `=consume` the acemq consumer alone.
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
         let engine_only = only == "engine";
         for round in 0..if benching { 3 } else { 1 } {
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
+            if only == "consume" {
+                publisher_window(&api, &queue, messages, 1000).await;
+                acemq_consume(&api, &queue, messages, false).await.print();
+                publisher_window(&api, &queue, messages, 1000).await;
+                acemq_consume(&api, &queue, messages, true).await.print();
                 continue;
             }
             if only == "publish" {

@@ -259,18 +259,29 @@ async fn run<T, F, Fut, C>(
     C: Codec,
 {
     let mut tasks = JoinSet::new();
+    // Made once: a fresh wait per delivery would register with the watch
+    // (a lock) every time round the loop.
+    let mut stop = std::pin::pin!(shutdown.wait_for(|stop| *stop));
     loop {
         tokio::select! {
+            biased;
+            _ = &mut stop => break,
             delivery = deliveries.next() => match delivery {
                 Some(delivery) => {
                     tasks.spawn(process(shared.clone(), delivery));
+                    // What else has arrived goes too, without another turn.
+                    while let Some(delivery) = deliveries.try_next() {
+                        tasks.spawn(process(shared.clone(), delivery));
+                    }
+                    // Finished handlers are reaped here as well, so a busy
+                    // stream never lets them pile up.
+                    while tasks.try_join_next().is_some() {}
                 }
                 None => {
                     tracing::warn!(queue = %shared.queue, "the consumer ended: its queue or channel went away");
                     break;
                 }
             },
-            _ = shutdown.wait_for(|stop| *stop) => break,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     }
@@ -374,7 +385,7 @@ where
         Ok(p) => p.as_ref(),
         Err(raw) => {
             let reason = format!("the message's properties could not be decoded: {}", raw.error);
-            set_aside(shared, delivery, &BasicProperties::default(), "dlq", &reason).await?;
+            Box::pin(set_aside(shared, delivery, &BasicProperties::default(), "dlq", &reason)).await?;
             delivery.ack().map_err(Error::from)?;
             return Ok("undecodable");
         }
@@ -397,7 +408,7 @@ where
         Ok(payload) => payload,
         Err(err) => {
             let reason = format!("the body could not be decoded: {err}");
-            set_aside(shared, delivery, properties, "dlq", &reason).await?;
+            Box::pin(set_aside(shared, delivery, properties, "dlq", &reason)).await?;
             delivery.ack().map_err(Error::from)?;
             return Ok("undecodable");
         }
@@ -405,12 +416,21 @@ where
 
     // A handler slot, unless the consumer is closing first: then the message
     // goes back to the broker without having run.
-    let mut shutdown = shared.shutdown.clone();
-    let permit = tokio::select! {
-        permit = shared.handler_slots.acquire() => permit,
-        _ = shutdown.wait_for(|stop| *stop) => {
-            delivery.nack(true).map_err(Error::from)?;
-            return Ok("returned");
+    if *shared.shutdown.borrow() {
+        delivery.nack(true).map_err(Error::from)?;
+        return Ok("returned");
+    }
+    let permit = match shared.handler_slots.try_acquire() {
+        Ok(permit) => Ok(permit),
+        Err(_) => {
+            let mut shutdown = shared.shutdown.clone();
+            tokio::select! {
+                permit = shared.handler_slots.acquire() => permit,
+                _ = shutdown.wait_for(|stop| *stop) => {
+                    delivery.nack(true).map_err(Error::from)?;
+                    return Ok("returned");
+                }
+            }
         }
     };
     let message = Message {
@@ -450,11 +470,13 @@ where
             Ok("accepted")
         }
         Ack::Park(reason) => {
-            set_aside(shared, delivery, properties, "parked", &reason).await?;
+            Box::pin(set_aside(shared, delivery, properties, "parked", &reason)).await?;
             delivery.ack().map_err(Error::from)?;
             Ok("parked")
         }
-        Ack::Retry(err) => retry(shared, delivery, properties, &facts, err).await,
+        // Boxed, like the set-asides: the rare paths are kept out of the
+        // future every delivery's task carries.
+        Ack::Retry(err) => Box::pin(retry(shared, delivery, properties, &facts, err)).await,
     }
 }
 

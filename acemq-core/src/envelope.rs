@@ -103,20 +103,34 @@ impl Envelope {
     /// accepted; what is missing gets the value a first publish would have
     /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
     pub fn read_from(properties: &BasicProperties) -> Envelope {
-        let mut headers = properties.headers.clone().unwrap_or_default();
-        let attempt = headers
-            .remove(ATTEMPT_HEADER)
-            .and_then(|v| v.as_i64())
+        // One pass: the first of each managed header is read, every copy of
+        // them left out, and the rest kept in order (no copy of the table
+        // when there is nothing else in it).
+        let (mut attempt, mut first_seen, mut causation) = (None, None, None);
+        let mut headers = FieldTable::new();
+        for (key, value) in properties.headers.iter().flat_map(FieldTable::iter) {
+            let slot = match key.as_bytes() {
+                k if k == ATTEMPT_HEADER.as_bytes() => &mut attempt,
+                k if k == FIRST_SEEN_HEADER.as_bytes() => &mut first_seen,
+                k if k == CAUSATION_HEADER.as_bytes() => &mut causation,
+                _ => {
+                    headers.push(key.clone(), value.clone());
+                    continue;
+                }
+            };
+            slot.get_or_insert(value);
+        }
+        let attempt = attempt
+            .and_then(FieldValue::as_i64)
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n >= 1)
             .unwrap_or(1);
-        let first_seen = headers
-            .remove(FIRST_SEEN_HEADER)
-            .and_then(|v| v.as_i64())
+        let first_seen = first_seen
+            .and_then(FieldValue::as_i64)
             .and_then(|secs| u64::try_from(secs).ok())
             .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
             .unwrap_or_else(|| whole_seconds(SystemTime::now()));
-        let causation_id = headers.remove(CAUSATION_HEADER).and_then(|v| match v {
+        let causation_id = causation.and_then(|v| match v {
             FieldValue::LongString(s) => Some(s.to_string_lossy().into_owned()),
             _ => None,
         });
