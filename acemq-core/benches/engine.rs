@@ -274,6 +274,14 @@ async fn acemq_consume(conn: &acemq_core::Conn, queue: &str, messages: u64, retr
     figures
 }
 
+async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
+    let purge = amqp_codec::QueuePurge {
+        queue: queue.into(),
+        ..Default::default()
+    };
+    channel.queue_purge(purge).await.unwrap();
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let messages = if benching { 100_000 } else { 2_000 };
@@ -330,26 +338,14 @@ fn main() {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
                 publisher_window(&api, &queue, messages, 1000).await.print();
-                setup
-                    .queue_purge(amqp_codec::QueuePurge {
-                        queue: queue.as_str().into(),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                purge(&setup, &queue).await;
                 continue;
             }
             // `ACEMQ_BENCH_SEND_TASKS=N` runs `Publisher::send` alone from N tasks.
             if let Ok(tasks) = std::env::var("ACEMQ_BENCH_SEND_TASKS") {
                 let tasks: u64 = tasks.parse().unwrap();
                 publisher_send(&api, &queue, messages, tasks).await.print();
-                setup
-                    .queue_purge(amqp_codec::QueuePurge {
-                        queue: queue.as_str().into(),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                purge(&setup, &queue).await;
                 continue;
             }
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
@@ -361,13 +357,7 @@ fn main() {
             // JSON payloads again (the raw publishes above are not JSON).
             publisher_send(&api, &queue, messages, 64).await;
             let retried = acemq_consume(&api, &queue, messages, true).await;
-            setup
-                .queue_purge(amqp_codec::QueuePurge {
-                    queue: queue.as_str().into(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            purge(&setup, &queue).await;
             if benching {
                 println!("round {round}");
             }
