@@ -6,6 +6,7 @@
 //! envelope has already delimited, so running out of input is `Truncated`,
 //! never a request for more bytes.
 
+use bytes::Bytes;
 use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
 
 use crate::error::DecodeErrorKind;
@@ -53,6 +54,9 @@ pub(crate) struct Ctx {
 /// `bit` fields into octets as AMQP 0-9-1 §4.2.5.2 requires.
 pub(crate) struct ArgReader<'a> {
     ctx: Ctx,
+    /// The buffer `rest` lies in, when there is one to share: tables are
+    /// then zero-copy slices of it, else copies.
+    source: Option<&'a Bytes>,
     rest: &'a [u8],
     /// The octet bits are being taken from, and the next bit's index (8 = none left).
     bits: u8,
@@ -65,6 +69,19 @@ impl<'a> ArgReader<'a> {
     pub(crate) fn new(ctx: Ctx, input: &'a [u8]) -> Self {
         ArgReader {
             ctx,
+            source: None,
+            rest: input,
+            bits: 0,
+            bit_index: 8,
+        }
+    }
+
+    /// A reader of `input`, which must lie within `source`: tables are
+    /// zero-copy slices of `source`.
+    pub(crate) fn shared(ctx: Ctx, source: &'a Bytes, input: &'a [u8]) -> Self {
+        ArgReader {
+            ctx,
+            source: Some(source),
             rest: input,
             bits: 0,
             bit_index: 8,
@@ -130,8 +147,15 @@ impl<'a> ArgReader<'a> {
     /// `table`
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
-        let ctx = self.ctx;
-        self.run(|i| types::field_table(ctx, 1, i))
+        self.bit_index = 8;
+        let (body, rest) = types::length_prefixed(self.rest)?;
+        types::validate_table_body(self.ctx.max_depth, 1, body)?;
+        self.rest = rest;
+        let raw = match self.source {
+            Some(source) if !body.is_empty() => source.slice_ref(body),
+            _ => Bytes::copy_from_slice(body),
+        };
+        Ok(FieldTable::from_validated(raw))
     }
 
     /// `bit`: the next bit of the current octet, or of a new one.

@@ -5,7 +5,7 @@
 //! frame envelope around it is intact. The frame decoder reports it as
 //! [`crate::Frame::UndecodableHeader`] with the raw bytes kept.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeErrorKind, EncodeError};
 use crate::parse::{ArgReader, Ctx};
@@ -38,8 +38,17 @@ macro_rules! properties {
 
             /// Decodes the flag word and the properties into `props`, which
             /// must be empty (fields are written where they lie, not moved).
-            pub(crate) fn decode_into(props: &mut Self, ctx: Ctx, input: &[u8]) -> Result<(), DecodeErrorKind> {
-                let mut r = ArgReader::new(ctx, input);
+            /// `input` lies within `source` when there is one.
+            pub(crate) fn decode_into(
+                props: &mut Self,
+                ctx: Ctx,
+                input: &[u8],
+                source: Option<&Bytes>,
+            ) -> Result<(), DecodeErrorKind> {
+                let mut r = match source {
+                    Some(source) => ArgReader::shared(ctx, source, input),
+                    None => ArgReader::new(ctx, input),
+                };
                 let flags = r.short()?;
                 if flags & DEFINED_FLAGS != flags {
                     return Err(DecodeErrorKind::BadPropertyFlags(flags));

@@ -99,7 +99,14 @@ impl FrameDecoder {
             buf.advance(1);
             return Ok(Some(Frame::Body(channel, payload)));
         }
-        let frame = self.parse_payload(frame_type, channel, &buf[7..total - 1]);
+        if frame_type == FRAME_HEADER {
+            // Tables in the properties become zero-copy slices of the frame.
+            let frame = buf.split_to(total).freeze();
+            return self
+                .parse_payload(frame_type, channel, &frame[7..total - 1], Some(&frame))
+                .map(Some);
+        }
+        let frame = self.parse_payload(frame_type, channel, &buf[7..total - 1], None);
         buf.advance(total);
         frame.map(Some)
     }
@@ -120,7 +127,7 @@ impl FrameDecoder {
         let frame = if frame_type == FRAME_BODY {
             Frame::Body(channel, input.slice(7..total - 1))
         } else {
-            self.parse_payload(frame_type, channel, &input[7..total - 1])?
+            self.parse_payload(frame_type, channel, &input[7..total - 1], Some(input))?
         };
         Ok((frame, total))
     }
@@ -150,10 +157,18 @@ impl FrameDecoder {
     }
 
     /// Parses the payload of a method, header or heartbeat frame completely.
-    fn parse_payload(&self, frame_type: u8, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
+    /// `payload` lies within `source` when there is one; tables are then
+    /// zero-copy slices of it.
+    fn parse_payload(
+        &self,
+        frame_type: u8,
+        channel: u16,
+        payload: &[u8],
+        source: Option<&Bytes>,
+    ) -> Result<Frame, Error> {
         match frame_type {
-            FRAME_METHOD => self.method(channel, payload),
-            FRAME_HEADER => match content_header(payload, self.max_depth)? {
+            FRAME_METHOD => self.method(channel, payload, source),
+            FRAME_HEADER => match content_header(payload, self.max_depth, source)? {
                 HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
                 HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
             },
@@ -167,7 +182,7 @@ impl FrameDecoder {
     }
 
     /// `method-payload = class-id method-id *amqp-field`.
-    fn method(&self, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
+    fn method(&self, channel: u16, payload: &[u8], source: Option<&Bytes>) -> Result<Frame, Error> {
         if payload.len() < 4 {
             return Err(Error::Malformed {
                 context: "method frame",
@@ -179,7 +194,12 @@ impl FrameDecoder {
         let ctx = Ctx {
             max_depth: self.max_depth,
         };
-        let method = Method::decode_args(class_id, method_id, ArgReader::new(ctx, &payload[4..]))?;
+        let args = &payload[4..];
+        let reader = match source {
+            Some(source) => ArgReader::shared(ctx, source, args),
+            None => ArgReader::new(ctx, args),
+        };
+        let method = Method::decode_args(class_id, method_id, reader)?;
         Ok(Frame::Method(channel, method))
     }
 }

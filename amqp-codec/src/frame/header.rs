@@ -88,7 +88,9 @@ pub(crate) enum HeaderPayload {
 /// `content-header = class-id weight body-size property-flags property-list`.
 ///
 /// Only a payload too short for the fixed 12 bytes is a stream error.
-pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderPayload, Error> {
+/// `payload` lies within `source` when there is one: tables in the properties,
+/// or the raw bytes of an undecodable header, are then zero-copy slices of it.
+pub(crate) fn content_header(payload: &[u8], max_depth: usize, source: Option<&Bytes>) -> Result<HeaderPayload, Error> {
     let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
         let (i, class_id) = be_u16(i)?;
         let (i, weight) = be_u16(i)?;
@@ -102,7 +104,7 @@ pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderP
     let ctx = Ctx { max_depth };
     let properties = if class_id == class::BASIC {
         let mut props = Box::<BasicProperties>::default();
-        BasicProperties::decode_into(&mut props, ctx, rest).map(|()| props)
+        BasicProperties::decode_into(&mut props, ctx, rest, source).map(|()| props)
     } else {
         Err(DecodeErrorKind::NoContentClass(class_id))
     };
@@ -117,7 +119,10 @@ pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderP
             class_id,
             weight,
             body_size,
-            raw_properties: Bytes::copy_from_slice(rest),
+            raw_properties: match source {
+                Some(source) => source.slice_ref(rest),
+                None => Bytes::copy_from_slice(rest),
+            },
             error,
         }),
     })

@@ -13,10 +13,10 @@ pub use strings::{LongString, ShortString};
 pub use table::{FieldArray, FieldTable};
 pub use value::{Decimal, FieldValue};
 
-pub(crate) use table::field_table;
+pub(crate) use table::{length_prefixed, validate_table_body};
 
 use crate::error::{DecodeErrorKind, Error};
-use crate::parse::{fail, kind_of, Ctx, PResult};
+use crate::parse::{fail, PResult};
 
 /// The default limit on how deep tables and arrays may nest inside each other.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
@@ -40,7 +40,9 @@ pub(crate) fn long_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
 impl FieldTable {
     /// Decodes a table (its 32-bit length prefix included) that must fill
     /// `input` exactly, allowing `max_depth` levels of tables and arrays.
-    /// Strings in the result are zero-copy slices of `input`.
+    ///
+    /// Every error is found here, but the entries are built only when first
+    /// asked for: until then the table is a zero-copy slice of `input`.
     ///
     /// ```
     /// use amqp_codec::{FieldTable, FieldValue};
@@ -52,7 +54,6 @@ impl FieldTable {
     /// assert_eq!(back.get("x-attempt").and_then(FieldValue::as_i64), Some(2));
     /// ```
     pub fn decode(input: &Bytes, max_depth: usize) -> Result<FieldTable, Error> {
-        let ctx = Ctx { max_depth };
         let malformed = |kind| Error::Malformed {
             context: "field table",
             kind,
@@ -60,10 +61,11 @@ impl FieldTable {
         if max_depth == 0 {
             return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
         }
-        match field_table(ctx, 1, input) {
-            Ok(([], table)) => Ok(table),
-            Ok((rest, _)) => Err(malformed(DecodeErrorKind::TrailingBytes(rest.len()))),
-            Err(err) => Err(malformed(kind_of(err))),
+        let (body, rest) = length_prefixed(input).map_err(malformed)?;
+        validate_table_body(max_depth, 1, body).map_err(malformed)?;
+        if !rest.is_empty() {
+            return Err(malformed(DecodeErrorKind::TrailingBytes(rest.len())));
         }
+        Ok(FieldTable::from_validated(input.slice(4..4 + body.len())))
     }
 }

@@ -236,6 +236,18 @@ impl LongString {
     }
 }
 
+impl LongString {
+    /// The bytes `start..end` of `source`: inline if short, else a
+    /// zero-copy slice. The range must lie within `source`.
+    pub(crate) fn from_shared(source: &Bytes, start: usize, end: usize) -> Self {
+        if end - start <= INLINE {
+            LongString(Repr::from_slice(&source[start..end]))
+        } else {
+            LongString(Repr::Heap(source.slice(start..end)))
+        }
+    }
+}
+
 impl From<Bytes> for LongString {
     fn from(bytes: Bytes) -> Self {
         LongString(Repr::from_bytes(bytes))

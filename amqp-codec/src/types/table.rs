@@ -2,33 +2,108 @@
 //!
 //! A table is a list of (key, value) pairs in wire order, duplicates kept, so
 //! decoding then encoding gives back the same bytes; lookups take the first
-//! match. Both carry a 32-bit byte-length prefix. Parsing never recurses past
-//! the nesting limit in [`crate::parse::Ctx`].
+//! match. Both carry a 32-bit byte-length prefix.
+//!
+//! A decoded table is validated but not materialized: decoding walks its
+//! bytes once, without allocating, and enforces every rule (nesting limit,
+//! known type codes, lengths that fit their container), so a bad table is
+//! still an error at decode time. The table then keeps its wire bytes (a
+//! zero-copy slice of the frame) and builds its entries the first time they
+//! are asked for. Encoding a table that was never changed copies its bytes.
+//! Validation recurses only as deep as the nesting limit allows.
 
-use bytes::{BufMut, BytesMut};
-use nom::bytes::complete::take;
-use nom::number::complete::be_u32;
+use std::fmt;
+use std::sync::OnceLock;
 
-use super::value::field_value;
-use super::{FieldValue, ShortString};
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::value::Decimal;
+use super::{FieldValue, LongString, ShortString};
 use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{fail, Ctx, PResult};
+
+/// One table entry.
+type Entry = (ShortString, FieldValue);
 
 /// An AMQP field table: ordered (key, value) pairs.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct FieldTable {
-    entries: Vec<(ShortString, FieldValue)>,
+///
+/// A table decoded from the wire keeps the wire bytes and builds its entries
+/// on first access (thread-safe, once); a table built or changed through
+/// `insert`, `push` or `remove` holds only entries. Equality compares
+/// entries, never bytes.
+#[derive(Clone)]
+pub struct FieldTable(Repr);
+
+/// The two states of a table. Kept to the size of a `Vec` so that methods
+/// and field values holding a table do not grow.
+#[derive(Clone)]
+enum Repr {
+    /// Entries of the table's own.
+    Owned(Vec<Entry>),
+    /// A table as decoded: the validated wire bytes, and the entries once
+    /// built from them.
+    Wire(Box<WireTable>),
+}
+
+#[derive(Clone)]
+struct WireTable {
+    /// The validated body, without the length prefix; never empty.
+    raw: Bytes,
+    /// The entries, built from `raw` on first access.
+    entries: OnceLock<Vec<Entry>>,
+}
+
+impl Default for FieldTable {
+    fn default() -> Self {
+        FieldTable::new()
+    }
 }
 
 impl FieldTable {
     /// An empty table.
     pub const fn new() -> Self {
-        FieldTable { entries: Vec::new() }
+        FieldTable(Repr::Owned(Vec::new()))
+    }
+
+    /// A table over a body that [`validate_table_body`] accepted.
+    #[inline]
+    pub(crate) fn from_validated(raw: Bytes) -> Self {
+        if raw.is_empty() {
+            return FieldTable::new();
+        }
+        FieldTable(Repr::Wire(Box::new(WireTable {
+            raw,
+            entries: OnceLock::new(),
+        })))
+    }
+
+    /// The entries, built from the wire bytes on first access.
+    #[inline]
+    fn built(&self) -> &[Entry] {
+        match &self.0 {
+            Repr::Owned(entries) => entries,
+            Repr::Wire(wire) => wire.entries.get_or_init(|| materialize_table(&wire.raw)),
+        }
+    }
+
+    /// The entries, to change: from now on the table holds its own.
+    fn entries_mut(&mut self) -> &mut Vec<Entry> {
+        if let Repr::Wire(wire) = &mut self.0 {
+            let entries = match wire.entries.take() {
+                Some(entries) => entries,
+                None => materialize_table(&wire.raw),
+            };
+            self.0 = Repr::Owned(entries);
+        }
+        match &mut self.0 {
+            Repr::Owned(entries) => entries,
+            // Just turned into `Owned` above.
+            Repr::Wire(_) => unreachable!("a table being changed owns its entries"),
+        }
     }
 
     /// The value of the first entry named `key`.
     pub fn get(&self, key: &str) -> Option<&FieldValue> {
-        self.entries
+        self.built()
             .iter()
             .find(|(k, _)| k.as_bytes() == key.as_bytes())
             .map(|(_, v)| v)
@@ -39,10 +114,11 @@ impl FieldTable {
     pub fn insert(&mut self, key: impl Into<ShortString>, value: impl Into<FieldValue>) -> Option<FieldValue> {
         let key = key.into();
         let value = value.into();
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
+        let entries = self.entries_mut();
+        match entries.iter_mut().find(|(k, _)| *k == key) {
             Some((_, slot)) => Some(std::mem::replace(slot, value)),
             None => {
-                self.entries.push((key, value));
+                entries.push((key, value));
                 None
             }
         }
@@ -50,14 +126,18 @@ impl FieldTable {
 
     /// Appends an entry, even if the key is already present.
     pub fn push(&mut self, key: impl Into<ShortString>, value: impl Into<FieldValue>) {
-        self.entries.push((key.into(), value.into()));
+        self.entries_mut().push((key.into(), value.into()));
     }
 
     /// Removes every entry named `key`; returns the first value removed.
     pub fn remove(&mut self, key: &str) -> Option<FieldValue> {
-        let at = self.entries.iter().position(|(k, _)| k.as_bytes() == key.as_bytes())?;
-        let (_, first) = self.entries.remove(at);
-        self.entries.retain(|(k, _)| k.as_bytes() != key.as_bytes());
+        if !self.contains_key(key) {
+            return None;
+        }
+        let entries = self.entries_mut();
+        let at = entries.iter().position(|(k, _)| k.as_bytes() == key.as_bytes())?;
+        let (_, first) = entries.remove(at);
+        entries.retain(|(k, _)| k.as_bytes() != key.as_bytes());
         Some(first)
     }
 
@@ -68,28 +148,37 @@ impl FieldTable {
 
     /// The entries in wire order.
     pub fn iter(&self) -> impl Iterator<Item = (&ShortString, &FieldValue)> {
-        self.entries.iter().map(|(k, v)| (k, v))
+        self.built().iter().map(|(k, v)| (k, v))
     }
 
     /// The entries in wire order.
     pub fn entries(&self) -> &[(ShortString, FieldValue)] {
-        &self.entries
+        self.built()
     }
 
     /// The number of entries (duplicates counted).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.built().len()
     }
 
     /// Whether the table has no entries.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        match &self.0 {
+            Repr::Owned(entries) => entries.is_empty(),
+            // A validated body that is not empty holds at least one entry.
+            Repr::Wire(_) => false,
+        }
     }
 
-    /// Appends the 32-bit length and the entries.
+    /// Appends the 32-bit length and the entries. A table as decoded is
+    /// written back byte for byte.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        let entries = match &self.0 {
+            Repr::Owned(entries) => entries,
+            Repr::Wire(wire) => return super::strings::encode_long_bytes(&wire.raw, dst),
+        };
         with_length_prefix(dst, |dst| {
-            for (key, value) in &self.entries {
+            for (key, value) in entries {
                 key.encode(dst)?;
                 value.encode(dst)?;
             }
@@ -98,11 +187,23 @@ impl FieldTable {
     }
 }
 
+impl PartialEq for FieldTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl fmt::Debug for FieldTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FieldTable").field("entries", &self.built()).finish()
+    }
+}
+
 impl<K: Into<ShortString>, V: Into<FieldValue>> FromIterator<(K, V)> for FieldTable {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        FieldTable {
-            entries: iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
-        }
+        FieldTable(Repr::Owned(
+            iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+        ))
     }
 }
 
@@ -110,8 +211,8 @@ impl IntoIterator for FieldTable {
     type Item = (ShortString, FieldValue);
     type IntoIter = std::vec::IntoIter<(ShortString, FieldValue)>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
+    fn into_iter(mut self) -> Self::IntoIter {
+        std::mem::take(self.entries_mut()).into_iter()
     }
 }
 
@@ -166,50 +267,198 @@ fn with_length_prefix(
     Ok(())
 }
 
-/// Takes a 32-bit length and that many bytes; a length past the end of the
-/// container is `BadLength`, not `Truncated`, because it is the length that lies.
-fn length_prefixed(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u32(i)?;
-    if len as usize > i.len() {
-        return fail(DecodeErrorKind::BadLength(len.into()));
+// ---------------------------------------------------------------------------
+// Validation: one pass over the bytes, no allocation.
+// ---------------------------------------------------------------------------
+
+type Checked<'a> = Result<&'a [u8], DecodeErrorKind>;
+
+/// Splits off a 32-bit length and that many bytes: `(body, rest)`. A length
+/// past the end of the container is `BadLength`, not `Truncated`, because it
+/// is the length that lies.
+#[inline]
+pub(crate) fn length_prefixed(i: &[u8]) -> Result<(&[u8], &[u8]), DecodeErrorKind> {
+    let Some((len, rest)) = i.split_first_chunk::<4>() else {
+        return Err(DecodeErrorKind::Truncated);
+    };
+    let len = u32::from_be_bytes(*len);
+    match rest.split_at_checked(len as usize) {
+        Some(split) => Ok(split),
+        None => Err(DecodeErrorKind::BadLength(len.into())),
     }
-    take(len)(i)
 }
 
-/// `field-table = long-uint *field-value-pair`, at nesting level `depth`.
-pub(crate) fn field_table(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldTable> {
-    let (rest, mut body) = length_prefixed(i)?;
-    // A pair takes at least 3 bytes (empty key, type code, one value byte) and
-    // usually far more; a modest guess avoids most regrowth without trusting
-    // the peer's length for the allocation size.
-    let mut entries = Vec::with_capacity(capacity_guess(body.len(), 12));
+/// Checks the body of a table (what follows its length prefix) at nesting
+/// level `depth` (the outermost table is level 1): every key, type code and
+/// length, and the nesting limit.
+pub(crate) fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> Result<(), DecodeErrorKind> {
+    while let Some((&key_len, rest)) = body.split_first() {
+        let Some(rest) = rest.get(usize::from(key_len)..) else {
+            return Err(DecodeErrorKind::Truncated);
+        };
+        body = skip_value(max_depth, depth, rest)?;
+    }
+    Ok(())
+}
+
+/// Checks the body of an array at nesting level `depth`.
+fn validate_array_body(max_depth: usize, depth: usize, mut body: &[u8]) -> Result<(), DecodeErrorKind> {
     while !body.is_empty() {
-        let (i, key) = super::short_string_raw(body)?;
-        let (i, value) = field_value(ctx, depth, i)?;
-        entries.push((ShortString::from_slice(key), value));
-        body = i;
+        body = skip_value(max_depth, depth, body)?;
     }
-    Ok((rest, FieldTable { entries }))
+    Ok(())
 }
 
-/// `field-array = long-int *field-value`, at nesting level `depth`.
-pub(crate) fn field_array(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldArray> {
-    let (rest, mut body) = length_prefixed(i)?;
-    let mut values = Vec::with_capacity(capacity_guess(body.len(), 8));
-    while !body.is_empty() {
-        let (i, value) = field_value(ctx, depth, body)?;
-        values.push(value);
-        body = i;
-    }
-    Ok((rest, FieldArray(values)))
+/// Checks one `type-code value` held by a container at level `depth`;
+/// returns what follows it.
+fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> Checked<'_> {
+    let Some((&code, i)) = i.split_first() else {
+        return Err(DecodeErrorKind::Truncated);
+    };
+    let width = match code {
+        b't' | b'b' | b'B' => 1,
+        b's' | b'u' => 2,
+        b'I' | b'i' | b'f' => 4,
+        b'D' => 5,
+        b'l' | b'L' | b'd' | b'T' => 8,
+        b'V' => 0,
+        b'S' | b'x' => return length_prefixed(i).map(|(_, rest)| rest),
+        b'F' => {
+            let depth = nested(max_depth, depth)?;
+            let (body, rest) = length_prefixed(i)?;
+            validate_table_body(max_depth, depth, body)?;
+            return Ok(rest);
+        }
+        b'A' => {
+            let depth = nested(max_depth, depth)?;
+            let (body, rest) = length_prefixed(i)?;
+            validate_array_body(max_depth, depth, body)?;
+            return Ok(rest);
+        }
+        other => return Err(DecodeErrorKind::UnknownFieldType(other)),
+    };
+    i.get(width..).ok_or(DecodeErrorKind::Truncated)
 }
 
-/// How many items to allocate for a container of `len` bytes whose items
-/// take about `item_size` bytes: never more than 16 on the peer's word.
-fn capacity_guess(len: usize, item_size: usize) -> usize {
-    if len == 0 {
-        0
+/// The level of a table or array nested at `depth`, or an error past the limit.
+#[inline]
+fn nested(max_depth: usize, depth: usize) -> Result<usize, DecodeErrorKind> {
+    let next = depth + 1;
+    if next > max_depth {
+        Err(DecodeErrorKind::NestingTooDeep(max_depth))
     } else {
-        (len / item_size).clamp(1, 16)
+        Ok(next)
     }
 }
+
+// ---------------------------------------------------------------------------
+// Materialization: building values from bytes that passed validation.
+// ---------------------------------------------------------------------------
+
+/// Reads values out of a validated slice of `source`. Nested tables stay
+/// lazy (zero-copy slices); arrays are built, so recursion only follows
+/// arrays, as deep as validation allowed. Should the bytes somehow not be
+/// what validation accepted, reading stops early instead of panicking.
+struct Reader<'a> {
+    source: &'a Bytes,
+    at: usize,
+    end: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.end)?;
+        let bytes = self.source.get(self.at..end)?;
+        self.at = end;
+        Some(bytes)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N).and_then(|b| b.try_into().ok())
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.array::<1>().map(|[b]| b)
+    }
+
+    /// A 32-bit length and the range of bytes it covers.
+    fn long_range(&mut self) -> Option<(usize, usize)> {
+        let len = u32::from_be_bytes(self.array::<4>()?) as usize;
+        let start = self.at;
+        self.take(len)?;
+        Some((start, start + len))
+    }
+
+    fn value(&mut self) -> Option<FieldValue> {
+        Some(match self.u8()? {
+            b't' => FieldValue::Bool(self.u8()? != 0),
+            b'b' => FieldValue::I8(i8::from_be_bytes(self.array()?)),
+            b'B' => FieldValue::U8(self.u8()?),
+            b's' => FieldValue::I16(i16::from_be_bytes(self.array()?)),
+            b'u' => FieldValue::U16(u16::from_be_bytes(self.array()?)),
+            b'I' => FieldValue::I32(i32::from_be_bytes(self.array()?)),
+            b'i' => FieldValue::U32(u32::from_be_bytes(self.array()?)),
+            b'l' => FieldValue::I64(i64::from_be_bytes(self.array()?)),
+            b'L' => FieldValue::I64L(i64::from_be_bytes(self.array()?)),
+            b'f' => FieldValue::F32(f32::from_be_bytes(self.array()?)),
+            b'd' => FieldValue::F64(f64::from_be_bytes(self.array()?)),
+            b'D' => {
+                let scale = self.u8()?;
+                let value = u32::from_be_bytes(self.array()?);
+                FieldValue::Decimal(Decimal { scale, value })
+            }
+            b'S' => {
+                let (start, end) = self.long_range()?;
+                FieldValue::LongString(LongString::from_shared(self.source, start, end))
+            }
+            b'x' => {
+                let (start, end) = self.long_range()?;
+                FieldValue::ByteArray(self.source.slice(start..end))
+            }
+            b'T' => FieldValue::Timestamp(u64::from_be_bytes(self.array()?)),
+            b'V' => FieldValue::Void,
+            b'F' => {
+                let (start, end) = self.long_range()?;
+                FieldValue::Table(FieldTable::from_validated(self.source.slice(start..end)))
+            }
+            b'A' => {
+                let (start, end) = self.long_range()?;
+                let mut inner = Reader {
+                    source: self.source,
+                    at: start,
+                    end,
+                };
+                let mut values = Vec::new();
+                while inner.at < inner.end {
+                    values.push(inner.value()?);
+                }
+                FieldValue::Array(super::FieldArray(values))
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The entries of a validated table body.
+fn materialize_table(raw: &Bytes) -> Vec<Entry> {
+    let mut reader = Reader {
+        source: raw,
+        at: 0,
+        end: raw.len(),
+    };
+    let mut entries = Vec::new();
+    while reader.at < reader.end {
+        let Some(key_len) = reader.u8() else { break };
+        let Some(key) = reader.take(usize::from(key_len)) else {
+            break;
+        };
+        let key = ShortString::from_slice(key);
+        let Some(value) = reader.value() else { break };
+        entries.push((key, value));
+    }
+    entries
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;
