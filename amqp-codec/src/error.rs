@@ -1,7 +1,7 @@
 //! The public error types of the codec.
 //!
-//! nom never appears here: parsers inside the crate carry a [`DecodeErrorKind`]
-//! and it is turned into [`Error`] at the crate boundary. Every variant says
+//! Parsers inside the crate carry a [`DecodeErrorKind`] and it is turned into
+//! [`Error`] at the crate boundary. Every variant says
 //! what was wrong in terms of the protocol, so the caller can choose the right
 //! reply code (see [`Error::reply_code`]).
 

@@ -1,48 +1,15 @@
-//! Crate-internal parsing plumbing: the nom error type, the zero-copy
-//! context, and the field-by-field reader the method table is built on.
+//! Crate-internal parsing plumbing: the field-by-field reader the method
+//! table and the properties are built on, and its writer twin.
 //!
-//! Nothing in here is public: at the crate boundary a [`PError`] becomes an
-//! [`crate::Error`]. Parsers run in nom's *complete* mode on a payload that the
-//! envelope has already delimited, so running out of input is `Truncated`,
-//! never a request for more bytes.
+//! Nothing in here is public. Readers run on a payload that the envelope has
+//! already delimited, so running out of input is `Truncated`, never a request
+//! for more bytes. They are written with plain slice operations, without
+//! allocation for anything inline, because they run for every frame.
 
 use bytes::Bytes;
-use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
 
 use crate::error::DecodeErrorKind;
 use crate::types::{self, FieldTable, LongString, ShortString};
-
-/// The error every internal parser returns: a domain kind, no nom details.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PError(pub(crate) DecodeErrorKind);
-
-impl<'a> nom::error::ParseError<&'a [u8]> for PError {
-    fn from_error_kind(_input: &'a [u8], _kind: nom::error::ErrorKind) -> Self {
-        // In complete mode the only way nom's own combinators fail on the
-        // inputs we give them is by running out of bytes.
-        PError(DecodeErrorKind::Truncated)
-    }
-
-    fn append(_input: &'a [u8], _kind: nom::error::ErrorKind, other: Self) -> Self {
-        other
-    }
-}
-
-/// The result of an internal parser.
-pub(crate) type PResult<'a, T> = nom::IResult<&'a [u8], T, PError>;
-
-/// Fails a parser with a domain error kind.
-pub(crate) fn fail<T>(kind: DecodeErrorKind) -> Result<T, nom::Err<PError>> {
-    Err(nom::Err::Error(PError(kind)))
-}
-
-/// Turns a nom error into its domain kind.
-pub(crate) fn kind_of(err: nom::Err<PError>) -> DecodeErrorKind {
-    match err {
-        nom::Err::Error(PError(kind)) | nom::Err::Failure(PError(kind)) => kind,
-        nom::Err::Incomplete(_) => DecodeErrorKind::Truncated,
-    }
-}
 
 /// What every parser of a payload needs besides the bytes: the nesting limit.
 #[derive(Clone, Copy)]
@@ -88,81 +55,98 @@ impl<'a> ArgReader<'a> {
         }
     }
 
-    #[inline]
-    fn run<T>(&mut self, mut parser: impl FnMut(&'a [u8]) -> PResult<'a, T>) -> ReadResult<T> {
+    /// The next `N` bytes.
+    #[inline(always)]
+    fn fixed<const N: usize>(&mut self) -> ReadResult<[u8; N]> {
         self.bit_index = 8;
-        match parser(self.rest) {
-            Ok((rest, value)) => {
+        match self.rest.split_first_chunk::<N>() {
+            Some((head, rest)) => {
                 self.rest = rest;
-                Ok(value)
+                Ok(*head)
             }
-            Err(err) => Err(kind_of(err)),
+            None => Err(DecodeErrorKind::Truncated),
         }
     }
 
     /// `octet`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn octet(&mut self) -> ReadResult<u8> {
-        self.run(be_u8)
+        self.fixed::<1>().map(|[b]| b)
     }
 
     /// `short`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn short(&mut self) -> ReadResult<u16> {
-        self.run(be_u16)
+        self.fixed().map(u16::from_be_bytes)
     }
 
     /// `long`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn long(&mut self) -> ReadResult<u32> {
-        self.run(be_u32)
+        self.fixed().map(u32::from_be_bytes)
     }
 
     /// `longlong`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn longlong(&mut self) -> ReadResult<u64> {
-        self.run(be_u64)
+        self.fixed().map(u64::from_be_bytes)
     }
 
     /// `timestamp`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn timestamp(&mut self) -> ReadResult<u64> {
-        self.run(be_u64)
+        self.longlong()
     }
 
     /// `shortstr`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn shortstr(&mut self) -> ReadResult<ShortString> {
-        let raw = self.run(types::short_string_raw)?;
-        Ok(ShortString::from_slice(raw))
+        self.bit_index = 8;
+        let Some((&len, tail)) = self.rest.split_first() else {
+            return Err(DecodeErrorKind::Truncated);
+        };
+        let len = usize::from(len);
+        let Some(rest) = tail.get(len..) else {
+            return Err(DecodeErrorKind::Truncated);
+        };
+        self.rest = rest;
+        Ok(ShortString::from_prefix(tail, len))
     }
 
-    /// `longstr`
+    /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
-        let raw = self.run(types::long_string_raw)?;
-        Ok(LongString::from_slice(raw))
+        self.bit_index = 8;
+        let (raw, rest) = types::length_prefixed(self.rest)?;
+        self.rest = rest;
+        Ok(LongString::from(raw))
     }
 
-    /// `table`
+    /// `table`: validated now, entries built on first access.
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
         self.bit_index = 8;
         let (body, rest) = types::length_prefixed(self.rest)?;
+        if body.is_empty() {
+            self.rest = rest;
+            return Ok(FieldTable::new());
+        }
         types::validate_table_body(self.ctx.max_depth, 1, body)?;
         self.rest = rest;
         let raw = match self.source {
-            Some(source) if !body.is_empty() => source.slice_ref(body),
-            _ => Bytes::copy_from_slice(body),
+            Some(source) => source.slice_ref(body),
+            None => Bytes::copy_from_slice(body),
         };
         Ok(FieldTable::from_validated(raw))
     }
 
     /// `bit`: the next bit of the current octet, or of a new one.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bit(&mut self) -> ReadResult<bool> {
         if self.bit_index >= 8 {
-            let (rest, octet) = be_u8::<_, PError>(self.rest).map_err(kind_of)?;
+            let Some((&octet, rest)) = self.rest.split_first() else {
+                return Err(DecodeErrorKind::Truncated);
+            };
             self.rest = rest;
             self.bits = octet;
             self.bit_index = 0;
@@ -173,6 +157,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// Succeeds only if every byte was consumed.
+    #[inline(always)]
     pub(crate) fn finish(self) -> ReadResult<()> {
         if self.rest.is_empty() {
             Ok(())

@@ -6,8 +6,6 @@ mod table;
 mod value;
 
 use bytes::Bytes;
-use nom::bytes::complete::take;
-use nom::number::complete::{be_u32, be_u8};
 
 pub use strings::{LongString, ShortString};
 pub use table::{FieldArray, FieldTable};
@@ -16,26 +14,9 @@ pub use value::{Decimal, FieldValue};
 pub(crate) use table::{length_prefixed, validate_table_body};
 
 use crate::error::{DecodeErrorKind, Error};
-use crate::parse::{fail, PResult};
 
 /// The default limit on how deep tables and arrays may nest inside each other.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
-
-/// `short-string = OCTET *string-char`: the raw bytes.
-pub(crate) fn short_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u8(i)?;
-    take(len)(i)
-}
-
-/// `long-string = long-uint *OCTET`: the raw bytes. A length past the end of
-/// the container is `BadLength`.
-pub(crate) fn long_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u32(i)?;
-    if len as usize > i.len() {
-        return fail(DecodeErrorKind::BadLength(len.into()));
-    }
-    take(len)(i)
-}
 
 impl FieldTable {
     /// Decodes a table (its 32-bit length prefix included) that must fill

@@ -45,6 +45,23 @@ impl Repr {
         }
     }
 
+    /// The first `len` bytes of `tail` (which has at least that many). When
+    /// `tail` is long enough, a whole window is copied and the bytes past
+    /// `len` masked to zero: fixed-size moves, no call to `memcpy`.
+    #[inline(always)]
+    fn from_prefix(tail: &[u8], len: usize) -> Repr {
+        match tail.first_chunk::<INLINE>() {
+            Some(window) if len <= INLINE => {
+                let mut buf = [0; INLINE];
+                for (i, (dst, &src)) in buf.iter_mut().zip(window).enumerate() {
+                    *dst = if i < len { src } else { 0 };
+                }
+                Repr::Inline { len: len as u8, buf }
+            }
+            _ => Repr::from_slice(&tail[..len]),
+        }
+    }
+
     #[inline]
     fn from_bytes(b: Bytes) -> Repr {
         if b.len() <= INLINE {
@@ -87,10 +104,6 @@ macro_rules! byte_string {
                 $name(Repr::Heap(Bytes::from_static(s.as_bytes())))
             }
 
-            /// A string holding a copy of these bytes (no length check).
-            pub(crate) fn from_slice(bytes: &[u8]) -> Self {
-                $name(Repr::from_slice(bytes))
-            }
 
             /// The raw bytes.
             #[inline]
@@ -216,6 +229,19 @@ byte_string! {
 }
 
 impl ShortString {
+    /// A string holding a copy of these bytes (no length check).
+    #[inline]
+    pub(crate) fn from_slice(bytes: &[u8]) -> Self {
+        ShortString(Repr::from_slice(bytes))
+    }
+
+    /// A string holding a copy of the first `len` bytes of `tail`, which
+    /// must have at least that many (no length check).
+    #[inline(always)]
+    pub(crate) fn from_prefix(tail: &[u8], len: usize) -> Self {
+        ShortString(Repr::from_prefix(tail, len))
+    }
+
     /// A short string from raw bytes, or `None` if they are longer than 255.
     pub fn from_bytes(bytes: Bytes) -> Option<Self> {
         (bytes.len() <= 255).then(|| ShortString(Repr::from_bytes(bytes)))
