@@ -21,10 +21,15 @@ pub(crate) struct Ctx {
 /// `bit` fields into octets as AMQP 0-9-1 §4.2.5.2 requires.
 pub(crate) struct ArgReader<'a> {
     ctx: Ctx,
-    /// The buffer `rest` lies in, when there is one to share: tables are
+    /// The buffer the input lies in, when there is one to share: tables are
     /// then zero-copy slices of it, else copies.
     source: Option<&'a Bytes>,
-    rest: &'a [u8],
+    /// The unread payload, followed by whatever bytes come after the payload
+    /// in the same buffer (the slack). Reads never go past the payload; a
+    /// short string may copy a whole window that runs into the slack.
+    input: &'a [u8],
+    /// How many bytes of `input` are payload (never more than its length).
+    left: usize,
     /// The octet bits are being taken from, and the next bit's index (8 = none left).
     bits: u8,
     bit_index: u8,
@@ -33,35 +38,46 @@ pub(crate) struct ArgReader<'a> {
 type ReadResult<T> = Result<T, DecodeErrorKind>;
 
 impl<'a> ArgReader<'a> {
-    pub(crate) fn new(ctx: Ctx, input: &'a [u8]) -> Self {
+    /// A reader of the first `len` bytes of `input` (fewer if `input` is
+    /// shorter); the bytes after them are slack. With a `source`, `input`
+    /// must lie within it, and tables are zero-copy slices of it.
+    #[inline]
+    pub(crate) fn new(ctx: Ctx, source: Option<&'a Bytes>, input: &'a [u8], len: usize) -> Self {
         ArgReader {
             ctx,
-            source: None,
-            rest: input,
+            source,
+            input,
+            left: len.min(input.len()),
             bits: 0,
             bit_index: 8,
         }
     }
 
-    /// A reader of `input`, which must lie within `source`: tables are
-    /// zero-copy slices of `source`.
-    pub(crate) fn shared(ctx: Ctx, source: &'a Bytes, input: &'a [u8]) -> Self {
-        ArgReader {
-            ctx,
-            source: Some(source),
-            rest: input,
-            bits: 0,
-            bit_index: 8,
-        }
+    /// The unread payload.
+    #[inline(always)]
+    fn rest(&self) -> &'a [u8] {
+        self.input.get(..self.left).unwrap_or_default()
+    }
+
+    /// Moves past `n` bytes of payload (at most what is left).
+    #[inline(always)]
+    fn skip(&mut self, n: usize) {
+        let n = n.min(self.left);
+        self.input = self.input.get(n..).unwrap_or_default();
+        self.left -= n;
     }
 
     /// The next `N` bytes.
     #[inline(always)]
     fn fixed<const N: usize>(&mut self) -> ReadResult<[u8; N]> {
         self.bit_index = 8;
-        match self.rest.split_first_chunk::<N>() {
+        if self.left < N {
+            return Err(DecodeErrorKind::Truncated);
+        }
+        match self.input.split_first_chunk::<N>() {
             Some((head, rest)) => {
-                self.rest = rest;
+                self.input = rest;
+                self.left -= N;
                 Ok(*head)
             }
             None => Err(DecodeErrorKind::Truncated),
@@ -92,62 +108,57 @@ impl<'a> ArgReader<'a> {
         self.fixed().map(u64::from_be_bytes)
     }
 
-    /// `timestamp`
+    /// `shortstr`, written where it will live.
     #[inline(always)]
-    pub(crate) fn timestamp(&mut self) -> ReadResult<u64> {
-        self.longlong()
-    }
-
-    /// `shortstr`
-    #[inline(always)]
-    pub(crate) fn shortstr(&mut self) -> ReadResult<ShortString> {
+    pub(crate) fn shortstr_into(&mut self, dst: &mut ShortString) -> ReadResult<()> {
         self.bit_index = 8;
-        let Some((&len, tail)) = self.rest.split_first() else {
+        let Some((&len, tail)) = self.input.split_first() else {
             return Err(DecodeErrorKind::Truncated);
         };
         let len = usize::from(len);
-        let Some(rest) = tail.get(len..) else {
+        if self.left <= len {
             return Err(DecodeErrorKind::Truncated);
-        };
-        self.rest = rest;
-        Ok(ShortString::from_prefix(tail, len))
+        }
+        dst.set_prefix(tail, len);
+        self.skip(1 + len);
+        Ok(())
     }
 
     /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
         self.bit_index = 8;
-        let (raw, rest) = types::length_prefixed(self.rest)?;
-        self.rest = rest;
-        Ok(LongString::from(raw))
+        let (raw, _) = types::length_prefixed(self.rest())?;
+        let value = LongString::from(raw);
+        self.skip(4 + raw.len());
+        Ok(value)
     }
 
     /// `table`: validated now, entries built on first access.
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
         self.bit_index = 8;
-        let (body, rest) = types::length_prefixed(self.rest)?;
-        if body.is_empty() {
-            self.rest = rest;
-            return Ok(FieldTable::new());
+        let (body, _) = types::length_prefixed(self.rest())?;
+        if !body.is_empty() {
+            types::validate_table_body(self.ctx.max_depth, 1, body)?;
         }
-        types::validate_table_body(self.ctx.max_depth, 1, body)?;
-        self.rest = rest;
-        let raw = match self.source {
-            Some(source) => source.slice_ref(body),
-            None => Bytes::copy_from_slice(body),
+        let table = if body.is_empty() {
+            FieldTable::new()
+        } else {
+            FieldTable::from_validated(match self.source {
+                Some(source) => source.slice_ref(body),
+                None => Bytes::copy_from_slice(body),
+            })
         };
-        Ok(FieldTable::from_validated(raw))
+        self.skip(4 + body.len());
+        Ok(table)
     }
 
     /// `bit`: the next bit of the current octet, or of a new one.
     #[inline(always)]
     pub(crate) fn bit(&mut self) -> ReadResult<bool> {
         if self.bit_index >= 8 {
-            let Some((&octet, rest)) = self.rest.split_first() else {
-                return Err(DecodeErrorKind::Truncated);
-            };
-            self.rest = rest;
+            let [octet] = self.fixed::<1>()?;
             self.bits = octet;
             self.bit_index = 0;
         }
@@ -159,11 +170,81 @@ impl<'a> ArgReader<'a> {
     /// Succeeds only if every byte was consumed.
     #[inline(always)]
     pub(crate) fn finish(self) -> ReadResult<()> {
-        if self.rest.is_empty() {
+        if self.left == 0 {
             Ok(())
         } else {
-            Err(DecodeErrorKind::TrailingBytes(self.rest.len()))
+            Err(DecodeErrorKind::TrailingBytes(self.left))
         }
+    }
+}
+
+/// A field type the reader can decode in place.
+pub(crate) trait ReadField {
+    /// Decodes the next field into `self`.
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()>;
+}
+
+impl ReadField for u8 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.octet()?;
+        Ok(())
+    }
+}
+
+impl ReadField for u16 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.short()?;
+        Ok(())
+    }
+}
+
+impl ReadField for u32 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.long()?;
+        Ok(())
+    }
+}
+
+/// `longlong` and `timestamp`.
+impl ReadField for u64 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.longlong()?;
+        Ok(())
+    }
+}
+
+impl ReadField for bool {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.bit()?;
+        Ok(())
+    }
+}
+
+impl ReadField for ShortString {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        r.shortstr_into(self)
+    }
+}
+
+impl ReadField for LongString {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.longstr()?;
+        Ok(())
+    }
+}
+
+impl ReadField for FieldTable {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.table()?;
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{ArgReader, Ctx};
+use crate::parse::{ArgReader, Ctx, ReadField};
 use crate::types::{FieldTable, ShortString};
 
 macro_rules! properties {
@@ -45,15 +45,14 @@ macro_rules! properties {
                 input: &[u8],
                 source: Option<&Bytes>,
             ) -> Result<(), DecodeErrorKind> {
-                let mut r = match source {
-                    Some(source) => ArgReader::shared(ctx, source, input),
-                    None => ArgReader::new(ctx, input),
-                };
+                let mut r = ArgReader::new(ctx, source, input, input.len());
                 let flags = r.short()?;
                 if flags & DEFINED_FLAGS != flags {
                     return Err(DecodeErrorKind::BadPropertyFlags(flags));
                 }
-                $( if flags & (1 << $bit) != 0 { props.$field = Some(r.$read()?); } )*
+                $( if flags & (1 << $bit) != 0 {
+                    ReadField::read_into(props.$field.insert(Default::default()), &mut r)?;
+                } )*
                 r.finish()
             }
         }

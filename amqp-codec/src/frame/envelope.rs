@@ -12,7 +12,7 @@ use super::{
     Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
 };
 use crate::error::{DecodeErrorKind, Error};
-use crate::method::Method;
+use crate::method::{BasicDeliver, Method};
 use crate::parse::{ArgReader, Ctx};
 use crate::types::DEFAULT_MAX_DEPTH;
 
@@ -103,12 +103,38 @@ impl FrameDecoder {
             // Tables in the properties become zero-copy slices of the frame.
             let frame = buf.split_to(total).freeze();
             return self
-                .parse_payload(frame_type, channel, &frame[7..total - 1], Some(&frame))
+                .parse_payload(frame_type, channel, &frame, total, Some(&frame))
                 .map(Some);
         }
-        let frame = self.parse_payload(frame_type, channel, &buf[7..total - 1], None);
+        if frame_type == FRAME_METHOD && buf[7..11] == [0, 60, 0, 60] && total >= 12 {
+            // basic.deliver, the method of every message a consumer gets,
+            // decoded in place in the frame returned. The rest of the buffer
+            // after the frame is slack for the string reader.
+            let mut out = Ok(Some(Frame::Method(
+                channel,
+                Method::BasicDeliver(BasicDeliver::default()),
+            )));
+            if let Ok(Some(Frame::Method(_, Method::BasicDeliver(deliver)))) = &mut out {
+                let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
+                if let Err(kind) = deliver.decode_args_into(args) {
+                    out = Err(Error::Malformed {
+                        context: BasicDeliver::NAME,
+                        kind,
+                    });
+                }
+            }
+            buf.advance(total);
+            return out;
+        }
+        let frame = self.parse_payload(frame_type, channel, buf, total, None);
         buf.advance(total);
         frame.map(Some)
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            max_depth: self.max_depth,
+        }
     }
 
     /// Decodes the first frame of `input`, returning it and how many bytes it
@@ -127,7 +153,7 @@ impl FrameDecoder {
         let frame = if frame_type == FRAME_BODY {
             Frame::Body(channel, input.slice(7..total - 1))
         } else {
-            self.parse_payload(frame_type, channel, &input[7..total - 1], Some(input))?
+            self.parse_payload(frame_type, channel, input, total, Some(input))?
         };
         Ok((frame, total))
     }
@@ -157,17 +183,21 @@ impl FrameDecoder {
     }
 
     /// Parses the payload of a method, header or heartbeat frame completely.
-    /// `payload` lies within `source` when there is one; tables are then
-    /// zero-copy slices of it.
+    /// `frame` starts with the whole frame of `total` bytes; whatever follows
+    /// it is slack the string reader may look at but never parses. `frame`
+    /// lies within `source` when there is one; tables are then zero-copy
+    /// slices of it.
     fn parse_payload(
         &self,
         frame_type: u8,
         channel: u16,
-        payload: &[u8],
+        frame: &[u8],
+        total: usize,
         source: Option<&Bytes>,
     ) -> Result<Frame, Error> {
+        let payload = &frame[7..total - 1];
         match frame_type {
-            FRAME_METHOD => self.method(channel, payload, source),
+            FRAME_METHOD => self.method(channel, &frame[7..], total - FRAME_OVERHEAD, source),
             FRAME_HEADER => match content_header(payload, self.max_depth, source)? {
                 HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
                 HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
@@ -181,9 +211,10 @@ impl FrameDecoder {
         }
     }
 
-    /// `method-payload = class-id method-id *amqp-field`.
-    fn method(&self, channel: u16, payload: &[u8], source: Option<&Bytes>) -> Result<Frame, Error> {
-        if payload.len() < 4 {
+    /// `method-payload = class-id method-id *amqp-field`: the first `len`
+    /// bytes of `payload`, the rest slack.
+    fn method(&self, channel: u16, payload: &[u8], len: usize, source: Option<&Bytes>) -> Result<Frame, Error> {
+        if len < 4 {
             return Err(Error::Malformed {
                 context: "method frame",
                 kind: DecodeErrorKind::Truncated,
@@ -191,14 +222,7 @@ impl FrameDecoder {
         }
         let class_id = u16::from_be_bytes([payload[0], payload[1]]);
         let method_id = u16::from_be_bytes([payload[2], payload[3]]);
-        let ctx = Ctx {
-            max_depth: self.max_depth,
-        };
-        let args = &payload[4..];
-        let reader = match source {
-            Some(source) => ArgReader::shared(ctx, source, args),
-            None => ArgReader::new(ctx, args),
-        };
+        let reader = ArgReader::new(self.ctx(), source, &payload[4..], len - 4);
         let method = Method::decode_args(class_id, method_id, reader)?;
         Ok(Frame::Method(channel, method))
     }

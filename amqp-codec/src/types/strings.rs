@@ -45,23 +45,6 @@ impl Repr {
         }
     }
 
-    /// The first `len` bytes of `tail` (which has at least that many). When
-    /// `tail` is long enough, a whole window is copied and the bytes past
-    /// `len` masked to zero: fixed-size moves, no call to `memcpy`.
-    #[inline(always)]
-    fn from_prefix(tail: &[u8], len: usize) -> Repr {
-        match tail.first_chunk::<INLINE>() {
-            Some(window) if len <= INLINE => {
-                let mut buf = [0; INLINE];
-                for (i, (dst, &src)) in buf.iter_mut().zip(window).enumerate() {
-                    *dst = if i < len { src } else { 0 };
-                }
-                Repr::Inline { len: len as u8, buf }
-            }
-            _ => Repr::from_slice(&tail[..len]),
-        }
-    }
-
     #[inline]
     fn from_bytes(b: Bytes) -> Repr {
         if b.len() <= INLINE {
@@ -235,11 +218,28 @@ impl ShortString {
         ShortString(Repr::from_slice(bytes))
     }
 
-    /// A string holding a copy of the first `len` bytes of `tail`, which
-    /// must have at least that many (no length check).
+    /// Sets the string to the first `len` bytes of `tail` (no length check).
+    /// Bytes of `tail` past `len` are never kept, but when there are enough
+    /// of them a fixed-size window is copied and masked, written straight
+    /// into place: no `memcpy` call, no temporary.
     #[inline(always)]
-    pub(crate) fn from_prefix(tail: &[u8], len: usize) -> Self {
-        ShortString(Repr::from_prefix(tail, len))
+    pub(crate) fn set_prefix(&mut self, tail: &[u8], len: usize) {
+        match tail.first_chunk::<INLINE>() {
+            Some(window) if len <= INLINE => {
+                let mut buf = [0; INLINE];
+                for (i, (dst, &src)) in buf.iter_mut().zip(window).enumerate() {
+                    *dst = if i < len { src } else { 0 };
+                }
+                self.0 = Repr::Inline { len: len as u8, buf };
+            }
+            _ => self.set_slow(tail.get(..len).unwrap_or(tail)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_slow(&mut self, bytes: &[u8]) {
+        self.0 = Repr::from_slice(bytes);
     }
 
     /// A short string from raw bytes, or `None` if they are longer than 255.
