@@ -142,14 +142,7 @@ impl<'a> ArgReader<'a> {
         if !body.is_empty() {
             types::validate_table_body(self.ctx.max_depth, 1, body)?;
         }
-        let table = if body.is_empty() {
-            FieldTable::new()
-        } else {
-            FieldTable::from_validated(match self.source {
-                Some(source) => source.slice_ref(body),
-                None => Bytes::copy_from_slice(body),
-            })
-        };
+        let table = FieldTable::from_validated(body, self.source);
         self.skip(4 + body.len());
         Ok(table)
     }

@@ -7,7 +7,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::header::{content_header, HeaderPayload};
+use super::header::content_header;
 use super::{
     Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
 };
@@ -198,10 +198,7 @@ impl FrameDecoder {
         let payload = &frame[7..total - 1];
         match frame_type {
             FRAME_METHOD => self.method(channel, &frame[7..], total - FRAME_OVERHEAD, source),
-            FRAME_HEADER => match content_header(payload, self.max_depth, source)? {
-                HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
-                HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
-            },
+            FRAME_HEADER => content_header(channel, payload, self.max_depth, source),
             FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
             FRAME_HEARTBEAT => Err(Error::Malformed {
                 context: "heartbeat",

@@ -11,6 +11,7 @@ use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
 use crate::parse::Ctx;
 use crate::properties::BasicProperties;
+use crate::Frame;
 
 /// A decoded content header.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -75,21 +76,20 @@ impl UndecodableHeader {
     }
 }
 
-/// What a header payload decodes to.
-// Boxing the header would cost an allocation per message on the hot path;
-// moving a few hundred bytes is cheaper.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum HeaderPayload {
-    Decoded(ContentHeader),
-    Undecodable(UndecodableHeader),
-}
-
-/// `content-header = class-id weight body-size property-flags property-list`.
+/// `content-header = class-id weight body-size property-flags property-list`,
+/// as the frame it makes on `channel`: [`Frame::Header`], or
+/// [`Frame::UndecodableHeader`] when the properties cannot be decoded.
 ///
 /// Only a payload too short for the fixed 12 bytes is a stream error.
 /// `payload` lies within `source` when there is one: tables in the properties,
 /// or the raw bytes of an undecodable header, are then zero-copy slices of it.
-pub(crate) fn content_header(payload: &[u8], max_depth: usize, source: Option<&Bytes>) -> Result<HeaderPayload, Error> {
+#[inline]
+pub(crate) fn content_header(
+    channel: u16,
+    payload: &[u8],
+    max_depth: usize,
+    source: Option<&Bytes>,
+) -> Result<Frame, Error> {
     let Some((fixed, rest)) = payload.split_first_chunk::<12>() else {
         return Err(Error::Malformed {
             context: "content header",
@@ -101,21 +101,28 @@ pub(crate) fn content_header(payload: &[u8], max_depth: usize, source: Option<&B
     let body_size = u64::from_be_bytes([
         fixed[4], fixed[5], fixed[6], fixed[7], fixed[8], fixed[9], fixed[10], fixed[11],
     ]);
-    let ctx = Ctx { max_depth };
-    let properties = if class_id == class::BASIC {
-        let mut props = Box::<BasicProperties>::default();
-        BasicProperties::decode_into(&mut props, ctx, rest, source).map(|()| props)
+    let error = if class_id == class::BASIC {
+        let mut properties = Box::<BasicProperties>::default();
+        match BasicProperties::decode_into(&mut properties, Ctx { max_depth }, rest, source) {
+            Ok(()) => {
+                return Ok(Frame::Header(
+                    channel,
+                    ContentHeader {
+                        class_id,
+                        weight,
+                        body_size,
+                        properties,
+                    },
+                ))
+            }
+            Err(error) => error,
+        }
     } else {
-        Err(DecodeErrorKind::NoContentClass(class_id))
+        DecodeErrorKind::NoContentClass(class_id)
     };
-    Ok(match properties {
-        Ok(properties) => HeaderPayload::Decoded(ContentHeader {
-            class_id,
-            weight,
-            body_size,
-            properties,
-        }),
-        Err(error) => HeaderPayload::Undecodable(UndecodableHeader {
+    Ok(Frame::UndecodableHeader(
+        channel,
+        UndecodableHeader {
             class_id,
             weight,
             body_size,
@@ -124,6 +131,6 @@ pub(crate) fn content_header(payload: &[u8], max_depth: usize, source: Option<&B
                 None => Bytes::copy_from_slice(rest),
             },
             error,
-        }),
-    })
+        },
+    ))
 }

@@ -23,7 +23,8 @@ impl FieldTable {
     /// `input` exactly, allowing `max_depth` levels of tables and arrays.
     ///
     /// Every error is found here, but the entries are built only when first
-    /// asked for: until then the table is a zero-copy slice of `input`.
+    /// asked for: until then the table keeps its bytes (a copy if small, a
+    /// zero-copy slice of `input` if not).
     ///
     /// ```
     /// use amqp_codec::{FieldTable, FieldValue};
@@ -47,6 +48,6 @@ impl FieldTable {
         if !rest.is_empty() {
             return Err(malformed(DecodeErrorKind::TrailingBytes(rest.len())));
         }
-        Ok(FieldTable::from_validated(input.slice(4..4 + body.len())))
+        Ok(FieldTable::from_validated(body, Some(input)))
     }
 }

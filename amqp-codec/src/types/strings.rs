@@ -263,13 +263,13 @@ impl LongString {
 }
 
 impl LongString {
-    /// The bytes `start..end` of `source`: inline if short, else a
-    /// zero-copy slice. The range must lie within `source`.
-    pub(crate) fn from_shared(source: &Bytes, start: usize, end: usize) -> Self {
-        if end - start <= INLINE {
-            LongString(Repr::from_slice(&source[start..end]))
+    /// `bytes`, which lie within `source`: inline if short, else a
+    /// zero-copy slice of `source`.
+    pub(crate) fn from_shared(source: &Bytes, bytes: &[u8]) -> Self {
+        if bytes.len() <= INLINE {
+            LongString(Repr::from_slice(bytes))
         } else {
-            LongString(Repr::Heap(source.slice(start..end)))
+            LongString(Repr::Heap(source.slice_ref(bytes)))
         }
     }
 }

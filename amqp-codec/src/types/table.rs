@@ -8,7 +8,8 @@
 //! bytes once, without allocating, and enforces every rule (nesting limit,
 //! known type codes, lengths that fit their container), so a bad table is
 //! still an error at decode time. The table then keeps its wire bytes (a
-//! zero-copy slice of the frame) and builds its entries the first time they
+//! copy in its own allocation if small, else a zero-copy slice of the frame
+//! when there is one to share) and builds its entries the first time they
 //! are asked for. Encoding a table that was never changed copies its bytes.
 //! Validation recurses only as deep as the nesting limit allows.
 
@@ -47,9 +48,43 @@ enum Repr {
 #[derive(Clone)]
 struct WireTable {
     /// The validated body, without the length prefix; never empty.
-    raw: Bytes,
+    raw: RawBody,
     /// The entries, built from `raw` on first access.
     entries: OnceLock<Vec<Entry>>,
+}
+
+/// How many bytes of a decoded table are kept in the table's own
+/// allocation. Most headers and arguments tables are smaller: copying them
+/// costs less than sharing the frame (a reference count taken and dropped
+/// for the frame and again for the slice).
+const RAW_INLINE: usize = 192;
+const _: () = assert!(RAW_INLINE <= u8::MAX as usize);
+
+/// The wire bytes of a decoded table.
+#[derive(Clone)]
+enum RawBody {
+    /// A copy, for small tables.
+    Inline { len: u8, buf: [u8; RAW_INLINE] },
+    /// A slice of the frame, or a copy, for larger ones.
+    Shared(Bytes),
+}
+
+impl RawBody {
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            RawBody::Inline { len, buf } => buf.get(..usize::from(*len)).unwrap_or_default(),
+            RawBody::Shared(bytes) => bytes,
+        }
+    }
+
+    /// The shared buffer long values can be sliced from, if there is one.
+    fn shared(&self) -> Option<&Bytes> {
+        match self {
+            RawBody::Inline { .. } => None,
+            RawBody::Shared(bytes) => Some(bytes),
+        }
+    }
 }
 
 impl Default for FieldTable {
@@ -64,16 +99,35 @@ impl FieldTable {
         FieldTable(Repr::Owned(Vec::new()))
     }
 
-    /// A table over a body that [`validate_table_body`] accepted.
+    /// A table over a body that [`validate_table_body`] accepted, which
+    /// lies within `source` when there is one: a small body is copied, a
+    /// larger one sliced from `source` (or copied without one).
     #[inline]
-    pub(crate) fn from_validated(raw: Bytes) -> Self {
-        if raw.is_empty() {
+    pub(crate) fn from_validated(body: &[u8], source: Option<&Bytes>) -> Self {
+        if body.is_empty() {
             return FieldTable::new();
         }
-        FieldTable(Repr::Wire(Box::new(WireTable {
-            raw,
+        let mut wire = Box::new(WireTable {
+            raw: RawBody::Inline {
+                len: 0,
+                buf: [0; RAW_INLINE],
+            },
             entries: OnceLock::new(),
-        })))
+        });
+        // Filled where it lies: the box is not built on the stack and moved.
+        match &mut wire.raw {
+            RawBody::Inline { len, buf } if body.len() <= RAW_INLINE => {
+                buf[..body.len()].copy_from_slice(body);
+                *len = body.len() as u8;
+            }
+            raw => {
+                *raw = RawBody::Shared(match source {
+                    Some(source) => source.slice_ref(body),
+                    None => Bytes::copy_from_slice(body),
+                })
+            }
+        }
+        FieldTable(Repr::Wire(wire))
     }
 
     /// The entries, built from the wire bytes on first access.
@@ -175,7 +229,7 @@ impl FieldTable {
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let entries = match &self.0 {
             Repr::Owned(entries) => entries,
-            Repr::Wire(wire) => return super::strings::encode_long_bytes(&wire.raw, dst),
+            Repr::Wire(wire) => return super::strings::encode_long_bytes(wire.raw.as_slice(), dst),
         };
         with_length_prefix(dst, |dst| {
             for (key, value) in entries {
@@ -355,12 +409,14 @@ fn nested(max_depth: usize, depth: usize) -> Result<usize, DecodeErrorKind> {
 // Materialization: building values from bytes that passed validation.
 // ---------------------------------------------------------------------------
 
-/// Reads values out of a validated slice of `source`. Nested tables stay
-/// lazy (zero-copy slices); arrays are built, so recursion only follows
-/// arrays, as deep as validation allowed. Should the bytes somehow not be
-/// what validation accepted, reading stops early instead of panicking.
+/// Reads values out of validated bytes. Long values are zero-copy slices of
+/// `shared` when the bytes are that buffer, else copies. Nested tables stay
+/// lazy; arrays are built, so recursion only follows arrays, as deep as
+/// validation allowed. Should the bytes somehow not be what validation
+/// accepted, reading stops early instead of panicking.
 struct Reader<'a> {
-    source: &'a Bytes,
+    bytes: &'a [u8],
+    shared: Option<&'a Bytes>,
     at: usize,
     end: usize,
 }
@@ -368,7 +424,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.at.checked_add(n).filter(|&end| end <= self.end)?;
-        let bytes = self.source.get(self.at..end)?;
+        let bytes = self.bytes.get(self.at..end)?;
         self.at = end;
         Some(bytes)
     }
@@ -381,12 +437,18 @@ impl<'a> Reader<'a> {
         self.array::<1>().map(|[b]| b)
     }
 
-    /// A 32-bit length and the range of bytes it covers.
-    fn long_range(&mut self) -> Option<(usize, usize)> {
+    /// A 32-bit length and the bytes it covers.
+    fn long_bytes(&mut self) -> Option<&'a [u8]> {
         let len = u32::from_be_bytes(self.array::<4>()?) as usize;
-        let start = self.at;
-        self.take(len)?;
-        Some((start, start + len))
+        self.take(len)
+    }
+
+    /// `bytes` (taken from this reader) as `Bytes`: shared or copied.
+    fn to_bytes(&self, bytes: &[u8]) -> Bytes {
+        match self.shared {
+            Some(shared) => shared.slice_ref(bytes),
+            None => Bytes::copy_from_slice(bytes),
+        }
     }
 
     fn value(&mut self) -> Option<FieldValue> {
@@ -408,25 +470,30 @@ impl<'a> Reader<'a> {
                 FieldValue::Decimal(Decimal { scale, value })
             }
             b'S' => {
-                let (start, end) = self.long_range()?;
-                FieldValue::LongString(LongString::from_shared(self.source, start, end))
+                let bytes = self.long_bytes()?;
+                FieldValue::LongString(match self.shared {
+                    Some(shared) => LongString::from_shared(shared, bytes),
+                    None => LongString::from(bytes),
+                })
             }
             b'x' => {
-                let (start, end) = self.long_range()?;
-                FieldValue::ByteArray(self.source.slice(start..end))
+                let bytes = self.long_bytes()?;
+                FieldValue::ByteArray(self.to_bytes(bytes))
             }
             b'T' => FieldValue::Timestamp(u64::from_be_bytes(self.array()?)),
             b'V' => FieldValue::Void,
             b'F' => {
-                let (start, end) = self.long_range()?;
-                FieldValue::Table(FieldTable::from_validated(self.source.slice(start..end)))
+                let bytes = self.long_bytes()?;
+                FieldValue::Table(FieldTable::from_validated(bytes, self.shared))
             }
             b'A' => {
-                let (start, end) = self.long_range()?;
+                let end = self.at;
+                let bytes = self.long_bytes()?;
                 let mut inner = Reader {
-                    source: self.source,
-                    at: start,
-                    end,
+                    bytes: self.bytes,
+                    shared: self.shared,
+                    at: end + 4,
+                    end: end + 4 + bytes.len(),
                 };
                 let mut values = Vec::new();
                 while inner.at < inner.end {
@@ -440,11 +507,13 @@ impl<'a> Reader<'a> {
 }
 
 /// The entries of a validated table body.
-fn materialize_table(raw: &Bytes) -> Vec<Entry> {
+fn materialize_table(raw: &RawBody) -> Vec<Entry> {
+    let bytes = raw.as_slice();
     let mut reader = Reader {
-        source: raw,
+        bytes,
+        shared: raw.shared(),
         at: 0,
-        end: raw.len(),
+        end: bytes.len(),
     };
     let mut entries = Vec::new();
     while reader.at < reader.end {
