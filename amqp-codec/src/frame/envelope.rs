@@ -94,17 +94,19 @@ impl FrameDecoder {
         }
         let (frame_type, channel) = check_end(&buf[..total])?;
         if frame_type == FRAME_BODY {
-            buf.advance(7);
-            let payload = buf.split_to(total - FRAME_OVERHEAD).freeze();
-            buf.advance(1);
+            // One split of the read buffer, then the envelope trimmed off
+            // the frozen slice (cheaper than advancing the BytesMut twice).
+            let mut payload = buf.split_to(total).freeze();
+            payload.truncate(total - 1);
+            payload.advance(7);
             return Ok(Some(Frame::Body(channel, payload)));
         }
         if frame_type == FRAME_HEADER {
-            // Tables in the properties become zero-copy slices of the frame.
-            let frame = buf.split_to(total).freeze();
-            return self
-                .parse_payload(frame_type, channel, &frame, total, Some(&frame))
-                .map(Some);
+            // Parsed where it lies, without taking a share of the read
+            // buffer: tables in the properties are copied.
+            let frame = content_header(channel, &buf[7..total - 1], self.max_depth, None);
+            buf.advance(total);
+            return frame.map(Some);
         }
         if frame_type == FRAME_METHOD && buf[7..11] == [0, 60, 0, 60] && total >= 12 {
             // basic.deliver, the method of every message a consumer gets,

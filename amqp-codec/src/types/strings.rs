@@ -17,6 +17,22 @@ use crate::error::EncodeError;
 /// cheaper than the atomic increment and decrement a shared slice costs.
 const INLINE: usize = 38;
 
+/// `PREFIX_MASKS[n]` keeps the first `n` bytes of an inline window and
+/// zeroes the rest: a fixed-size AND instead of a per-byte comparison.
+static PREFIX_MASKS: [[u8; INLINE]; INLINE + 1] = {
+    let mut masks = [[0; INLINE]; INLINE + 1];
+    let mut n = 0;
+    while n <= INLINE {
+        let mut i = 0;
+        while i < n {
+            masks[n][i] = 0xFF;
+            i += 1;
+        }
+        n += 1;
+    }
+    masks
+};
+
 /// The storage behind both string types: short strings inline, longer ones
 /// as a (possibly shared) `Bytes`.
 #[derive(Clone)]
@@ -226,9 +242,10 @@ impl ShortString {
     pub(crate) fn set_prefix(&mut self, tail: &[u8], len: usize) {
         match tail.first_chunk::<INLINE>() {
             Some(window) if len <= INLINE => {
+                let mask = &PREFIX_MASKS[len];
                 let mut buf = [0; INLINE];
-                for (i, (dst, &src)) in buf.iter_mut().zip(window).enumerate() {
-                    *dst = if i < len { src } else { 0 };
+                for ((dst, &src), &keep) in buf.iter_mut().zip(window).zip(mask) {
+                    *dst = src & keep;
                 }
                 self.0 = Repr::Inline { len: len as u8, buf };
             }
