@@ -61,6 +61,20 @@ impl Repr {
         }
     }
 
+    /// The first `len` bytes of `tail` as an inline string, if `len` fits
+    /// inline and `tail` has a whole window: the window is copied and the
+    /// bytes past `len` masked to zero (fixed-size moves and an AND).
+    #[inline(always)]
+    fn window(tail: &[u8], len: usize) -> Option<Repr> {
+        let window = tail.first_chunk::<INLINE>()?;
+        let mask = PREFIX_MASKS.get(len)?;
+        let mut buf = [0; INLINE];
+        for ((dst, &src), &keep) in buf.iter_mut().zip(window).zip(mask) {
+            *dst = src & keep;
+        }
+        Some(Repr::Inline { len: len as u8, buf })
+    }
+
     #[inline]
     fn from_bytes(b: Bytes) -> Repr {
         if b.len() <= INLINE {
@@ -240,16 +254,19 @@ impl ShortString {
     /// into place: no `memcpy` call, no temporary.
     #[inline(always)]
     pub(crate) fn set_prefix(&mut self, tail: &[u8], len: usize) {
-        match tail.first_chunk::<INLINE>() {
-            Some(window) if len <= INLINE => {
-                let mask = &PREFIX_MASKS[len];
-                let mut buf = [0; INLINE];
-                for ((dst, &src), &keep) in buf.iter_mut().zip(window).zip(mask) {
-                    *dst = src & keep;
-                }
-                self.0 = Repr::Inline { len: len as u8, buf };
-            }
-            _ => self.set_slow(tail.get(..len).unwrap_or(tail)),
+        match Repr::window(tail, len) {
+            Some(repr) => self.0 = repr,
+            None => self.set_slow(tail.get(..len).unwrap_or(tail)),
+        }
+    }
+
+    /// The first `len` bytes of `tail` (no length check), copied as a
+    /// window when `tail` is long enough.
+    #[inline(always)]
+    pub(crate) fn from_prefix(tail: &[u8], len: usize) -> Self {
+        match Repr::window(tail, len) {
+            Some(repr) => ShortString(repr),
+            None => ShortString::from_slice(tail.get(..len).unwrap_or(tail)),
         }
     }
 
@@ -280,13 +297,18 @@ impl LongString {
 }
 
 impl LongString {
-    /// `bytes`, which lie within `source`: inline if short, else a
-    /// zero-copy slice of `source`.
-    pub(crate) fn from_shared(source: &Bytes, bytes: &[u8]) -> Self {
-        if bytes.len() <= INLINE {
-            LongString(Repr::from_slice(bytes))
-        } else {
-            LongString(Repr::Heap(source.slice_ref(bytes)))
+    /// The first `len` bytes of `tail` (no length check): inline if short
+    /// (copied as a window when `tail` is long enough), else a zero-copy
+    /// slice of `source` when there is one, which `tail` must lie within.
+    #[inline(always)]
+    pub(crate) fn from_prefix(tail: &[u8], len: usize, source: Option<&Bytes>) -> Self {
+        if let Some(repr) = Repr::window(tail, len) {
+            return LongString(repr);
+        }
+        let bytes = tail.get(..len).unwrap_or(tail);
+        match source {
+            Some(source) if bytes.len() > INLINE => LongString(Repr::Heap(source.slice_ref(bytes))),
+            _ => LongString(Repr::from_slice(bytes)),
         }
     }
 }

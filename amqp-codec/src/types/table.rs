@@ -470,11 +470,11 @@ impl<'a> Reader<'a> {
                 FieldValue::Decimal(Decimal { scale, value })
             }
             b'S' => {
-                let bytes = self.long_bytes()?;
-                FieldValue::LongString(match self.shared {
-                    Some(shared) => LongString::from_shared(shared, bytes),
-                    None => LongString::from(bytes),
-                })
+                let start = self.at + 4;
+                let len = self.long_bytes()?.len();
+                // The window may run past the value into the rest of the buffer.
+                let tail = self.bytes.get(start..).unwrap_or_default();
+                FieldValue::LongString(LongString::from_prefix(tail, len, self.shared))
             }
             b'x' => {
                 let bytes = self.long_bytes()?;
@@ -508,20 +508,28 @@ impl<'a> Reader<'a> {
 
 /// The entries of a validated table body.
 fn materialize_table(raw: &RawBody) -> Vec<Entry> {
-    let bytes = raw.as_slice();
+    let (bytes, end) = match raw {
+        // The whole inline buffer: the zeros after the body let strings
+        // near its end be copied as whole windows too.
+        RawBody::Inline { len, buf } => (&buf[..], usize::from(*len)),
+        RawBody::Shared(bytes) => (&bytes[..], bytes.len()),
+    };
     let mut reader = Reader {
         bytes,
         shared: raw.shared(),
         at: 0,
-        end: bytes.len(),
+        end,
     };
-    let mut entries = Vec::new();
+    // A pair takes at least 3 bytes and usually far more; a modest guess
+    // avoids most regrowth without trusting the peer for the allocation.
+    let mut entries = Vec::with_capacity((end / 12).clamp(1, 16));
     while reader.at < reader.end {
         let Some(key_len) = reader.u8() else { break };
-        let Some(key) = reader.take(usize::from(key_len)) else {
+        let start = reader.at;
+        if reader.take(usize::from(key_len)).is_none() {
             break;
-        };
-        let key = ShortString::from_slice(key);
+        }
+        let key = ShortString::from_prefix(&reader.bytes[start..], usize::from(key_len));
         let Some(value) = reader.value() else { break };
         entries.push((key, value));
     }
