@@ -1,15 +1,55 @@
-//! Crate-internal parsing plumbing: the field-by-field reader the method
-//! table and the properties are built on, and its writer twin.
+//! Crate-internal parsing plumbing: the nom error type, and the
+//! field-by-field reader the method table and the properties are built on,
+//! with its writer twin.
 //!
-//! Nothing in here is public. Readers run on a payload that the envelope has
-//! already delimited, so running out of input is `Truncated`, never a request
-//! for more bytes. They are written with plain slice operations, without
-//! allocation for anything inline, because they run for every frame.
+//! Nothing in here is public: at the crate boundary a [`PError`] becomes a
+//! [`DecodeErrorKind`] and then an [`crate::Error`]. Readers run nom's
+//! *complete* parsers on a payload that the envelope has already delimited,
+//! so running out of input is `Truncated`, never a request for more bytes.
+//! They allocate nothing for anything inline, because they run for every
+//! frame.
 
 use bytes::Bytes;
+use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
 
 use crate::error::DecodeErrorKind;
 use crate::types::{self, FieldTable, LongString, ShortString};
+
+/// The error every internal parser returns: a domain kind, no nom details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PError(pub(crate) DecodeErrorKind);
+
+impl<'a> nom::error::ParseError<&'a [u8]> for PError {
+    #[inline]
+    fn from_error_kind(_input: &'a [u8], _kind: nom::error::ErrorKind) -> Self {
+        // In complete mode the only way nom's own parsers fail on the inputs
+        // we give them is by running out of bytes.
+        PError(DecodeErrorKind::Truncated)
+    }
+
+    #[inline]
+    fn append(_input: &'a [u8], _kind: nom::error::ErrorKind, other: Self) -> Self {
+        other
+    }
+}
+
+/// The result of an internal parser.
+pub(crate) type PResult<'a, T> = nom::IResult<&'a [u8], T, PError>;
+
+/// Fails a parser with a domain error kind.
+#[inline]
+pub(crate) fn fail<T>(kind: DecodeErrorKind) -> Result<T, nom::Err<PError>> {
+    Err(nom::Err::Error(PError(kind)))
+}
+
+/// Turns a nom error into its domain kind.
+#[inline]
+pub(crate) fn kind_of(err: nom::Err<PError>) -> DecodeErrorKind {
+    match err {
+        nom::Err::Error(PError(kind)) | nom::Err::Failure(PError(kind)) => kind,
+        nom::Err::Incomplete(_) => DecodeErrorKind::Truncated,
+    }
+}
 
 /// What every parser of a payload needs besides the bytes: the nesting limit.
 #[derive(Clone, Copy)]
@@ -67,91 +107,91 @@ impl<'a> ArgReader<'a> {
         self.left -= n;
     }
 
-    /// The next `N` bytes.
+    /// The unread payload (never the slack), for a nom parser; pass it and
+    /// the parser's result to [`ArgReader::consumed`]. The parser is called
+    /// directly rather than passed in: a function item passed as a value
+    /// goes through a `FnMut` shim that the compiler does not always inline.
     #[inline(always)]
-    fn fixed<const N: usize>(&mut self) -> ReadResult<[u8; N]> {
+    fn unread(&mut self) -> &'a [u8] {
         self.bit_index = 8;
-        if self.left < N {
-            return Err(DecodeErrorKind::Truncated);
-        }
-        match self.input.split_first_chunk::<N>() {
-            Some((head, rest)) => {
-                self.input = rest;
-                self.left -= N;
-                Ok(*head)
+        self.rest()
+    }
+
+    /// Moves past what a nom parser consumed of `unread` and returns its
+    /// value, or turns its error into a domain kind.
+    #[inline(always)]
+    fn consumed<T>(&mut self, unread: &'a [u8], result: PResult<'a, T>) -> ReadResult<T> {
+        match result {
+            Ok((after, value)) => {
+                self.skip(unread.len() - after.len());
+                Ok(value)
             }
-            None => Err(DecodeErrorKind::Truncated),
+            Err(err) => Err(kind_of(err)),
         }
     }
 
     /// `octet`
     #[inline(always)]
     pub(crate) fn octet(&mut self) -> ReadResult<u8> {
-        self.fixed::<1>().map(|[b]| b)
+        let i = self.unread();
+        self.consumed(i, be_u8(i))
     }
 
     /// `short`
     #[inline(always)]
     pub(crate) fn short(&mut self) -> ReadResult<u16> {
-        self.fixed().map(u16::from_be_bytes)
+        let i = self.unread();
+        self.consumed(i, be_u16(i))
     }
 
     /// `long`
     #[inline(always)]
     pub(crate) fn long(&mut self) -> ReadResult<u32> {
-        self.fixed().map(u32::from_be_bytes)
+        let i = self.unread();
+        self.consumed(i, be_u32(i))
     }
 
     /// `longlong`
     #[inline(always)]
     pub(crate) fn longlong(&mut self) -> ReadResult<u64> {
-        self.fixed().map(u64::from_be_bytes)
+        let i = self.unread();
+        self.consumed(i, be_u64(i))
     }
 
-    /// `shortstr`, written where it will live.
+    /// `shortstr`, written where it will live. nom reads the length and
+    /// checks the string lies within the payload; the string itself is then
+    /// copied as a fixed window that may run on into the slack (see
+    /// [`ShortString::set_prefix`]).
     #[inline(always)]
     pub(crate) fn shortstr_into(&mut self, dst: &mut ShortString) -> ReadResult<()> {
-        self.bit_index = 8;
-        let Some((&len, tail)) = self.input.split_first() else {
-            return Err(DecodeErrorKind::Truncated);
-        };
-        let len = usize::from(len);
-        if self.left <= len {
-            return Err(DecodeErrorKind::Truncated);
-        }
+        let tail = self.input.get(1..).unwrap_or_default();
+        let i = self.unread();
+        let len = self.consumed(i, types::short_string_len(i))?;
         dst.set_prefix(tail, len);
-        self.skip(1 + len);
         Ok(())
     }
 
     /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
-        self.bit_index = 8;
-        let (raw, _) = types::length_prefixed(self.rest())?;
-        let value = LongString::from(raw);
-        self.skip(4 + raw.len());
-        Ok(value)
+        let i = self.unread();
+        let raw = self.consumed(i, types::long_bytes(i))?;
+        Ok(LongString::from(raw))
     }
 
     /// `table`: validated now, entries built on first access.
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
-        self.bit_index = 8;
-        let (body, _) = types::length_prefixed(self.rest())?;
-        if !body.is_empty() {
-            types::validate_table_body(self.ctx.max_depth, 1, body)?;
-        }
-        let table = FieldTable::from_validated(body, self.source);
-        self.skip(4 + body.len());
-        Ok(table)
+        let i = self.unread();
+        let body = self.consumed(i, types::table_body(self.ctx.max_depth, 1, i))?;
+        Ok(FieldTable::from_validated(body, self.source))
     }
 
     /// `bit`: the next bit of the current octet, or of a new one.
     #[inline(always)]
     pub(crate) fn bit(&mut self) -> ReadResult<bool> {
         if self.bit_index >= 8 {
-            let [octet] = self.fixed::<1>()?;
+            let octet = self.octet()?;
             self.bits = octet;
             self.bit_index = 0;
         }

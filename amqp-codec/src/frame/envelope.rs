@@ -6,6 +6,8 @@
 //! Must never allocate for a frame before its size has been checked.
 
 use bytes::{Buf, Bytes, BytesMut};
+use nom::bytes::complete::take;
+use nom::number::{complete, streaming};
 
 use super::header::content_header;
 use super::{
@@ -13,7 +15,7 @@ use super::{
 };
 use crate::error::{DecodeErrorKind, Error};
 use crate::method::{BasicDeliver, Method};
-use crate::parse::{ArgReader, Ctx};
+use crate::parse::{kind_of, ArgReader, Ctx, PError};
 use crate::types::DEFAULT_MAX_DEPTH;
 
 /// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
@@ -81,8 +83,8 @@ impl FrameDecoder {
     /// Method and header frames are parsed where they lie and then skipped;
     /// a body frame's payload is split off `buf` without copying.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
-        let total = match self.frame_size(buf)? {
-            Ok(total) => total,
+        let (frame_type, channel, total) = match self.frame_header(buf)? {
+            Ok(header) => header,
             Err(_) => return Ok(None),
         };
         if buf.len() < total {
@@ -92,7 +94,7 @@ impl FrameDecoder {
             buf.reserve((total - buf.len()).min(MAX_RESERVE));
             return Ok(None);
         }
-        let (frame_type, channel) = check_end(&buf[..total])?;
+        check_end(buf, total)?;
         if frame_type == FRAME_BODY {
             // One split of the read buffer, then the envelope trimmed off
             // the frozen slice (cheaper than advancing the BytesMut twice).
@@ -142,8 +144,8 @@ impl FrameDecoder {
     /// Decodes the first frame of `input`, returning it and how many bytes it
     /// took. Too few bytes is [`Error::Incomplete`].
     pub fn decode_slice(&self, input: &Bytes) -> Result<(Frame, usize), Error> {
-        let total = match self.frame_size(input)? {
-            Ok(total) => total,
+        let (frame_type, channel, total) = match self.frame_header(input)? {
+            Ok(header) => header,
             Err(needed) => return Err(Error::Incomplete { needed }),
         };
         if input.len() < total {
@@ -151,7 +153,7 @@ impl FrameDecoder {
                 needed: total - input.len(),
             });
         }
-        let (frame_type, channel) = check_end(&input[..total])?;
+        check_end(input, total)?;
         let frame = if frame_type == FRAME_BODY {
             Frame::Body(channel, input.slice(7..total - 1))
         } else {
@@ -160,17 +162,34 @@ impl FrameDecoder {
         Ok((frame, total))
     }
 
-    /// From the 7-byte header: the total frame size, or how many more bytes
-    /// the header itself needs. Refuses unknown types and oversized frames.
-    fn frame_size(&self, buf: &[u8]) -> Result<Result<usize, usize>, Error> {
-        if buf.len() < 7 {
-            return Ok(Err(7 - buf.len()));
-        }
-        let frame_type = buf[0];
+    /// `frame = frame-type channel size payload frame-end`, its 7-byte
+    /// header read with nom's streaming parsers: the type, the channel and
+    /// the total frame size, or how many more bytes the header itself needs.
+    /// Refuses unknown types and oversized frames.
+    #[inline]
+    fn frame_header(&self, buf: &[u8]) -> Result<Result<(u8, u16, usize), usize>, Error> {
+        // Written out rather than with `tuple`, whose `parse` the compiler
+        // does not inline here.
+        let header = |i| -> nom::IResult<&[u8], (u8, u16, u32), PError> {
+            let (i, frame_type) = streaming::be_u8(i)?;
+            let (i, channel) = streaming::be_u16(i)?;
+            let (i, size) = streaming::be_u32(i)?;
+            Ok((i, (frame_type, channel, size)))
+        };
+        let (frame_type, channel, size) = match header(buf) {
+            Ok((_, header)) => header,
+            Err(nom::Err::Incomplete(_)) => return Ok(Err(7 - buf.len())),
+            // Number parsers fail only for want of bytes.
+            Err(err) => {
+                return Err(Error::Malformed {
+                    context: "frame header",
+                    kind: kind_of(err),
+                })
+            }
+        };
         if !matches!(frame_type, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
             return Err(Error::UnknownFrameType(frame_type));
         }
-        let size = (&buf[3..7]).get_u32();
         let total = u64::from(size) + FRAME_OVERHEAD as u64;
         if self.frame_max != 0 && total > u64::from(self.frame_max) {
             return Err(Error::FrameTooLarge {
@@ -178,10 +197,13 @@ impl FrameDecoder {
                 frame_max: self.frame_max,
             });
         }
-        usize::try_from(total).map(Ok).map_err(|_| Error::FrameTooLarge {
-            size: total,
-            frame_max: self.frame_max,
-        })
+        match usize::try_from(total) {
+            Ok(total) => Ok(Ok((frame_type, channel, total))),
+            Err(_) => Err(Error::FrameTooLarge {
+                size: total,
+                frame_max: self.frame_max,
+            }),
+        }
     }
 
     /// Parses the payload of a method, header or heartbeat frame completely.
@@ -213,27 +235,44 @@ impl FrameDecoder {
     /// `method-payload = class-id method-id *amqp-field`: the first `len`
     /// bytes of `payload`, the rest slack.
     fn method(&self, channel: u16, payload: &[u8], len: usize, source: Option<&Bytes>) -> Result<Frame, Error> {
-        if len < 4 {
-            return Err(Error::Malformed {
-                context: "method frame",
-                kind: DecodeErrorKind::Truncated,
-            });
-        }
-        let class_id = u16::from_be_bytes([payload[0], payload[1]]);
-        let method_id = u16::from_be_bytes([payload[2], payload[3]]);
+        let ids = |i| -> nom::IResult<&[u8], (u16, u16), PError> {
+            let (i, class_id) = complete::be_u16(i)?;
+            let (i, method_id) = complete::be_u16(i)?;
+            Ok((i, (class_id, method_id)))
+        };
+        let ids = ids(payload.get(..len).unwrap_or_default());
+        let (class_id, method_id) = match ids {
+            Ok((_, ids)) => ids,
+            Err(err) => {
+                return Err(Error::Malformed {
+                    context: "method frame",
+                    kind: kind_of(err),
+                })
+            }
+        };
         let reader = ArgReader::new(self.ctx(), source, &payload[4..], len - 4);
         let method = Method::decode_args(class_id, method_id, reader)?;
         Ok(Frame::Method(channel, method))
     }
 }
 
-/// Checks the end byte of a whole frame; returns its type and channel.
-fn check_end(frame: &[u8]) -> Result<(u8, u16), Error> {
-    let end = frame[frame.len() - 1];
+/// Checks `frame-end` of the frame of `total` bytes at the start of `buf`
+/// (which holds all of it): nom takes the header and payload, then the end
+/// byte.
+#[inline(always)]
+fn check_end(buf: &[u8], total: usize) -> Result<(), Error> {
+    let end = |i| -> nom::IResult<&[u8], u8, PError> {
+        let (i, _) = take(total - 1)(i)?;
+        complete::be_u8(i)
+    };
+    let (_, end) = end(buf).map_err(|err| Error::Malformed {
+        context: "frame",
+        kind: kind_of(err),
+    })?;
     if end != FRAME_END {
         return Err(Error::BadFrameEnd { found: end });
     }
-    Ok((frame[0], u16::from_be_bytes([frame[1], frame[2]])))
+    Ok(())
 }
 
 /// Decodes the first frame of `input` with `frame_max` and the default

@@ -6,10 +6,11 @@
 //! can carry on.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use nom::number::complete::{be_u16, be_u64};
 
 use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
-use crate::parse::Ctx;
+use crate::parse::{kind_of, Ctx, PError};
 use crate::properties::BasicProperties;
 use crate::Frame;
 
@@ -90,17 +91,16 @@ pub(crate) fn content_header(
     max_depth: usize,
     source: Option<&Bytes>,
 ) -> Result<Frame, Error> {
-    let Some((fixed, rest)) = payload.split_first_chunk::<12>() else {
-        return Err(Error::Malformed {
-            context: "content header",
-            kind: DecodeErrorKind::Truncated,
-        });
+    let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
+        let (i, class_id) = be_u16(i)?;
+        let (i, weight) = be_u16(i)?;
+        let (i, body_size) = be_u64(i)?;
+        Ok((i, (class_id, weight, body_size)))
     };
-    let class_id = u16::from_be_bytes([fixed[0], fixed[1]]);
-    let weight = u16::from_be_bytes([fixed[2], fixed[3]]);
-    let body_size = u64::from_be_bytes([
-        fixed[4], fixed[5], fixed[6], fixed[7], fixed[8], fixed[9], fixed[10], fixed[11],
-    ]);
+    let (rest, (class_id, weight, body_size)) = fixed(payload).map_err(|err| Error::Malformed {
+        context: "content header",
+        kind: kind_of(err),
+    })?;
     let error = if class_id == class::BASIC {
         let mut properties = Box::<BasicProperties>::default();
         match BasicProperties::decode_into(&mut properties, Ctx { max_depth }, rest, source) {

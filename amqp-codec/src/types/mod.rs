@@ -6,14 +6,27 @@ mod table;
 mod value;
 
 use bytes::Bytes;
+use nom::bytes::complete::take;
+use nom::number::complete::be_u8;
 
 pub use strings::{LongString, ShortString};
 pub use table::{FieldArray, FieldTable};
 pub use value::{Decimal, FieldValue};
 
-pub(crate) use table::{length_prefixed, validate_table_body};
+pub(crate) use table::{long_bytes, table_body};
 
 use crate::error::{DecodeErrorKind, Error};
+use crate::parse::{kind_of, PResult};
+
+/// `short-string = OCTET *string-char`: the length, once nom has checked
+/// the string lies within the input. Callers copy the string itself as a
+/// fixed window (see `ShortString::set_prefix`), which nom cannot express.
+#[inline(always)]
+pub(crate) fn short_string_len(i: &[u8]) -> PResult<'_, usize> {
+    let (i, len) = be_u8(i)?;
+    let (i, _) = take(len)(i)?;
+    Ok((i, usize::from(len)))
+}
 
 /// The default limit on how deep tables and arrays may nest inside each other.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
@@ -43,8 +56,7 @@ impl FieldTable {
         if max_depth == 0 {
             return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
         }
-        let (body, rest) = length_prefixed(input).map_err(malformed)?;
-        validate_table_body(max_depth, 1, body).map_err(malformed)?;
+        let (rest, body) = table_body(max_depth, 1, input).map_err(|err| malformed(kind_of(err)))?;
         if !rest.is_empty() {
             return Err(malformed(DecodeErrorKind::TrailingBytes(rest.len())));
         }

@@ -5,12 +5,13 @@
 //! match. Both carry a 32-bit byte-length prefix.
 //!
 //! A decoded table is validated but not materialized: decoding walks its
-//! bytes once, without allocating, and enforces every rule (nesting limit,
-//! known type codes, lengths that fit their container), so a bad table is
-//! still an error at decode time. The table then keeps its wire bytes (a
-//! copy in its own allocation if small, else a zero-copy slice of the frame
-//! when there is one to share) and builds its entries the first time they
-//! are asked for. Encoding a table that was never changed copies its bytes.
+//! bytes once with nom's complete parsers, without allocating, and enforces
+//! every rule (nesting limit, known type codes, lengths that fit their
+//! container), so a bad table is still an error at decode time. The table
+//! then keeps its wire bytes (a copy in its own allocation if small, else a
+//! zero-copy slice of the frame when there is one to share) and builds its
+//! entries the first time they are asked for. Encoding a table that was
+//! never changed copies its bytes.
 //! Validation recurses only as deep as the nesting limit allows.
 
 use std::fmt;
@@ -18,9 +19,14 @@ use std::sync::OnceLock;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use nom::bytes::complete::take;
+use nom::number::complete::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64, be_u8};
+
+use super::short_string_len;
 use super::value::Decimal;
 use super::{FieldValue, LongString, ShortString};
 use crate::error::{DecodeErrorKind, EncodeError};
+use crate::parse::{fail, PResult};
 
 /// One table entry.
 type Entry = (ShortString, FieldValue);
@@ -99,7 +105,7 @@ impl FieldTable {
         FieldTable(Repr::Owned(Vec::new()))
     }
 
-    /// A table over a body that [`validate_table_body`] accepted, which
+    /// A table over a body that [`table_body`] accepted, which
     /// lies within `source` when there is one: a small body is copied, a
     /// larger one sliced from `source` (or copied without one).
     #[inline]
@@ -322,76 +328,75 @@ fn with_length_prefix(
 }
 
 // ---------------------------------------------------------------------------
-// Validation: one pass over the bytes, no allocation.
+// Validation: one pass over the bytes with nom's complete parsers, no
+// allocation.
 // ---------------------------------------------------------------------------
 
-type Checked<'a> = Result<&'a [u8], DecodeErrorKind>;
-
-/// Splits off a 32-bit length and that many bytes: `(body, rest)`. A length
+/// `long-uint *OCTET`: a 32-bit length and the bytes it covers. A length
 /// past the end of the container is `BadLength`, not `Truncated`, because it
 /// is the length that lies.
 #[inline]
-pub(crate) fn length_prefixed(i: &[u8]) -> Result<(&[u8], &[u8]), DecodeErrorKind> {
-    let Some((len, rest)) = i.split_first_chunk::<4>() else {
-        return Err(DecodeErrorKind::Truncated);
-    };
-    let len = u32::from_be_bytes(*len);
-    match rest.split_at_checked(len as usize) {
-        Some(split) => Ok(split),
-        None => Err(DecodeErrorKind::BadLength(len.into())),
+pub(crate) fn long_bytes(i: &[u8]) -> PResult<'_, &[u8]> {
+    let (i, len) = be_u32(i)?;
+    if len as usize > i.len() {
+        return fail(DecodeErrorKind::BadLength(len.into()));
     }
+    take(len)(i)
+}
+
+/// `field-table = long-uint *field-value-pair` at nesting level `depth` (the
+/// outermost table is level 1): the body, checked.
+#[inline]
+pub(crate) fn table_body(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, &[u8]> {
+    let (rest, body) = long_bytes(i)?;
+    validate_table_body(max_depth, depth, body)?;
+    Ok((rest, body))
 }
 
 /// Checks the body of a table (what follows its length prefix) at nesting
-/// level `depth` (the outermost table is level 1): every key, type code and
-/// length, and the nesting limit.
-pub(crate) fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> Result<(), DecodeErrorKind> {
-    while let Some((&key_len, rest)) = body.split_first() {
-        let Some(rest) = rest.get(usize::from(key_len)..) else {
-            return Err(DecodeErrorKind::Truncated);
-        };
-        body = skip_value(max_depth, depth, rest)?;
+/// level `depth`: every `field-value-pair = field-name field-value`, its
+/// key, type code and length, and the nesting limit.
+fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
+    while !body.is_empty() {
+        let (i, _key_len) = short_string_len(body)?;
+        body = skip_value(max_depth, depth, i)?.0;
     }
-    Ok(())
+    Ok((body, ()))
 }
 
 /// Checks the body of an array at nesting level `depth`.
-fn validate_array_body(max_depth: usize, depth: usize, mut body: &[u8]) -> Result<(), DecodeErrorKind> {
+fn validate_array_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
     while !body.is_empty() {
-        body = skip_value(max_depth, depth, body)?;
+        body = skip_value(max_depth, depth, body)?.0;
     }
-    Ok(())
+    Ok((body, ()))
 }
 
-/// Checks one `type-code value` held by a container at level `depth`;
-/// returns what follows it.
-fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> Checked<'_> {
-    let Some((&code, i)) = i.split_first() else {
-        return Err(DecodeErrorKind::Truncated);
-    };
-    let width = match code {
+/// Checks one `field-value = type-code value` held by a container at level
+/// `depth`.
+fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, ()> {
+    let (i, code) = be_u8(i)?;
+    let width: u8 = match code {
         b't' | b'b' | b'B' => 1,
         b's' | b'u' => 2,
         b'I' | b'i' | b'f' => 4,
         b'D' => 5,
         b'l' | b'L' | b'd' | b'T' => 8,
         b'V' => 0,
-        b'S' | b'x' => return length_prefixed(i).map(|(_, rest)| rest),
+        b'S' | b'x' => return long_bytes(i).map(|(rest, _)| (rest, ())),
         b'F' => {
-            let depth = nested(max_depth, depth)?;
-            let (body, rest) = length_prefixed(i)?;
-            validate_table_body(max_depth, depth, body)?;
-            return Ok(rest);
+            let depth = nested(max_depth, depth).or_else(fail)?;
+            return table_body(max_depth, depth, i).map(|(rest, _)| (rest, ()));
         }
         b'A' => {
-            let depth = nested(max_depth, depth)?;
-            let (body, rest) = length_prefixed(i)?;
+            let depth = nested(max_depth, depth).or_else(fail)?;
+            let (rest, body) = long_bytes(i)?;
             validate_array_body(max_depth, depth, body)?;
-            return Ok(rest);
+            return Ok((rest, ()));
         }
-        other => return Err(DecodeErrorKind::UnknownFieldType(other)),
+        other => return fail(DecodeErrorKind::UnknownFieldType(other)),
     };
-    i.get(width..).ok_or(DecodeErrorKind::Truncated)
+    take(width)(i).map(|(rest, _)| (rest, ()))
 }
 
 /// The level of a table or array nested at `depth`, or an error past the limit.
@@ -409,7 +414,7 @@ fn nested(max_depth: usize, depth: usize) -> Result<usize, DecodeErrorKind> {
 // Materialization: building values from bytes that passed validation.
 // ---------------------------------------------------------------------------
 
-/// Reads values out of validated bytes. Long values are zero-copy slices of
+/// Reads values out of validated bytes with nom's complete parsers. Long values are zero-copy slices of
 /// `shared` when the bytes are that buffer, else copies. Nested tables stay
 /// lazy; arrays are built, so recursion only follows arrays, as deep as
 /// validation allowed. Should the bytes somehow not be what validation
@@ -421,26 +426,29 @@ struct Reader<'a> {
     end: usize,
 }
 
+/// Runs a nom parser on the unread bytes of a [`Reader`].
+macro_rules! read {
+    ($reader:ident, $parser:expr) => {{
+        let unread = $reader.rest();
+        $reader.consumed(unread, $parser(unread))
+    }};
+}
+
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&end| end <= self.end)?;
-        let bytes = self.bytes.get(self.at..end)?;
-        self.at = end;
-        Some(bytes)
+    /// The unread bytes of the container, never those after it.
+    #[inline(always)]
+    fn rest(&self) -> &'a [u8] {
+        self.bytes.get(self.at..self.end).unwrap_or_default()
     }
 
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
-        self.take(N).and_then(|b| b.try_into().ok())
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.array::<1>().map(|[b]| b)
-    }
-
-    /// A 32-bit length and the bytes it covers.
-    fn long_bytes(&mut self) -> Option<&'a [u8]> {
-        let len = u32::from_be_bytes(self.array::<4>()?) as usize;
-        self.take(len)
+    /// Moves past what a nom parser consumed of `unread` (what
+    /// [`Reader::rest`] was) and returns its value. Parsers are called
+    /// directly, not passed in, so that they inline.
+    #[inline(always)]
+    fn consumed<T>(&mut self, unread: &'a [u8], result: PResult<'a, T>) -> Option<T> {
+        let (after, value) = result.ok()?;
+        self.at += unread.len() - after.len();
+        Some(value)
     }
 
     /// `bytes` (taken from this reader) as `Bytes`: shared or copied.
@@ -452,48 +460,48 @@ impl<'a> Reader<'a> {
     }
 
     fn value(&mut self) -> Option<FieldValue> {
-        Some(match self.u8()? {
-            b't' => FieldValue::Bool(self.u8()? != 0),
-            b'b' => FieldValue::I8(i8::from_be_bytes(self.array()?)),
-            b'B' => FieldValue::U8(self.u8()?),
-            b's' => FieldValue::I16(i16::from_be_bytes(self.array()?)),
-            b'u' => FieldValue::U16(u16::from_be_bytes(self.array()?)),
-            b'I' => FieldValue::I32(i32::from_be_bytes(self.array()?)),
-            b'i' => FieldValue::U32(u32::from_be_bytes(self.array()?)),
-            b'l' => FieldValue::I64(i64::from_be_bytes(self.array()?)),
-            b'L' => FieldValue::I64L(i64::from_be_bytes(self.array()?)),
-            b'f' => FieldValue::F32(f32::from_be_bytes(self.array()?)),
-            b'd' => FieldValue::F64(f64::from_be_bytes(self.array()?)),
+        Some(match read!(self, be_u8)? {
+            b't' => FieldValue::Bool(read!(self, be_u8)? != 0),
+            b'b' => FieldValue::I8(read!(self, be_i8)?),
+            b'B' => FieldValue::U8(read!(self, be_u8)?),
+            b's' => FieldValue::I16(read!(self, be_i16)?),
+            b'u' => FieldValue::U16(read!(self, be_u16)?),
+            b'I' => FieldValue::I32(read!(self, be_i32)?),
+            b'i' => FieldValue::U32(read!(self, be_u32)?),
+            b'l' => FieldValue::I64(read!(self, be_i64)?),
+            b'L' => FieldValue::I64L(read!(self, be_i64)?),
+            b'f' => FieldValue::F32(read!(self, be_f32)?),
+            b'd' => FieldValue::F64(read!(self, be_f64)?),
             b'D' => {
-                let scale = self.u8()?;
-                let value = u32::from_be_bytes(self.array()?);
+                let scale = read!(self, be_u8)?;
+                let value = read!(self, be_u32)?;
                 FieldValue::Decimal(Decimal { scale, value })
             }
             b'S' => {
                 let start = self.at + 4;
-                let len = self.long_bytes()?.len();
+                let len = read!(self, long_bytes)?.len();
                 // The window may run past the value into the rest of the buffer.
                 let tail = self.bytes.get(start..).unwrap_or_default();
                 FieldValue::LongString(LongString::from_prefix(tail, len, self.shared))
             }
             b'x' => {
-                let bytes = self.long_bytes()?;
+                let bytes = read!(self, long_bytes)?;
                 FieldValue::ByteArray(self.to_bytes(bytes))
             }
-            b'T' => FieldValue::Timestamp(u64::from_be_bytes(self.array()?)),
+            b'T' => FieldValue::Timestamp(read!(self, be_u64)?),
             b'V' => FieldValue::Void,
             b'F' => {
-                let bytes = self.long_bytes()?;
+                let bytes = read!(self, long_bytes)?;
                 FieldValue::Table(FieldTable::from_validated(bytes, self.shared))
             }
             b'A' => {
-                let end = self.at;
-                let bytes = self.long_bytes()?;
+                let start = self.at + 4;
+                let bytes = read!(self, long_bytes)?;
                 let mut inner = Reader {
                     bytes: self.bytes,
                     shared: self.shared,
-                    at: end + 4,
-                    end: end + 4 + bytes.len(),
+                    at: start,
+                    end: start + bytes.len(),
                 };
                 let mut values = Vec::new();
                 while inner.at < inner.end {
@@ -524,12 +532,12 @@ fn materialize_table(raw: &RawBody) -> Vec<Entry> {
     // avoids most regrowth without trusting the peer for the allocation.
     let mut entries = Vec::with_capacity((end / 12).clamp(1, 16));
     while reader.at < reader.end {
-        let Some(key_len) = reader.u8() else { break };
-        let start = reader.at;
-        if reader.take(usize::from(key_len)).is_none() {
+        let start = reader.at + 1;
+        let Some(key_len) = read!(reader, short_string_len) else {
             break;
-        }
-        let key = ShortString::from_prefix(&reader.bytes[start..], usize::from(key_len));
+        };
+        // The window may run past the key into the rest of the buffer.
+        let key = ShortString::from_prefix(reader.bytes.get(start..).unwrap_or_default(), key_len);
         let Some(value) = reader.value() else { break };
         entries.push((key, value));
     }
