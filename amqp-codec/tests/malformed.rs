@@ -76,6 +76,22 @@ fn a_payload_shorter_than_its_method_is_malformed_not_incomplete() {
 }
 
 #[test]
+fn a_method_frame_too_short_for_its_ids_is_malformed_even_at_the_end_of_the_buffer() {
+    // Found by fuzzing: the basic.deliver fast path looked at the ids before
+    // checking the payload could hold them.
+    for payload in [&[][..], &[0], &[0, 60], &[0, 60, 0]] {
+        let mut buf = frame(1, 1, payload);
+        match FrameDecoder::new(131_072).decode(&mut buf) {
+            Err(Error::Malformed {
+                context: "method frame",
+                kind: DecodeErrorKind::Truncated,
+            }) => {}
+            other => panic!("payload {payload:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn trailing_bytes_after_the_last_argument_are_malformed() {
     let whole = declare_frame();
     let mut payload = whole[7..whole.len() - 1].to_vec();

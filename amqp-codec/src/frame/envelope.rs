@@ -18,6 +18,10 @@ use crate::method::{BasicDeliver, Method};
 use crate::parse::{kind_of, ArgReader, Ctx, PError};
 use crate::types::DEFAULT_MAX_DEPTH;
 
+/// The class and method ids of `basic.deliver` (60, 60) as they start a
+/// method payload.
+const BASIC_DELIVER_IDS: [u8; 4] = [0, 60, 0, 60];
+
 /// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
 const MAX_RESERVE: usize = 256 * 1024;
 
@@ -110,7 +114,10 @@ impl FrameDecoder {
             buf.advance(total);
             return frame.map(Some);
         }
-        if frame_type == FRAME_METHOD && buf[7..11] == [0, 60, 0, 60] && total >= 12 {
+        // The ids are looked for within the payload only: a method frame too
+        // short to hold them (even an empty one at the end of `buf`) takes
+        // the general path and is `Malformed`.
+        if frame_type == FRAME_METHOD && buf[7..total - 1].starts_with(&BASIC_DELIVER_IDS) {
             // basic.deliver, the method of every message a consumer gets,
             // decoded in place in the frame returned. The rest of the buffer
             // after the frame is slack for the string reader.
