@@ -1,8 +1,8 @@
 //! The public error types of the codec.
 //!
-//! nom never appears here: parsers inside the crate carry a [`DecodeErrorKind`]
-//! and it is turned into [`Error`] at the crate boundary. Every variant says
-//! what was wrong in terms of the protocol, so the caller can choose the right
+//! nom never appears here: parsers inside the crate are nom parsers whose
+//! error carries a [`DecodeErrorKind`], and it is turned into [`Error`] at the
+//! crate boundary. Every variant says what was wrong in terms of the protocol, so the caller can choose the right
 //! reply code (see [`Error::reply_code`]).
 
 use crate::reply_code::ReplyCode;

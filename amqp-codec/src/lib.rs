@@ -17,6 +17,8 @@
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
 //!   set aside and the connection lives on.
 //! - Nothing panics on any input.
+//! - Parsing is hand-written nom (streaming for the 7-byte envelope header,
+//!   `complete` for payloads); nom never appears in a public signature.
 //!
 //! ```
 //! use amqp_codec::{encode_method, BasicDeliver, Frame, FrameDecoder, Method};

@@ -1,11 +1,15 @@
-//! Crate-internal parsing plumbing: the nom error type, the zero-copy
-//! context, and the field-by-field reader the method table is built on.
+//! Crate-internal parsing plumbing: the nom error type, and the
+//! field-by-field reader the method table and the properties are built on,
+//! with its writer twin.
 //!
-//! Nothing in here is public: at the crate boundary a [`PError`] becomes an
-//! [`crate::Error`]. Parsers run in nom's *complete* mode on a payload that the
-//! envelope has already delimited, so running out of input is `Truncated`,
-//! never a request for more bytes.
+//! Nothing in here is public: at the crate boundary a [`PError`] becomes a
+//! [`DecodeErrorKind`] and then an [`crate::Error`]. Readers run nom's
+//! *complete* parsers on a payload that the envelope has already delimited,
+//! so running out of input is `Truncated`, never a request for more bytes.
+//! They allocate nothing for anything inline, because they run for every
+//! frame.
 
+use bytes::Bytes;
 use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
 
 use crate::error::DecodeErrorKind;
@@ -16,12 +20,14 @@ use crate::types::{self, FieldTable, LongString, ShortString};
 pub(crate) struct PError(pub(crate) DecodeErrorKind);
 
 impl<'a> nom::error::ParseError<&'a [u8]> for PError {
+    #[inline]
     fn from_error_kind(_input: &'a [u8], _kind: nom::error::ErrorKind) -> Self {
-        // In complete mode the only way nom's own combinators fail on the
-        // inputs we give them is by running out of bytes.
+        // In complete mode the only way nom's own parsers fail on the inputs
+        // we give them is by running out of bytes.
         PError(DecodeErrorKind::Truncated)
     }
 
+    #[inline]
     fn append(_input: &'a [u8], _kind: nom::error::ErrorKind, other: Self) -> Self {
         other
     }
@@ -31,11 +37,13 @@ impl<'a> nom::error::ParseError<&'a [u8]> for PError {
 pub(crate) type PResult<'a, T> = nom::IResult<&'a [u8], T, PError>;
 
 /// Fails a parser with a domain error kind.
+#[inline]
 pub(crate) fn fail<T>(kind: DecodeErrorKind) -> Result<T, nom::Err<PError>> {
     Err(nom::Err::Error(PError(kind)))
 }
 
 /// Turns a nom error into its domain kind.
+#[inline]
 pub(crate) fn kind_of(err: nom::Err<PError>) -> DecodeErrorKind {
     match err {
         nom::Err::Error(PError(kind)) | nom::Err::Failure(PError(kind)) => kind,
@@ -53,7 +61,15 @@ pub(crate) struct Ctx {
 /// `bit` fields into octets as AMQP 0-9-1 §4.2.5.2 requires.
 pub(crate) struct ArgReader<'a> {
     ctx: Ctx,
-    rest: &'a [u8],
+    /// The buffer the input lies in, when there is one to share: tables are
+    /// then zero-copy slices of it, else copies.
+    source: Option<&'a Bytes>,
+    /// The unread payload, followed by whatever bytes come after the payload
+    /// in the same buffer (the slack). Reads never go past the payload; a
+    /// short string may copy a whole window that runs into the slack.
+    input: &'a [u8],
+    /// How many bytes of `input` are payload (never more than its length).
+    left: usize,
     /// The octet bits are being taken from, and the next bit's index (8 = none left).
     bits: u8,
     bit_index: u8,
@@ -62,21 +78,52 @@ pub(crate) struct ArgReader<'a> {
 type ReadResult<T> = Result<T, DecodeErrorKind>;
 
 impl<'a> ArgReader<'a> {
-    pub(crate) fn new(ctx: Ctx, input: &'a [u8]) -> Self {
+    /// A reader of the first `len` bytes of `input` (fewer if `input` is
+    /// shorter); the bytes after them are slack. With a `source`, `input`
+    /// must lie within it, and tables are zero-copy slices of it.
+    #[inline]
+    pub(crate) fn new(ctx: Ctx, source: Option<&'a Bytes>, input: &'a [u8], len: usize) -> Self {
         ArgReader {
             ctx,
-            rest: input,
+            source,
+            input,
+            left: len.min(input.len()),
             bits: 0,
             bit_index: 8,
         }
     }
 
-    #[inline]
-    fn run<T>(&mut self, mut parser: impl FnMut(&'a [u8]) -> PResult<'a, T>) -> ReadResult<T> {
+    /// The unread payload.
+    #[inline(always)]
+    fn rest(&self) -> &'a [u8] {
+        self.input.get(..self.left).unwrap_or_default()
+    }
+
+    /// Moves past `n` bytes of payload (at most what is left).
+    #[inline(always)]
+    fn skip(&mut self, n: usize) {
+        let n = n.min(self.left);
+        self.input = self.input.get(n..).unwrap_or_default();
+        self.left -= n;
+    }
+
+    /// The unread payload (never the slack), for a nom parser; pass it and
+    /// the parser's result to [`ArgReader::consumed`]. The parser is called
+    /// directly rather than passed in: a function item passed as a value
+    /// goes through a `FnMut` shim that the compiler does not always inline.
+    #[inline(always)]
+    fn unread(&mut self) -> &'a [u8] {
         self.bit_index = 8;
-        match parser(self.rest) {
-            Ok((rest, value)) => {
-                self.rest = rest;
+        self.rest()
+    }
+
+    /// Moves past what a nom parser consumed of `unread` and returns its
+    /// value, or turns its error into a domain kind.
+    #[inline(always)]
+    fn consumed<T>(&mut self, unread: &'a [u8], result: PResult<'a, T>) -> ReadResult<T> {
+        match result {
+            Ok((after, value)) => {
+                self.skip(unread.len() - after.len());
                 Ok(value)
             }
             Err(err) => Err(kind_of(err)),
@@ -84,62 +131,67 @@ impl<'a> ArgReader<'a> {
     }
 
     /// `octet`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn octet(&mut self) -> ReadResult<u8> {
-        self.run(be_u8)
+        let i = self.unread();
+        self.consumed(i, be_u8(i))
     }
 
     /// `short`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn short(&mut self) -> ReadResult<u16> {
-        self.run(be_u16)
+        let i = self.unread();
+        self.consumed(i, be_u16(i))
     }
 
     /// `long`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn long(&mut self) -> ReadResult<u32> {
-        self.run(be_u32)
+        let i = self.unread();
+        self.consumed(i, be_u32(i))
     }
 
     /// `longlong`
-    #[inline]
+    #[inline(always)]
     pub(crate) fn longlong(&mut self) -> ReadResult<u64> {
-        self.run(be_u64)
+        let i = self.unread();
+        self.consumed(i, be_u64(i))
     }
 
-    /// `timestamp`
-    #[inline]
-    pub(crate) fn timestamp(&mut self) -> ReadResult<u64> {
-        self.run(be_u64)
+    /// `shortstr`, written where it will live. nom reads the length and
+    /// checks the string lies within the payload; the string itself is then
+    /// copied as a fixed window that may run on into the slack (see
+    /// [`ShortString::set_prefix`]).
+    #[inline(always)]
+    pub(crate) fn shortstr_into(&mut self, dst: &mut ShortString) -> ReadResult<()> {
+        let tail = self.input.get(1..).unwrap_or_default();
+        let i = self.unread();
+        let len = self.consumed(i, types::short_string_len(i))?;
+        dst.set_prefix(tail, len);
+        Ok(())
     }
 
-    /// `shortstr`
-    #[inline]
-    pub(crate) fn shortstr(&mut self) -> ReadResult<ShortString> {
-        let raw = self.run(types::short_string_raw)?;
-        Ok(ShortString::from_slice(raw))
-    }
-
-    /// `longstr`
+    /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
-        let raw = self.run(types::long_string_raw)?;
-        Ok(LongString::from_slice(raw))
+        let i = self.unread();
+        let raw = self.consumed(i, types::long_bytes(i))?;
+        Ok(LongString::from(raw))
     }
 
-    /// `table`
+    /// `table`: validated now, entries built on first access.
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
-        let ctx = self.ctx;
-        self.run(|i| types::field_table(ctx, 1, i))
+        let i = self.unread();
+        let body = self.consumed(i, types::table_body(self.ctx.max_depth, 1, i))?;
+        Ok(FieldTable::from_validated(body, self.source))
     }
 
     /// `bit`: the next bit of the current octet, or of a new one.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bit(&mut self) -> ReadResult<bool> {
         if self.bit_index >= 8 {
-            let (rest, octet) = be_u8::<_, PError>(self.rest).map_err(kind_of)?;
-            self.rest = rest;
+            let octet = self.octet()?;
             self.bits = octet;
             self.bit_index = 0;
         }
@@ -149,12 +201,83 @@ impl<'a> ArgReader<'a> {
     }
 
     /// Succeeds only if every byte was consumed.
+    #[inline(always)]
     pub(crate) fn finish(self) -> ReadResult<()> {
-        if self.rest.is_empty() {
+        if self.left == 0 {
             Ok(())
         } else {
-            Err(DecodeErrorKind::TrailingBytes(self.rest.len()))
+            Err(DecodeErrorKind::TrailingBytes(self.left))
         }
+    }
+}
+
+/// A field type the reader can decode in place.
+pub(crate) trait ReadField {
+    /// Decodes the next field into `self`.
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()>;
+}
+
+impl ReadField for u8 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.octet()?;
+        Ok(())
+    }
+}
+
+impl ReadField for u16 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.short()?;
+        Ok(())
+    }
+}
+
+impl ReadField for u32 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.long()?;
+        Ok(())
+    }
+}
+
+/// `longlong` and `timestamp`.
+impl ReadField for u64 {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.longlong()?;
+        Ok(())
+    }
+}
+
+impl ReadField for bool {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.bit()?;
+        Ok(())
+    }
+}
+
+impl ReadField for ShortString {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        r.shortstr_into(self)
+    }
+}
+
+impl ReadField for LongString {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.longstr()?;
+        Ok(())
+    }
+}
+
+impl ReadField for FieldTable {
+    #[inline(always)]
+    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+        *self = r.table()?;
+        Ok(())
     }
 }
 

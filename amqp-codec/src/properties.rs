@@ -5,10 +5,10 @@
 //! frame envelope around it is intact. The frame decoder reports it as
 //! [`crate::Frame::UndecodableHeader`] with the raw bytes kept.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{ArgReader, Ctx};
+use crate::parse::{ArgReader, Ctx, ReadField};
 use crate::types::{FieldTable, ShortString};
 
 macro_rules! properties {
@@ -38,13 +38,21 @@ macro_rules! properties {
 
             /// Decodes the flag word and the properties into `props`, which
             /// must be empty (fields are written where they lie, not moved).
-            pub(crate) fn decode_into(props: &mut Self, ctx: Ctx, input: &[u8]) -> Result<(), DecodeErrorKind> {
-                let mut r = ArgReader::new(ctx, input);
+            /// `input` lies within `source` when there is one.
+            pub(crate) fn decode_into(
+                props: &mut Self,
+                ctx: Ctx,
+                input: &[u8],
+                source: Option<&Bytes>,
+            ) -> Result<(), DecodeErrorKind> {
+                let mut r = ArgReader::new(ctx, source, input, input.len());
                 let flags = r.short()?;
                 if flags & DEFINED_FLAGS != flags {
                     return Err(DecodeErrorKind::BadPropertyFlags(flags));
                 }
-                $( if flags & (1 << $bit) != 0 { props.$field = Some(r.$read()?); } )*
+                $( if flags & (1 << $bit) != 0 {
+                    ReadField::read_into(props.$field.insert(Default::default()), &mut r)?;
+                } )*
                 r.finish()
             }
         }

@@ -76,6 +76,22 @@ fn a_payload_shorter_than_its_method_is_malformed_not_incomplete() {
 }
 
 #[test]
+fn a_method_frame_too_short_for_its_ids_is_malformed_even_at_the_end_of_the_buffer() {
+    // Found by fuzzing: the basic.deliver fast path looked at the ids before
+    // checking the payload could hold them.
+    for payload in [&[][..], &[0], &[0, 60], &[0, 60, 0]] {
+        let mut buf = frame(1, 1, payload);
+        match FrameDecoder::new(131_072).decode(&mut buf) {
+            Err(Error::Malformed {
+                context: "method frame",
+                kind: DecodeErrorKind::Truncated,
+            }) => {}
+            other => panic!("payload {payload:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn trailing_bytes_after_the_last_argument_are_malformed() {
     let whole = declare_frame();
     let mut payload = whole[7..whole.len() - 1].to_vec();
@@ -445,4 +461,72 @@ fn a_header_announcing_4_gib_without_frame_max_reserves_a_bounded_amount() {
     let mut buf = BytesMut::from(&[3u8, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
     assert_eq!(FrameDecoder::new(0).decode(&mut buf), Ok(None));
     assert!(buf.capacity() <= 1 << 20, "reserved {} bytes", buf.capacity());
+}
+
+/// Strings are read from a window that may run past the frame into the next
+/// one; a length that runs past the payload must still be refused, and the
+/// bytes after the frame must never leak into a value.
+#[test]
+fn strings_never_reach_past_their_frame_into_the_next_one() {
+    use amqp_codec::{BasicDeliver, Method};
+    let deliver = BasicDeliver {
+        consumer_tag: "ctag".into(),
+        delivery_tag: 7,
+        redelivered: true,
+        exchange: "ex".into(),
+        routing_key: "rk".into(),
+    };
+    let mut good = BytesMut::new();
+    encode_method(1, &deliver.clone().into(), &mut good).unwrap();
+    let next = frame(3, 1, &[b'z'; 100]);
+
+    // Followed by another frame: decodes exactly, nothing borrowed from it.
+    let mut stream = good.clone();
+    stream.extend_from_slice(&next);
+    let decoder = FrameDecoder::new(0);
+    let got = decoder.decode(&mut stream).unwrap().unwrap();
+    assert_eq!(got, Frame::Method(1, Method::BasicDeliver(deliver.clone())));
+    let Frame::Method(_, Method::BasicDeliver(got)) = got else {
+        unreachable!()
+    };
+    assert_eq!(got.routing_key.as_bytes(), b"rk");
+    assert_eq!(got.routing_key.len(), 2);
+
+    // The routing key's length byte claims more than the payload holds; the
+    // next frame's bytes would satisfy it, but they are not the payload's.
+    let mut lying = good.to_vec();
+    let at = lying.len() - 4; // the length byte of "rk", before "rk" and the end byte
+    assert_eq!(&lying[at..], &[2, b'r', b'k', 0xCE]);
+    lying[at] = 40;
+    let mut stream = BytesMut::from(&lying[..]);
+    stream.extend_from_slice(&next);
+    let err = decoder.decode(&mut stream).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Malformed {
+            context: "basic.deliver",
+            kind: DecodeErrorKind::Truncated
+        }
+    );
+    let mut whole = BytesMut::from(&lying[..]);
+    whole.extend_from_slice(&next);
+    assert_eq!(decoder.decode_slice(&whole.freeze()).unwrap_err(), err);
+    // The same frame alone, with no slack at all.
+    assert_eq!(decode(&lying).unwrap_err(), err);
+
+    // A content header's strings likewise.
+    let props = BasicProperties {
+        content_type: Some("text/plain".into()),
+        ..Default::default()
+    };
+    let mut header = BytesMut::new();
+    Frame::Header(1, ContentHeader::basic(5, props.clone()))
+        .encode(&mut header)
+        .unwrap();
+    let mut stream = header.clone();
+    stream.extend_from_slice(&next);
+    let Some(Frame::Header(1, h)) = decoder.decode(&mut stream).unwrap() else {
+        panic!("a header")
+    };
+    assert_eq!(*h.properties, props);
 }

@@ -6,15 +6,21 @@
 //! Must never allocate for a frame before its size has been checked.
 
 use bytes::{Buf, Bytes, BytesMut};
+use nom::bytes::complete::take;
+use nom::number::{complete, streaming};
 
-use super::header::{content_header, HeaderPayload};
+use super::header::content_header;
 use super::{
     Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
 };
 use crate::error::{DecodeErrorKind, Error};
-use crate::method::Method;
-use crate::parse::{ArgReader, Ctx};
+use crate::method::{BasicDeliver, Method};
+use crate::parse::{kind_of, ArgReader, Ctx, PError};
 use crate::types::DEFAULT_MAX_DEPTH;
+
+/// The class and method ids of `basic.deliver` (60, 60) as they start a
+/// method payload.
+const BASIC_DELIVER_IDS: [u8; 4] = [0, 60, 0, 60];
 
 /// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
 const MAX_RESERVE: usize = 256 * 1024;
@@ -81,8 +87,8 @@ impl FrameDecoder {
     /// Method and header frames are parsed where they lie and then skipped;
     /// a body frame's payload is split off `buf` without copying.
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
-        let total = match self.frame_size(buf)? {
-            Ok(total) => total,
+        let (frame_type, channel, total) = match self.frame_header(buf)? {
+            Ok(header) => header,
             Err(_) => return Ok(None),
         };
         if buf.len() < total {
@@ -92,23 +98,61 @@ impl FrameDecoder {
             buf.reserve((total - buf.len()).min(MAX_RESERVE));
             return Ok(None);
         }
-        let (frame_type, channel) = check_end(&buf[..total])?;
+        check_end(buf, total)?;
         if frame_type == FRAME_BODY {
-            buf.advance(7);
-            let payload = buf.split_to(total - FRAME_OVERHEAD).freeze();
-            buf.advance(1);
+            // One split of the read buffer, then the envelope trimmed off
+            // the frozen slice (cheaper than advancing the BytesMut twice).
+            let mut payload = buf.split_to(total).freeze();
+            payload.truncate(total - 1);
+            payload.advance(7);
             return Ok(Some(Frame::Body(channel, payload)));
         }
-        let frame = self.parse_payload(frame_type, channel, &buf[7..total - 1]);
+        if frame_type == FRAME_HEADER {
+            // Parsed where it lies, without taking a share of the read
+            // buffer: tables in the properties are copied.
+            let frame = content_header(channel, &buf[7..total - 1], self.max_depth, None);
+            buf.advance(total);
+            return frame.map(Some);
+        }
+        // The ids are looked for within the payload only: a method frame too
+        // short to hold them (even an empty one at the end of `buf`) takes
+        // the general path and is `Malformed`.
+        if frame_type == FRAME_METHOD && buf[7..total - 1].starts_with(&BASIC_DELIVER_IDS) {
+            // basic.deliver, the method of every message a consumer gets,
+            // decoded in place in the frame returned. The rest of the buffer
+            // after the frame is slack for the string reader.
+            let mut out = Ok(Some(Frame::Method(
+                channel,
+                Method::BasicDeliver(BasicDeliver::default()),
+            )));
+            if let Ok(Some(Frame::Method(_, Method::BasicDeliver(deliver)))) = &mut out {
+                let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
+                if let Err(kind) = deliver.decode_args_into(args) {
+                    out = Err(Error::Malformed {
+                        context: BasicDeliver::NAME,
+                        kind,
+                    });
+                }
+            }
+            buf.advance(total);
+            return out;
+        }
+        let frame = self.parse_payload(frame_type, channel, buf, total, None);
         buf.advance(total);
         frame.map(Some)
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            max_depth: self.max_depth,
+        }
     }
 
     /// Decodes the first frame of `input`, returning it and how many bytes it
     /// took. Too few bytes is [`Error::Incomplete`].
     pub fn decode_slice(&self, input: &Bytes) -> Result<(Frame, usize), Error> {
-        let total = match self.frame_size(input)? {
-            Ok(total) => total,
+        let (frame_type, channel, total) = match self.frame_header(input)? {
+            Ok(header) => header,
             Err(needed) => return Err(Error::Incomplete { needed }),
         };
         if input.len() < total {
@@ -116,26 +160,43 @@ impl FrameDecoder {
                 needed: total - input.len(),
             });
         }
-        let (frame_type, channel) = check_end(&input[..total])?;
+        check_end(input, total)?;
         let frame = if frame_type == FRAME_BODY {
             Frame::Body(channel, input.slice(7..total - 1))
         } else {
-            self.parse_payload(frame_type, channel, &input[7..total - 1])?
+            self.parse_payload(frame_type, channel, input, total, Some(input))?
         };
         Ok((frame, total))
     }
 
-    /// From the 7-byte header: the total frame size, or how many more bytes
-    /// the header itself needs. Refuses unknown types and oversized frames.
-    fn frame_size(&self, buf: &[u8]) -> Result<Result<usize, usize>, Error> {
-        if buf.len() < 7 {
-            return Ok(Err(7 - buf.len()));
-        }
-        let frame_type = buf[0];
+    /// `frame = frame-type channel size payload frame-end`, its 7-byte
+    /// header read with nom's streaming parsers: the type, the channel and
+    /// the total frame size, or how many more bytes the header itself needs.
+    /// Refuses unknown types and oversized frames.
+    #[inline]
+    fn frame_header(&self, buf: &[u8]) -> Result<Result<(u8, u16, usize), usize>, Error> {
+        // Written out rather than with `tuple`, whose `parse` the compiler
+        // does not inline here.
+        let header = |i| -> nom::IResult<&[u8], (u8, u16, u32), PError> {
+            let (i, frame_type) = streaming::be_u8(i)?;
+            let (i, channel) = streaming::be_u16(i)?;
+            let (i, size) = streaming::be_u32(i)?;
+            Ok((i, (frame_type, channel, size)))
+        };
+        let (frame_type, channel, size) = match header(buf) {
+            Ok((_, header)) => header,
+            Err(nom::Err::Incomplete(_)) => return Ok(Err(7 - buf.len())),
+            // Number parsers fail only for want of bytes.
+            Err(err) => {
+                return Err(Error::Malformed {
+                    context: "frame header",
+                    kind: kind_of(err),
+                })
+            }
+        };
         if !matches!(frame_type, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
             return Err(Error::UnknownFrameType(frame_type));
         }
-        let size = (&buf[3..7]).get_u32();
         let total = u64::from(size) + FRAME_OVERHEAD as u64;
         if self.frame_max != 0 && total > u64::from(self.frame_max) {
             return Err(Error::FrameTooLarge {
@@ -143,20 +204,32 @@ impl FrameDecoder {
                 frame_max: self.frame_max,
             });
         }
-        usize::try_from(total).map(Ok).map_err(|_| Error::FrameTooLarge {
-            size: total,
-            frame_max: self.frame_max,
-        })
+        match usize::try_from(total) {
+            Ok(total) => Ok(Ok((frame_type, channel, total))),
+            Err(_) => Err(Error::FrameTooLarge {
+                size: total,
+                frame_max: self.frame_max,
+            }),
+        }
     }
 
     /// Parses the payload of a method, header or heartbeat frame completely.
-    fn parse_payload(&self, frame_type: u8, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
+    /// `frame` starts with the whole frame of `total` bytes; whatever follows
+    /// it is slack the string reader may look at but never parses. `frame`
+    /// lies within `source` when there is one; tables are then zero-copy
+    /// slices of it.
+    fn parse_payload(
+        &self,
+        frame_type: u8,
+        channel: u16,
+        frame: &[u8],
+        total: usize,
+        source: Option<&Bytes>,
+    ) -> Result<Frame, Error> {
+        let payload = &frame[7..total - 1];
         match frame_type {
-            FRAME_METHOD => self.method(channel, payload),
-            FRAME_HEADER => match content_header(payload, self.max_depth)? {
-                HeaderPayload::Decoded(header) => Ok(Frame::Header(channel, header)),
-                HeaderPayload::Undecodable(header) => Ok(Frame::UndecodableHeader(channel, header)),
-            },
+            FRAME_METHOD => self.method(channel, &frame[7..], total - FRAME_OVERHEAD, source),
+            FRAME_HEADER => content_header(channel, payload, self.max_depth, source),
             FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
             FRAME_HEARTBEAT => Err(Error::Malformed {
                 context: "heartbeat",
@@ -166,31 +239,47 @@ impl FrameDecoder {
         }
     }
 
-    /// `method-payload = class-id method-id *amqp-field`.
-    fn method(&self, channel: u16, payload: &[u8]) -> Result<Frame, Error> {
-        if payload.len() < 4 {
-            return Err(Error::Malformed {
-                context: "method frame",
-                kind: DecodeErrorKind::Truncated,
-            });
-        }
-        let class_id = u16::from_be_bytes([payload[0], payload[1]]);
-        let method_id = u16::from_be_bytes([payload[2], payload[3]]);
-        let ctx = Ctx {
-            max_depth: self.max_depth,
+    /// `method-payload = class-id method-id *amqp-field`: the first `len`
+    /// bytes of `payload`, the rest slack.
+    fn method(&self, channel: u16, payload: &[u8], len: usize, source: Option<&Bytes>) -> Result<Frame, Error> {
+        let ids = |i| -> nom::IResult<&[u8], (u16, u16), PError> {
+            let (i, class_id) = complete::be_u16(i)?;
+            let (i, method_id) = complete::be_u16(i)?;
+            Ok((i, (class_id, method_id)))
         };
-        let method = Method::decode_args(class_id, method_id, ArgReader::new(ctx, &payload[4..]))?;
+        let ids = ids(payload.get(..len).unwrap_or_default());
+        let (class_id, method_id) = match ids {
+            Ok((_, ids)) => ids,
+            Err(err) => {
+                return Err(Error::Malformed {
+                    context: "method frame",
+                    kind: kind_of(err),
+                })
+            }
+        };
+        let reader = ArgReader::new(self.ctx(), source, &payload[4..], len - 4);
+        let method = Method::decode_args(class_id, method_id, reader)?;
         Ok(Frame::Method(channel, method))
     }
 }
 
-/// Checks the end byte of a whole frame; returns its type and channel.
-fn check_end(frame: &[u8]) -> Result<(u8, u16), Error> {
-    let end = frame[frame.len() - 1];
+/// Checks `frame-end` of the frame of `total` bytes at the start of `buf`
+/// (which holds all of it): nom takes the header and payload, then the end
+/// byte.
+#[inline(always)]
+fn check_end(buf: &[u8], total: usize) -> Result<(), Error> {
+    let end = |i| -> nom::IResult<&[u8], u8, PError> {
+        let (i, _) = take(total - 1)(i)?;
+        complete::be_u8(i)
+    };
+    let (_, end) = end(buf).map_err(|err| Error::Malformed {
+        context: "frame",
+        kind: kind_of(err),
+    })?;
     if end != FRAME_END {
         return Err(Error::BadFrameEnd { found: end });
     }
-    Ok((frame[0], u16::from_be_bytes([frame[1], frame[2]])))
+    Ok(())
 }
 
 /// Decodes the first frame of `input` with `frame_max` and the default

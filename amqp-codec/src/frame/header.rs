@@ -12,6 +12,7 @@ use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
 use crate::parse::{kind_of, Ctx, PError};
 use crate::properties::BasicProperties;
+use crate::Frame;
 
 /// A decoded content header.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -76,19 +77,20 @@ impl UndecodableHeader {
     }
 }
 
-/// What a header payload decodes to.
-// Boxing the header would cost an allocation per message on the hot path;
-// moving a few hundred bytes is cheaper.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum HeaderPayload {
-    Decoded(ContentHeader),
-    Undecodable(UndecodableHeader),
-}
-
-/// `content-header = class-id weight body-size property-flags property-list`.
+/// `content-header = class-id weight body-size property-flags property-list`,
+/// as the frame it makes on `channel`: [`Frame::Header`], or
+/// [`Frame::UndecodableHeader`] when the properties cannot be decoded.
 ///
 /// Only a payload too short for the fixed 12 bytes is a stream error.
-pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderPayload, Error> {
+/// `payload` lies within `source` when there is one: tables in the properties,
+/// or the raw bytes of an undecodable header, are then zero-copy slices of it.
+#[inline]
+pub(crate) fn content_header(
+    channel: u16,
+    payload: &[u8],
+    max_depth: usize,
+    source: Option<&Bytes>,
+) -> Result<Frame, Error> {
     let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
         let (i, class_id) = be_u16(i)?;
         let (i, weight) = be_u16(i)?;
@@ -99,26 +101,36 @@ pub(crate) fn content_header(payload: &[u8], max_depth: usize) -> Result<HeaderP
         context: "content header",
         kind: kind_of(err),
     })?;
-    let ctx = Ctx { max_depth };
-    let properties = if class_id == class::BASIC {
-        let mut props = Box::<BasicProperties>::default();
-        BasicProperties::decode_into(&mut props, ctx, rest).map(|()| props)
+    let error = if class_id == class::BASIC {
+        let mut properties = Box::<BasicProperties>::default();
+        match BasicProperties::decode_into(&mut properties, Ctx { max_depth }, rest, source) {
+            Ok(()) => {
+                return Ok(Frame::Header(
+                    channel,
+                    ContentHeader {
+                        class_id,
+                        weight,
+                        body_size,
+                        properties,
+                    },
+                ))
+            }
+            Err(error) => error,
+        }
     } else {
-        Err(DecodeErrorKind::NoContentClass(class_id))
+        DecodeErrorKind::NoContentClass(class_id)
     };
-    Ok(match properties {
-        Ok(properties) => HeaderPayload::Decoded(ContentHeader {
+    Ok(Frame::UndecodableHeader(
+        channel,
+        UndecodableHeader {
             class_id,
             weight,
             body_size,
-            properties,
-        }),
-        Err(error) => HeaderPayload::Undecodable(UndecodableHeader {
-            class_id,
-            weight,
-            body_size,
-            raw_properties: Bytes::copy_from_slice(rest),
+            raw_properties: match source {
+                Some(source) => source.slice_ref(rest),
+                None => Bytes::copy_from_slice(rest),
+            },
             error,
-        }),
-    })
+        },
+    ))
 }

@@ -68,10 +68,21 @@ macro_rules! methods {
                 pub const NAME: &'static str = concat!($class_name, ".", $wire_name);
 
                 #[allow(unused_mut, unused_variables)]
-                fn decode_args(mut r: $crate::parse::ArgReader<'_>) -> Result<Self, $crate::error::DecodeErrorKind> {
-                    let method = $method { $( $field: r.$domain()?, )* };
-                    r.finish()?;
+                fn decode_args(r: $crate::parse::ArgReader<'_>) -> Result<Self, $crate::error::DecodeErrorKind> {
+                    let mut method = Self::default();
+                    method.decode_args_into(r)?;
                     Ok(method)
+                }
+
+                /// Decodes the arguments into `self`, field by field, where they lie.
+                #[allow(unused_mut, unused_variables)]
+                #[inline(always)]
+                pub(crate) fn decode_args_into(
+                    &mut self,
+                    mut r: $crate::parse::ArgReader<'_>,
+                ) -> Result<(), $crate::error::DecodeErrorKind> {
+                    $( $crate::parse::ReadField::read_into(&mut self.$field, &mut r)?; )*
+                    r.finish()
                 }
 
                 #[allow(unused_mut, unused_variables)]

@@ -90,14 +90,26 @@ impl ContentError {
 }
 
 /// A message being assembled: its method, then its header, then its body.
-/// Kept in place and filled in as frames arrive, so nothing large is moved
-/// per frame.
+/// Kept in place and filled in as frames arrive, field by field, so that
+/// nothing large is moved more than once on the way in and once on the way
+/// out.
 #[derive(Debug)]
 struct Partial {
-    method: Method,
+    /// The method; `None` when no message is in progress.
+    method: Option<Method>,
+    /// The header, once it has arrived.
     header: Option<Result<ContentHeader, UndecodableHeader>>,
     body_size: u64,
     body: Body,
+}
+
+impl Partial {
+    const IDLE: Partial = Partial {
+        method: None,
+        header: None,
+        body_size: 0,
+        body: Body::Empty,
+    };
 }
 
 #[derive(Debug)]
@@ -158,7 +170,7 @@ impl Body {
 /// ```
 #[derive(Debug)]
 pub struct ContentAssembler {
-    partial: Option<Partial>,
+    partial: Partial,
     max_body: u64,
 }
 
@@ -177,19 +189,19 @@ impl ContentAssembler {
     /// An assembler that refuses bodies larger than `max_body` bytes.
     pub fn with_max_body(max_body: u64) -> Self {
         ContentAssembler {
-            partial: None,
+            partial: Partial::IDLE,
             max_body,
         }
     }
 
     /// Whether a message is partly assembled.
     pub fn in_progress(&self) -> bool {
-        self.partial.is_some()
+        self.partial.method.is_some()
     }
 
     /// Forgets any partly assembled message (e.g. when the channel closes).
     pub fn reset(&mut self) {
-        self.partial = None;
+        self.partial = Partial::IDLE;
     }
 
     /// Feeds the next frame of this channel. After an error the assembler is
@@ -197,16 +209,17 @@ impl ContentAssembler {
     pub fn push(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
         let result = self.step(frame);
         if result.is_err() {
-            self.partial = None;
+            self.reset();
         }
         result
     }
 
+    #[inline]
     fn step(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
         match frame {
             Frame::Method(_, method) => {
-                if let Some(partial) = &self.partial {
-                    let expected = if partial.header.is_some() {
+                if self.partial.method.is_some() {
+                    let expected = if self.partial.header.is_some() {
                         "content body"
                     } else {
                         "content header"
@@ -219,12 +232,8 @@ impl ContentAssembler {
                 if !method.has_content() {
                     return Ok(Assembly::Method(method));
                 }
-                self.partial = Some(Partial {
-                    method,
-                    header: None,
-                    body_size: 0,
-                    body: Body::Empty,
-                });
+                // Idle: header and body are already empty.
+                self.partial.method = Some(method);
                 Ok(Assembly::Partial)
             }
             Frame::Header(_, header) => {
@@ -236,21 +245,18 @@ impl ContentAssembler {
                 self.on_header(Err(header), class, size)
             }
             Frame::Body(_, part) => {
-                let partial = match &mut self.partial {
-                    Some(p) if p.header.is_some() => p,
-                    Some(_) => {
-                        return Err(ContentError::UnexpectedFrame {
-                            expected: "content header",
-                            got: "content body",
-                        })
-                    }
-                    None => {
-                        return Err(ContentError::UnexpectedFrame {
-                            expected: "method",
-                            got: "content body",
-                        })
-                    }
-                };
+                let partial = &mut self.partial;
+                if partial.header.is_none() {
+                    let expected = if partial.method.is_some() {
+                        "content header"
+                    } else {
+                        "method"
+                    };
+                    return Err(ContentError::UnexpectedFrame {
+                        expected,
+                        got: "content body",
+                    });
+                }
                 let received = partial.body.len() as u64 + part.len() as u64;
                 if received > partial.body_size {
                     return Err(ContentError::BodyOverrun {
@@ -267,9 +273,9 @@ impl ContentAssembler {
             }
             Frame::Heartbeat => {
                 let expected = match &self.partial {
-                    None => "method",
-                    Some(p) if p.header.is_none() => "content header",
-                    Some(_) => "content body",
+                    Partial { method: None, .. } => "method",
+                    Partial { header: None, .. } => "content header",
+                    _ => "content body",
                 };
                 Err(ContentError::UnexpectedFrame {
                     expected,
@@ -286,22 +292,20 @@ impl ContentAssembler {
         body_size: u64,
     ) -> Result<Assembly, ContentError> {
         let max_body = self.max_body;
-        let partial = match &mut self.partial {
-            Some(p) if p.header.is_none() => p,
-            Some(_) => {
-                return Err(ContentError::UnexpectedFrame {
-                    expected: "content body",
-                    got: "content header",
-                })
-            }
-            None => {
-                return Err(ContentError::UnexpectedFrame {
-                    expected: "method",
-                    got: "content header",
-                })
-            }
+        let partial = &mut self.partial;
+        let Some(method) = &partial.method else {
+            return Err(ContentError::UnexpectedFrame {
+                expected: "method",
+                got: "content header",
+            });
         };
-        let method_class = partial.method.class_id();
+        if partial.header.is_some() {
+            return Err(ContentError::UnexpectedFrame {
+                expected: "content body",
+                got: "content header",
+            });
+        }
+        let method_class = method.class_id();
         if header_class != method_class {
             return Err(ContentError::ClassMismatch {
                 method_class,
@@ -322,20 +326,15 @@ impl ContentAssembler {
         Ok(Assembly::Partial)
     }
 
-    /// Hands over the finished message.
+    /// Hands over the finished message and goes back to idle.
+    #[inline]
     fn complete(&mut self) -> Assembly {
-        match self.partial.take() {
-            Some(Partial {
-                method,
-                header: Some(header),
-                body,
-                ..
-            }) => Assembly::Complete(Content {
-                method,
-                header,
-                body: body.into_bytes(),
-            }),
-            // `complete` is only called with a header in place.
+        let partial = &mut self.partial;
+        let body = std::mem::replace(&mut partial.body, Body::Empty).into_bytes();
+        partial.body_size = 0;
+        match (partial.method.take(), partial.header.take()) {
+            (Some(method), Some(header)) => Assembly::Complete(Content { method, header, body }),
+            // `complete` is only called with a method and a header in place.
             _ => Assembly::Partial,
         }
     }

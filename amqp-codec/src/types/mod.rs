@@ -7,40 +7,37 @@ mod value;
 
 use bytes::Bytes;
 use nom::bytes::complete::take;
-use nom::number::complete::{be_u32, be_u8};
+use nom::number::complete::be_u8;
 
 pub use strings::{LongString, ShortString};
 pub use table::{FieldArray, FieldTable};
 pub use value::{Decimal, FieldValue};
 
-pub(crate) use table::field_table;
+pub(crate) use table::{long_bytes, table_body};
 
 use crate::error::{DecodeErrorKind, Error};
-use crate::parse::{fail, kind_of, Ctx, PResult};
+use crate::parse::{kind_of, PResult};
+
+/// `short-string = OCTET *string-char`: the length, once nom has checked
+/// the string lies within the input. Callers copy the string itself as a
+/// fixed window (see `ShortString::set_prefix`), which nom cannot express.
+#[inline(always)]
+pub(crate) fn short_string_len(i: &[u8]) -> PResult<'_, usize> {
+    let (i, len) = be_u8(i)?;
+    let (i, _) = take(len)(i)?;
+    Ok((i, usize::from(len)))
+}
 
 /// The default limit on how deep tables and arrays may nest inside each other.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
 
-/// `short-string = OCTET *string-char`: the raw bytes.
-pub(crate) fn short_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u8(i)?;
-    take(len)(i)
-}
-
-/// `long-string = long-uint *OCTET`: the raw bytes. A length past the end of
-/// the container is `BadLength`.
-pub(crate) fn long_string_raw(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u32(i)?;
-    if len as usize > i.len() {
-        return fail(DecodeErrorKind::BadLength(len.into()));
-    }
-    take(len)(i)
-}
-
 impl FieldTable {
     /// Decodes a table (its 32-bit length prefix included) that must fill
     /// `input` exactly, allowing `max_depth` levels of tables and arrays.
-    /// Strings in the result are zero-copy slices of `input`.
+    ///
+    /// Every error is found here, but the entries are built only when first
+    /// asked for: until then the table keeps its bytes (a copy if small, a
+    /// zero-copy slice of `input` if not).
     ///
     /// ```
     /// use amqp_codec::{FieldTable, FieldValue};
@@ -52,7 +49,6 @@ impl FieldTable {
     /// assert_eq!(back.get("x-attempt").and_then(FieldValue::as_i64), Some(2));
     /// ```
     pub fn decode(input: &Bytes, max_depth: usize) -> Result<FieldTable, Error> {
-        let ctx = Ctx { max_depth };
         let malformed = |kind| Error::Malformed {
             context: "field table",
             kind,
@@ -60,10 +56,10 @@ impl FieldTable {
         if max_depth == 0 {
             return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
         }
-        match field_table(ctx, 1, input) {
-            Ok(([], table)) => Ok(table),
-            Ok((rest, _)) => Err(malformed(DecodeErrorKind::TrailingBytes(rest.len()))),
-            Err(err) => Err(malformed(kind_of(err))),
+        let (rest, body) = table_body(max_depth, 1, input).map_err(|err| malformed(kind_of(err)))?;
+        if !rest.is_empty() {
+            return Err(malformed(DecodeErrorKind::TrailingBytes(rest.len())));
         }
+        Ok(FieldTable::from_validated(body, Some(input)))
     }
 }

@@ -17,6 +17,22 @@ use crate::error::EncodeError;
 /// cheaper than the atomic increment and decrement a shared slice costs.
 const INLINE: usize = 38;
 
+/// `PREFIX_MASKS[n]` keeps the first `n` bytes of an inline window and
+/// zeroes the rest: a fixed-size AND instead of a per-byte comparison.
+static PREFIX_MASKS: [[u8; INLINE]; INLINE + 1] = {
+    let mut masks = [[0; INLINE]; INLINE + 1];
+    let mut n = 0;
+    while n <= INLINE {
+        let mut i = 0;
+        while i < n {
+            masks[n][i] = 0xFF;
+            i += 1;
+        }
+        n += 1;
+    }
+    masks
+};
+
 /// The storage behind both string types: short strings inline, longer ones
 /// as a (possibly shared) `Bytes`.
 #[derive(Clone)]
@@ -43,6 +59,20 @@ impl Repr {
         } else {
             Repr::Heap(Bytes::copy_from_slice(s))
         }
+    }
+
+    /// The first `len` bytes of `tail` as an inline string, if `len` fits
+    /// inline and `tail` has a whole window: the window is copied and the
+    /// bytes past `len` masked to zero (fixed-size moves and an AND).
+    #[inline(always)]
+    fn window(tail: &[u8], len: usize) -> Option<Repr> {
+        let window = tail.first_chunk::<INLINE>()?;
+        let mask = PREFIX_MASKS.get(len)?;
+        let mut buf = [0; INLINE];
+        for ((dst, &src), &keep) in buf.iter_mut().zip(window).zip(mask) {
+            *dst = src & keep;
+        }
+        Some(Repr::Inline { len: len as u8, buf })
     }
 
     #[inline]
@@ -87,10 +117,6 @@ macro_rules! byte_string {
                 $name(Repr::Heap(Bytes::from_static(s.as_bytes())))
             }
 
-            /// A string holding a copy of these bytes (no length check).
-            pub(crate) fn from_slice(bytes: &[u8]) -> Self {
-                $name(Repr::from_slice(bytes))
-            }
 
             /// The raw bytes.
             #[inline]
@@ -216,6 +242,40 @@ byte_string! {
 }
 
 impl ShortString {
+    /// A string holding a copy of these bytes (no length check).
+    #[inline]
+    pub(crate) fn from_slice(bytes: &[u8]) -> Self {
+        ShortString(Repr::from_slice(bytes))
+    }
+
+    /// Sets the string to the first `len` bytes of `tail` (no length check).
+    /// Bytes of `tail` past `len` are never kept, but when there are enough
+    /// of them a fixed-size window is copied and masked, written straight
+    /// into place: no `memcpy` call, no temporary.
+    #[inline(always)]
+    pub(crate) fn set_prefix(&mut self, tail: &[u8], len: usize) {
+        match Repr::window(tail, len) {
+            Some(repr) => self.0 = repr,
+            None => self.set_slow(tail.get(..len).unwrap_or(tail)),
+        }
+    }
+
+    /// The first `len` bytes of `tail` (no length check), copied as a
+    /// window when `tail` is long enough.
+    #[inline(always)]
+    pub(crate) fn from_prefix(tail: &[u8], len: usize) -> Self {
+        match Repr::window(tail, len) {
+            Some(repr) => ShortString(repr),
+            None => ShortString::from_slice(tail.get(..len).unwrap_or(tail)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_slow(&mut self, bytes: &[u8]) {
+        self.0 = Repr::from_slice(bytes);
+    }
+
     /// A short string from raw bytes, or `None` if they are longer than 255.
     pub fn from_bytes(bytes: Bytes) -> Option<Self> {
         (bytes.len() <= 255).then(|| ShortString(Repr::from_bytes(bytes)))
@@ -233,6 +293,23 @@ impl ShortString {
 impl LongString {
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         encode_long_bytes(self.as_bytes(), dst)
+    }
+}
+
+impl LongString {
+    /// The first `len` bytes of `tail` (no length check): inline if short
+    /// (copied as a window when `tail` is long enough), else a zero-copy
+    /// slice of `source` when there is one, which `tail` must lie within.
+    #[inline(always)]
+    pub(crate) fn from_prefix(tail: &[u8], len: usize, source: Option<&Bytes>) -> Self {
+        if let Some(repr) = Repr::window(tail, len) {
+            return LongString(repr);
+        }
+        let bytes = tail.get(..len).unwrap_or(tail);
+        match source {
+            Some(source) if bytes.len() > INLINE => LongString(Repr::Heap(source.slice_ref(bytes))),
+            _ => LongString(Repr::from_slice(bytes)),
+        }
     }
 }
 

@@ -8,13 +8,10 @@
 //! bytes. Any other code is a decode error.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use nom::number::complete::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64, be_u8};
 
 use super::strings::encode_long_bytes;
-use super::table::{field_array, field_table};
 use super::{FieldArray, FieldTable, LongString};
-use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{fail, Ctx, PResult};
+use crate::error::EncodeError;
 
 /// A decimal: `value / 10^scale`, carried as a scale octet and a 32-bit value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -215,58 +212,5 @@ impl From<FieldTable> for FieldValue {
 impl From<FieldArray> for FieldValue {
     fn from(v: FieldArray) -> Self {
         FieldValue::Array(v)
-    }
-}
-
-/// `field-value = type-code value`, where `depth` is the nesting level of
-/// the table or array holding it (the outermost table is level 1).
-pub(crate) fn field_value(ctx: Ctx, depth: usize, i: &[u8]) -> PResult<'_, FieldValue> {
-    let (i, code) = be_u8(i)?;
-    match code {
-        b't' => be_u8(i).map(|(i, v)| (i, FieldValue::Bool(v != 0))),
-        b'b' => be_i8(i).map(|(i, v)| (i, FieldValue::I8(v))),
-        b'B' => be_u8(i).map(|(i, v)| (i, FieldValue::U8(v))),
-        b's' => be_i16(i).map(|(i, v)| (i, FieldValue::I16(v))),
-        b'u' => be_u16(i).map(|(i, v)| (i, FieldValue::U16(v))),
-        b'I' => be_i32(i).map(|(i, v)| (i, FieldValue::I32(v))),
-        b'i' => be_u32(i).map(|(i, v)| (i, FieldValue::U32(v))),
-        b'l' => be_i64(i).map(|(i, v)| (i, FieldValue::I64(v))),
-        b'L' => be_i64(i).map(|(i, v)| (i, FieldValue::I64L(v))),
-        b'f' => be_f32(i).map(|(i, v)| (i, FieldValue::F32(v))),
-        b'd' => be_f64(i).map(|(i, v)| (i, FieldValue::F64(v))),
-        b'D' => {
-            let (i, scale) = be_u8(i)?;
-            let (i, value) = be_u32(i)?;
-            Ok((i, FieldValue::Decimal(Decimal { scale, value })))
-        }
-        b'S' => {
-            let (i, raw) = super::long_string_raw(i)?;
-            Ok((i, FieldValue::LongString(LongString::from_slice(raw))))
-        }
-        b'x' => {
-            let (i, raw) = super::long_string_raw(i)?;
-            Ok((i, FieldValue::ByteArray(Bytes::copy_from_slice(raw))))
-        }
-        b'T' => be_u64(i).map(|(i, v)| (i, FieldValue::Timestamp(v))),
-        b'V' => Ok((i, FieldValue::Void)),
-        b'F' => {
-            let depth = nested(ctx, depth)?;
-            field_table(ctx, depth, i).map(|(i, t)| (i, FieldValue::Table(t)))
-        }
-        b'A' => {
-            let depth = nested(ctx, depth)?;
-            field_array(ctx, depth, i).map(|(i, a)| (i, FieldValue::Array(a)))
-        }
-        other => fail(DecodeErrorKind::UnknownFieldType(other)),
-    }
-}
-
-/// The level of a table or array nested at `depth`, or an error past the limit.
-fn nested(ctx: Ctx, depth: usize) -> Result<usize, nom::Err<crate::parse::PError>> {
-    let next = depth + 1;
-    if next > ctx.max_depth {
-        fail(DecodeErrorKind::NestingTooDeep(ctx.max_depth))
-    } else {
-        Ok(next)
     }
 }
