@@ -10,7 +10,7 @@
 //! frame.
 
 use bytes::Bytes;
-use nom::number::complete::{be_u16, be_u32, be_u64, be_u8};
+use nom::number::complete::be_u8;
 
 use crate::error::DecodeErrorKind;
 use crate::types::{self, FieldTable, LongString, ShortString};
@@ -48,6 +48,54 @@ pub(crate) fn kind_of(err: nom::Err<PError>) -> DecodeErrorKind {
     match err {
         nom::Err::Error(PError(kind)) | nom::Err::Failure(PError(kind)) => kind,
         nom::Err::Incomplete(_) => DecodeErrorKind::Truncated,
+    }
+}
+
+/// Big-endian numbers as nom parsers that take their width with
+/// `nom::bytes::complete::take` and read it in one load. nom 7's own
+/// `be_u16`..`be_f64` build the value a byte at a time, which shows on a
+/// path that runs for every field of every frame; the behaviour (complete
+/// input, `Truncated` when short) is the same.
+pub(crate) mod num {
+    use nom::bytes::complete::take;
+
+    use super::{PError, PResult};
+    use crate::error::DecodeErrorKind;
+
+    macro_rules! be {
+        ($($(#[$doc:meta])* $name:ident -> $ty:ty;)*) => {$(
+            $(#[$doc])*
+            #[inline(always)]
+            pub(crate) fn $name(i: &[u8]) -> PResult<'_, $ty> {
+                const WIDTH: usize = std::mem::size_of::<$ty>();
+                let (rest, bytes) = take(WIDTH)(i)?;
+                match <[u8; WIDTH]>::try_from(bytes) {
+                    Ok(bytes) => Ok((rest, <$ty>::from_be_bytes(bytes))),
+                    Err(_) => Err(nom::Err::Error(PError(DecodeErrorKind::Truncated))),
+                }
+            }
+        )*};
+    }
+
+    be! {
+        /// A big-endian `u16`.
+        be_u16 -> u16;
+        /// A big-endian `u32`.
+        be_u32 -> u32;
+        /// A big-endian `u64`.
+        be_u64 -> u64;
+        /// A big-endian `i8`.
+        be_i8 -> i8;
+        /// A big-endian `i16`.
+        be_i16 -> i16;
+        /// A big-endian `i32`.
+        be_i32 -> i32;
+        /// A big-endian `i64`.
+        be_i64 -> i64;
+        /// A big-endian IEEE 754 `f32`.
+        be_f32 -> f32;
+        /// A big-endian IEEE 754 `f64`.
+        be_f64 -> f64;
     }
 }
 
@@ -141,21 +189,21 @@ impl<'a> ArgReader<'a> {
     #[inline(always)]
     pub(crate) fn short(&mut self) -> ReadResult<u16> {
         let i = self.unread();
-        self.consumed(i, be_u16(i))
+        self.consumed(i, num::be_u16(i))
     }
 
     /// `long`
     #[inline(always)]
     pub(crate) fn long(&mut self) -> ReadResult<u32> {
         let i = self.unread();
-        self.consumed(i, be_u32(i))
+        self.consumed(i, num::be_u32(i))
     }
 
     /// `longlong`
     #[inline(always)]
     pub(crate) fn longlong(&mut self) -> ReadResult<u64> {
         let i = self.unread();
-        self.consumed(i, be_u64(i))
+        self.consumed(i, num::be_u64(i))
     }
 
     /// `shortstr`, written where it will live. nom reads the length and

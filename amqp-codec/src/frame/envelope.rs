@@ -243,8 +243,8 @@ impl FrameDecoder {
     /// bytes of `payload`, the rest slack.
     fn method(&self, channel: u16, payload: &[u8], len: usize, source: Option<&Bytes>) -> Result<Frame, Error> {
         let ids = |i| -> nom::IResult<&[u8], (u16, u16), PError> {
-            let (i, class_id) = complete::be_u16(i)?;
-            let (i, method_id) = complete::be_u16(i)?;
+            let (i, class_id) = crate::parse::num::be_u16(i)?;
+            let (i, method_id) = crate::parse::num::be_u16(i)?;
             Ok((i, (class_id, method_id)))
         };
         let ids = ids(payload.get(..len).unwrap_or_default());

@@ -5,8 +5,8 @@
 //! reported as an [`UndecodableHeader`] with its raw bytes, and the connection
 //! can carry on.
 
+use crate::parse::num::{be_u16, be_u64};
 use bytes::{BufMut, Bytes, BytesMut};
-use nom::number::complete::{be_u16, be_u64};
 
 use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;

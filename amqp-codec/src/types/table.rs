@@ -20,7 +20,9 @@ use std::sync::OnceLock;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use nom::bytes::complete::take;
-use nom::number::complete::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64, be_u8};
+use nom::number::complete::be_u8;
+
+use crate::parse::num::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64};
 
 use super::short_string_len;
 use super::value::Decimal;
