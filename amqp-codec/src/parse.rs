@@ -265,45 +265,27 @@ pub(crate) trait ReadField {
     fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()>;
 }
 
-impl ReadField for u8 {
-    #[inline(always)]
-    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
-        *self = r.octet()?;
-        Ok(())
-    }
+/// `ReadField` for the types whose reader returns the value.
+macro_rules! read_field_by_value {
+    ($($(#[$doc:meta])* $ty:ty => $read:ident;)*) => {$(
+        $(#[$doc])*
+        impl ReadField for $ty {
+            #[inline(always)]
+            fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
+                *self = r.$read()?;
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ReadField for u16 {
-    #[inline(always)]
-    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
-        *self = r.short()?;
-        Ok(())
-    }
-}
-
-impl ReadField for u32 {
-    #[inline(always)]
-    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
-        *self = r.long()?;
-        Ok(())
-    }
-}
-
-/// `longlong` and `timestamp`.
-impl ReadField for u64 {
-    #[inline(always)]
-    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
-        *self = r.longlong()?;
-        Ok(())
-    }
-}
-
-impl ReadField for bool {
-    #[inline(always)]
-    fn read_into(&mut self, r: &mut ArgReader<'_>) -> ReadResult<()> {
-        *self = r.bit()?;
-        Ok(())
-    }
+read_field_by_value! {
+    u8 => octet;
+    u16 => short;
+    u32 => long;
+    /// `longlong` and `timestamp`.
+    u64 => longlong;
+    bool => bit;
 }
 
 impl ReadField for ShortString {
