@@ -69,6 +69,16 @@ struct Figures {
 }
 
 impl Figures {
+    /// What was measured from `t0` and `c0` until now.
+    fn since(name: &'static str, messages: u64, t0: Instant, c0: Cpu) -> Self {
+        Figures {
+            name,
+            messages,
+            wall: t0.elapsed(),
+            cpu: cpu_time() - c0,
+        }
+    }
+
     fn print(&self) {
         let rate = self.messages as f64 / self.wall.as_secs_f64();
         let total = self.cpu.total.as_secs_f64() * 1e6 / self.messages as f64;
@@ -131,12 +141,7 @@ async fn publish_confirmed_with(
     for confirm in in_flight {
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
     }
-    let figures = Figures {
-        name,
-        messages,
-        wall: t0.elapsed(),
-        cpu: cpu_time() - c0,
-    };
+    let figures = Figures::since(name, messages, t0, c0);
     ch.close().await.unwrap();
     figures
 }
@@ -150,12 +155,7 @@ async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetc
         let delivery = consumer.next().await.expect("a delivery");
         delivery.ack().unwrap();
     }
-    let figures = Figures {
-        name: "consume with ack (p=1000)",
-        messages,
-        wall: t0.elapsed(),
-        cpu: cpu_time() - c0,
-    };
+    let figures = Figures::since("consume with ack (p=1000)", messages, t0, c0);
     consumer.cancel().await.unwrap();
     ch.close().await.unwrap();
     figures
@@ -166,6 +166,17 @@ struct Payload {
     order_id: u64,
     customer: String,
     note: String,
+}
+
+impl Payload {
+    /// An order whose JSON body is about 256 bytes.
+    fn new(order_id: u64) -> Self {
+        Payload {
+            order_id,
+            customer: "customer-0000000000000000000000000000".into(),
+            note: "n".repeat(180),
+        }
+    }
 }
 
 /// `Publisher::send` with confirms from 64 tasks at once: each send waits for
@@ -179,25 +190,14 @@ async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tas
         let share = messages / tasks + u64::from(task < messages % tasks);
         set.spawn(async move {
             for i in 0..share {
-                let payload = Payload {
-                    order_id: task * 1_000_000 + i,
-                    customer: "customer-0000000000000000000000000000".into(),
-                    // Pads the JSON body to about 256 bytes.
-                    note: "n".repeat(180),
-                };
-                publisher.send(&payload).await.unwrap();
+                publisher.send(&Payload::new(task * 1_000_000 + i)).await.unwrap();
             }
         });
     }
     while let Some(done) = set.join_next().await {
         done.unwrap();
     }
-    Figures {
-        name: "Publisher::send (N tasks)",
-        messages,
-        wall: t0.elapsed(),
-        cpu: cpu_time() - c0,
-    }
+    Figures::since("Publisher::send (N tasks)", messages, t0, c0)
 }
 
 /// `Publisher::begin_send` with confirms from one task, a window of 1000
@@ -208,11 +208,7 @@ async fn publisher_window(conn: &acemq_core::Conn, queue: &str, messages: u64, w
     let (t0, c0) = (Instant::now(), cpu_time());
     let mut in_flight = VecDeque::with_capacity(window);
     // One payload, changed in place: what is measured is the publisher.
-    let mut payload = Payload {
-        order_id: 0,
-        customer: "customer-0000000000000000000000000000".into(),
-        note: "n".repeat(180),
-    };
+    let mut payload = Payload::new(0);
     for i in 0..messages {
         if in_flight.len() == window {
             let oldest: acemq_core::PendingSend = in_flight.pop_front().unwrap();
@@ -224,12 +220,7 @@ async fn publisher_window(conn: &acemq_core::Conn, queue: &str, messages: u64, w
     for pending in in_flight {
         pending.await.unwrap();
     }
-    Figures {
-        name: "Publisher::begin_send (w=1000)",
-        messages,
-        wall: t0.elapsed(),
-        cpu: cpu_time() - c0,
-    }
+    Figures::since("Publisher::begin_send (w=1000)", messages, t0, c0)
 }
 
 /// The acemq consumer, accepting every message (prefetch 1000); with
@@ -260,16 +251,12 @@ async fn acemq_consume(conn: &acemq_core::Conn, queue: &str, messages: u64, retr
         assert!(Instant::now() < deadline, "the consumer stalled");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let figures = Figures {
-        name: if retry_once {
-            "consume (acemq, retry once)"
-        } else {
-            "consume (acemq, accept)"
-        },
-        messages,
-        wall: t0.elapsed(),
-        cpu: cpu_time() - c0,
+    let name = if retry_once {
+        "consume (acemq, retry once)"
+    } else {
+        "consume (acemq, accept)"
     };
+    let figures = Figures::since(name, messages, t0, c0);
     consumer.close().await.unwrap();
     figures
 }

@@ -323,8 +323,8 @@ impl Conn {
         let (exchange, routing_key) = (publish.exchange.clone(), publish.routing_key.clone());
         let channel = self.inner.library_channel.get().await?;
         let pending = channel.basic_publish(publish, properties, body)?;
-        let blocked = self.inner.publishing.blocked_changes();
-        let confirmation = await_confirm(pending, blocked, self.inner.config.blocked_timeout, message_id).await?;
+        let mut blocked = self.inner.publishing.blocked_changes();
+        let confirmation = await_confirm(pending, &mut blocked, self.inner.config.blocked_timeout, message_id).await?;
         match settle(confirmation, message_id, &exchange, &routing_key)? {
             SendResult { confirmed: false, .. } => Err(Error::Io("the library channel lost confirm mode".into())),
             confirmed => Ok(confirmed),

@@ -267,17 +267,18 @@ impl PendingSend {
         }
     }
 
-    async fn settle(self) -> Result<SendResult, Error> {
-        let result = match self.confirm {
-            None => Ok(SendResult {
-                confirmed: false,
-                routed: true,
-            }),
-            Some(confirm) => match await_confirm(confirm, self.blocked, self.blocked_timeout, &self.message_id).await {
-                Ok(confirmation) => settle(confirmation, &self.message_id, &self.exchange, &self.routing_key),
-                Err(err) => Err(err),
-            },
+    async fn settle(mut self) -> Result<SendResult, Error> {
+        let arrived = match self.confirm.take() {
+            None => Ok(Confirmation::NotRequested),
+            Some(confirm) => await_confirm(confirm, &mut self.blocked, self.blocked_timeout, &self.message_id).await,
         };
+        self.conclude(arrived)
+    }
+
+    /// What the broker's answer means for the sender, counted and logged.
+    fn conclude(&self, arrived: Result<Confirmation, Error>) -> Result<SendResult, Error> {
+        let result =
+            arrived.and_then(|confirmation| settle(confirmation, &self.message_id, &self.exchange, &self.routing_key));
         report(result.as_ref(), &self.message_id, &self.exchange, &self.routing_key);
         result
     }
@@ -324,23 +325,7 @@ impl Future for Settling {
                 None => Some(Ok(Confirmation::NotRequested)),
             };
             match arrived {
-                Some(arrived) => {
-                    let result = arrived.and_then(|confirmation| {
-                        settle(
-                            confirmation,
-                            &pending.message_id,
-                            &pending.exchange,
-                            &pending.routing_key,
-                        )
-                    });
-                    report(
-                        result.as_ref(),
-                        &pending.message_id,
-                        &pending.exchange,
-                        &pending.routing_key,
-                    );
-                    return Poll::Ready(result.map(|_| ()));
-                }
+                Some(arrived) => return Poll::Ready(pending.conclude(arrived).map(|_| ())),
                 None => self.waiting = Some(Box::pin(pending.settle())),
             }
         }
@@ -411,7 +396,7 @@ pub(crate) fn settle(
 /// connection has been blocked for `blocked_timeout` without a break.
 pub(crate) async fn await_confirm(
     pending: PublishConfirm,
-    mut blocked: watch::Receiver<Option<String>>,
+    blocked: &mut watch::Receiver<Option<String>>,
     blocked_timeout: Duration,
     message_id: &str,
 ) -> Result<Confirmation, Error> {

@@ -239,3 +239,31 @@ pub async fn exclusive_queue(ch: &acemq_core::amqp::Channel) -> String {
     .queue
     .to_string()
 }
+
+/// How many messages `queue` holds (a passive declare).
+pub async fn depth(ch: &acemq_core::amqp::Channel, queue: &str) -> u32 {
+    let passive = amqp_codec::QueueDeclare {
+        queue: queue.into(),
+        passive: true,
+        ..Default::default()
+    };
+    ch.queue_declare(passive).await.unwrap().unwrap().message_count
+}
+
+/// The counter `metric` of a snapshot, by its `outcome` label.
+pub fn counts_by_outcome(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    metric: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() != metric {
+            continue;
+        }
+        let outcome = key.key().labels().find(|l| l.key() == "outcome");
+        if let (Some(outcome), metrics_util::debugging::DebugValue::Counter(n)) = (outcome, value) {
+            *counts.entry(outcome.value().to_string()).or_default() += n;
+        }
+    }
+    counts
+}

@@ -163,16 +163,7 @@ async fn while_blocked_new_publishes_fail_at_once_and_written_ones_wait_up_to_bl
             d.ack().unwrap();
         }
         consumer.cancel().await.unwrap();
-        let depth = consume_ch
-            .queue_declare(QueueDeclare {
-                queue: q.as_str().into(),
-                passive: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .message_count;
+        let depth = acemq_tests::depth(&consume_ch, &q).await;
         assert_eq!(
             depth, 0,
             "{:?}: the acks were taken while publishing was blocked",

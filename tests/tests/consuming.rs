@@ -807,21 +807,7 @@ fn handled_outcomes_are_counted() {
             cleanup(&conn, &q).await;
         });
     });
-    let mut counts = std::collections::BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        if key.key().name() == acemq_core::metrics_names::HANDLED_TOTAL {
-            let outcome = key
-                .key()
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .unwrap()
-                .value()
-                .to_string();
-            if let metrics_util::debugging::DebugValue::Counter(n) = value {
-                counts.insert(outcome, n);
-            }
-        }
-    }
+    let counts = acemq_tests::counts_by_outcome(&snapshotter, acemq_core::metrics_names::HANDLED_TOTAL);
     let get = |o: &str| counts.get(o).copied().unwrap_or(0);
     assert_eq!(get("accepted"), 1, "{counts:?}");
     assert_eq!(get("retried"), 1, "{counts:?}");

@@ -263,16 +263,7 @@ async fn pipelined_publishes_are_all_confirmed_in_order() {
         for c in confirms {
             assert_eq!(c.await.unwrap(), Confirmation::Ack);
         }
-        let declared = ch
-            .queue_declare(QueueDeclare {
-                queue: q.as_str().into(),
-                passive: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(declared.message_count, 2000);
+        assert_eq!(acemq_tests::depth(&ch, &q).await, 2000);
         conn.close().await.unwrap();
     }
 }

@@ -6,7 +6,7 @@
 use acemq_core::amqp::Channel;
 use acemq_core::envelope::{ATTEMPT_HEADER, CAUSATION_HEADER, FIRST_SEEN_HEADER};
 use acemq_core::{Config, Conn, Envelope, Error, SendResult};
-use acemq_tests::{brokers, unique};
+use acemq_tests::{brokers, counts_by_outcome, depth, unique};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare};
 use serde::{Deserialize, Serialize};
 
@@ -38,16 +38,14 @@ async fn queue(conn: &Conn, args: FieldTable) -> (String, Channel) {
     (name, ch)
 }
 
-async fn depth(ch: &Channel, queue: &str) -> u32 {
-    ch.queue_declare(QueueDeclare {
-        queue: queue.into(),
-        passive: true,
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-    .unwrap()
-    .message_count
+/// Queue arguments under which a second message is refused (nacked).
+fn full_after_one() -> FieldTable {
+    [
+        ("x-max-length", FieldValue::I32(1)),
+        ("x-overflow", FieldValue::from("reject-publish")),
+    ]
+    .into_iter()
+    .collect()
 }
 
 async fn delete(ch: &Channel, queue: &str) {
@@ -91,12 +89,7 @@ async fn confirms_are_on_by_default_and_send_returns_once_the_broker_has_the_mes
 async fn a_nack_is_an_error() {
     for b in brokers().await {
         let conn = b.conn().await;
-        let args: FieldTable = [
-            ("x-max-length", FieldValue::I32(1)),
-            ("x-overflow", FieldValue::from("reject-publish")),
-        ]
-        .into_iter()
-        .collect();
+        let args = full_after_one();
         let (q, ch) = queue(&conn, args).await;
         let publisher = conn.publisher::<Order>("", &q);
         publisher.send(&order(1)).await.unwrap();
@@ -165,12 +158,7 @@ async fn library_publishes_are_confirmed_even_without_confirms() {
                 ..Config::default()
             })
             .await;
-        let args: FieldTable = [
-            ("x-max-length", FieldValue::I32(1)),
-            ("x-overflow", FieldValue::from("reject-publish")),
-        ]
-        .into_iter()
-        .collect();
+        let args = full_after_one();
         let (q, ch) = queue(&conn, args).await;
         let props = |id: &str| BasicProperties {
             message_id: Some(id.into()),
@@ -376,12 +364,7 @@ fn publish_outcomes_are_counted() {
         runtime.block_on(async {
             for b in brokers().await {
                 let conn = b.conn().await;
-                let args: FieldTable = [
-                    ("x-max-length", FieldValue::I32(1)),
-                    ("x-overflow", FieldValue::from("reject-publish")),
-                ]
-                .into_iter()
-                .collect();
+                let args = full_after_one();
                 let (q, ch) = queue(&conn, args).await;
                 let publisher = conn.publisher::<Order>("", &q);
                 publisher.send(&order(1)).await.unwrap();
@@ -397,26 +380,8 @@ fn publish_outcomes_are_counted() {
             }
         })
     });
-    let counts: Vec<(String, u64)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == acemq_core::metrics_names::PUBLISH_TOTAL)
-        .map(|(key, _, _, value)| {
-            let outcome = key
-                .key()
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .unwrap()
-                .value()
-                .to_string();
-            let metrics_util::debugging::DebugValue::Counter(n) = value else {
-                panic!()
-            };
-            (outcome, n)
-        })
-        .collect();
-    let count = |outcome: &str| counts.iter().find(|(o, _)| o == outcome).map_or(0, |(_, n)| *n);
+    let counts = counts_by_outcome(&snapshotter, acemq_core::metrics_names::PUBLISH_TOTAL);
+    let count = |outcome: &str| counts.get(outcome).copied().unwrap_or(0);
     let brokers = count("confirmed");
     assert!(brokers >= 1, "{counts:?}");
     assert_eq!(count("nacked"), brokers, "{counts:?}");
