@@ -323,7 +323,9 @@ fn main() {
             }
             if only == "publish" {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
                 publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
                 publisher_window(&api, &queue, messages, 1000).await.print();
                 purge(&setup, &queue).await;
                 continue;
@@ -335,10 +337,15 @@ fn main() {
                 purge(&setup, &queue).await;
                 continue;
             }
+            // Every publish starts on an empty queue and every consume finds
+            // exactly the messages it is to take: a deeper queue costs the
+            // broker more, and would bias whichever scenario runs later.
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
-            let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
+            let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
+            purge(&setup, &queue).await;
             let send = publisher_send(&api, &queue, messages, 64).await;
+            purge(&setup, &queue).await;
             let window = publisher_window(&api, &queue, messages, 1000).await;
             let accept = acemq_consume(&api, &queue, messages, false).await;
             // JSON payloads again (the raw publishes above are not JSON).
