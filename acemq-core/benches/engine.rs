@@ -115,6 +115,13 @@ async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window
 /// (content type, message id, timestamp, the envelope headers): the same
 /// bytes on the wire, so the broker's share of the work is the same too.
 async fn publish_confirmed_envelope(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let props = envelope_properties();
+    publish_confirmed_with(conn, queue, messages, window, props, "  same, envelope properties").await
+}
+
+/// The properties `Publisher` writes: content type, message id, timestamp
+/// and the envelope headers.
+fn envelope_properties() -> BasicProperties {
     let mut props = BasicProperties {
         content_type: Some("application/json".into()),
         delivery_mode: Some(1),
@@ -122,7 +129,7 @@ async fn publish_confirmed_envelope(conn: &Connection, queue: &str, messages: u6
         ..Default::default()
     };
     acemq_core::Envelope::new().write_to(&mut props);
-    publish_confirmed_with(conn, queue, messages, window, props, "  same, envelope properties").await
+    props
 }
 
 async fn publish_confirmed_with(
@@ -279,9 +286,21 @@ async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
 /// The wire floor's publish then consume (blocking; nothing else runs on
 /// the runtime meanwhile).
 fn wire_floor(addr: &str, queue: &str, messages: u64) -> (Figures, Figures) {
-    let publish = floor::publish(addr, queue, messages, 1000).expect("wire floor publish");
+    let props = BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    };
+    let publish =
+        floor::publish(addr, queue, messages, 1000, props, "  wire floor: publish").expect("wire floor publish");
     let consume = floor::consume(addr, queue, messages, 1000).expect("wire floor consume");
     (publish, consume)
+}
+
+/// The wire floor's publish with the envelope's properties: the most any
+/// client gets from the broker for the bytes `Publisher` must send.
+fn wire_floor_envelope(addr: &str, queue: &str, messages: u64) -> Figures {
+    let name = "  wire floor: envelope publish";
+    floor::publish(addr, queue, messages, 1000, envelope_properties(), name).expect("wire floor publish")
 }
 
 fn main() {
@@ -348,7 +367,10 @@ fn main() {
             if only == "publish" {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 purge(&setup, &queue).await;
+                wire_floor(&addr, &queue, messages).0.print();
                 publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
+                wire_floor_envelope(&addr, &queue, messages).print();
                 purge(&setup, &queue).await;
                 publisher_window(&api, &queue, messages, 1000).await.print();
                 purge(&setup, &queue).await;
@@ -369,6 +391,8 @@ fn main() {
             let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
             let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
             purge(&setup, &queue).await;
+            let floor_envelope = wire_floor_envelope(&addr, &queue, messages);
+            purge(&setup, &queue).await;
             let send = publisher_send(&api, &queue, messages, 64).await;
             purge(&setup, &queue).await;
             let window = publisher_window(&api, &queue, messages, 1000).await;
@@ -383,6 +407,7 @@ fn main() {
             publish.print();
             floor_publish.print();
             publish_envelope.print();
+            floor_envelope.print();
             consume.print();
             floor_consume.print();
             send.print();
@@ -588,18 +613,21 @@ mod floor {
         u64::from_be_bytes(tag)
     }
 
-    /// `messages` confirmed publishes of 256-byte bodies to `queue`, at most
-    /// `window` unconfirmed.
-    pub fn publish(addr: &str, queue: &str, messages: u64, window: u64) -> io::Result<Figures> {
+    /// `messages` confirmed publishes of 256-byte bodies with `props` to
+    /// `queue`, at most `window` unconfirmed.
+    pub fn publish(
+        addr: &str,
+        queue: &str,
+        messages: u64,
+        window: u64,
+        props: BasicProperties,
+        name: &'static str,
+    ) -> io::Result<Figures> {
         let mut wire = Wire::open(addr)?;
         wire.send(1, ConfirmSelect::default())?;
         wire.expect(|m| matches!(m, Method::ConfirmSelectOk(_)))?;
         let publish = BasicPublish {
             routing_key: queue.into(),
-            ..Default::default()
-        };
-        let props = BasicProperties {
-            delivery_mode: Some(1),
             ..Default::default()
         };
         let mut one = BytesMut::new();
@@ -627,7 +655,7 @@ mod floor {
                 }
             }
         }
-        let figures = Figures::since("  wire floor: publish", messages, t0, c0);
+        let figures = Figures::since(name, messages, t0, c0);
         wire.close()?;
         Ok(figures)
     }
