@@ -86,6 +86,7 @@ impl FrameDecoder {
     ///
     /// Method and header frames are parsed where they lie and then skipped;
     /// a body frame's payload is split off `buf` without copying.
+    #[inline]
     pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
         let (frame_type, channel, total) = match self.frame_header(buf)? {
             Ok(header) => header,

@@ -211,11 +211,7 @@ impl ContentAssembler {
     // bytes, that is most of the assembler's cost.
     #[inline]
     pub fn push(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
-        let result = self.step(frame);
-        if result.is_err() {
-            self.reset();
-        }
-        result
+        self.step(frame).inspect_err(|_| self.reset())
     }
 
     #[inline]
