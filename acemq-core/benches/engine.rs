@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use acemq_core::amqp::{Config, Confirmation, Connection};
+use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
 use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete};
 use bytes::Bytes;
 
@@ -285,7 +285,7 @@ async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
 
 /// The wire floor's publish then consume (blocking; nothing else runs on
 /// the runtime meanwhile).
-fn wire_floor(addr: &str, queue: &str, messages: u64) -> (Figures, Figures) {
+fn wire_floor(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) {
     let props = BasicProperties {
         delivery_mode: Some(1),
         ..Default::default()
@@ -298,7 +298,7 @@ fn wire_floor(addr: &str, queue: &str, messages: u64) -> (Figures, Figures) {
 
 /// The wire floor's publish with the envelope's properties: the most any
 /// client gets from the broker for the bytes `Publisher` must send.
-fn wire_floor_envelope(addr: &str, queue: &str, messages: u64) -> Figures {
+fn wire_floor_envelope(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
     let name = "  wire floor: envelope publish";
     floor::publish(addr, queue, messages, 1000, envelope_properties(), name).expect("wire floor publish")
 }
@@ -324,12 +324,12 @@ fn main() {
                 return;
             }
         };
-        // The wire floor speaks plain AMQP as guest to the same host and port.
-        let addr = url
-            .strip_prefix("amqp://")
-            .and_then(|rest| rest.rsplit_once('@').map_or(Some(rest), |(_, host)| Some(host)))
-            .map(|host| host.split('/').next().unwrap_or(host).to_string())
-            .expect("ACEMQ_RABBITMQ_URL is an amqp:// URL");
+        // The wire floor speaks plain AMQP to the same broker, as the same user.
+        let addr: AmqpUrl = url.parse().expect("ACEMQ_RABBITMQ_URL parses");
+        assert!(
+            !addr.tls,
+            "the wire floor speaks plain TCP: ACEMQ_RABBITMQ_URL must be amqp://"
+        );
         let setup = conn.channel().await.unwrap();
         let queue = format!("acemq-bench-{}", std::process::id());
         setup
@@ -448,7 +448,7 @@ mod floor {
     };
     use bytes::{Bytes, BytesMut};
 
-    use super::{cpu_time, Figures};
+    use super::{cpu_time, AmqpUrl, Figures};
 
     /// The class and method ids of basic.ack (60, 80), basic.nack (60, 120)
     /// and basic.deliver (60, 60) as they start a method payload.
@@ -467,10 +467,11 @@ mod floor {
     }
 
     impl Wire {
-        /// Connects to `addr` (host:port) as guest on vhost `/` and opens
-        /// channel 1.
-        pub fn open(addr: &str) -> io::Result<Wire> {
-            let sock = TcpStream::connect(addr)?;
+        /// Connects to the first host of `url` as its user, on its vhost, and
+        /// opens channel 1.
+        pub fn open(url: &AmqpUrl) -> io::Result<Wire> {
+            let (host, port) = url.hosts.first().ok_or_else(|| io::Error::other("no host"))?;
+            let sock = TcpStream::connect((host.as_str(), *port))?;
             sock.set_nodelay(true)?;
             let mut wire = Wire {
                 sock,
@@ -486,7 +487,7 @@ mod floor {
                 ConnectionStartOk {
                     client_properties: FieldTable::new(),
                     mechanism: "PLAIN".into(),
-                    response: "\0guest\0guest".into(),
+                    response: format!("\0{}\0{}", url.username, url.password.expose()).into(),
                     locale: "en_US".into(),
                 },
             )?;
@@ -505,7 +506,7 @@ mod floor {
             wire.send(
                 0,
                 ConnectionOpen {
-                    virtual_host: "/".into(),
+                    virtual_host: url.vhost.as_str().into(),
                     ..Default::default()
                 },
             )?;
@@ -629,7 +630,7 @@ mod floor {
     /// `messages` confirmed publishes of 256-byte bodies with `props` to
     /// `queue`, at most `window` unconfirmed.
     pub fn publish(
-        addr: &str,
+        addr: &AmqpUrl,
         queue: &str,
         messages: u64,
         window: u64,
@@ -676,7 +677,7 @@ mod floor {
     /// Consumes `messages` from `queue` at prefetch `prefetch`, answering
     /// each read with one `basic.ack` with `multiple` for all it brought
     /// (or for more; see [`ack_every`]).
-    pub fn consume(addr: &str, queue: &str, messages: u64, prefetch: u16) -> io::Result<Figures> {
+    pub fn consume(addr: &AmqpUrl, queue: &str, messages: u64, prefetch: u16) -> io::Result<Figures> {
         let mut wire = Wire::open(addr)?;
         let (t0, c0) = (Instant::now(), cpu_time());
         wire.send(
