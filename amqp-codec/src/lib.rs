@@ -65,7 +65,7 @@ pub use frame::{
     FRAME_OVERHEAD, PROTOCOL_HEADER,
 };
 pub use method::*;
-pub use properties::BasicProperties;
+pub use properties::{BasicProperties, Properties};
 pub use reply_code::{ErrorScope, ReplyCode};
 pub use types::{Decimal, FieldArray, FieldTable, FieldValue, LongString, ShortString, DEFAULT_MAX_DEPTH};
 

@@ -99,10 +99,14 @@ pub(crate) mod num {
     }
 }
 
-/// What every parser of a payload needs besides the bytes: the nesting limit.
+/// What every parser of a payload needs besides the bytes: the nesting limit,
+/// and whether the bytes were validated already.
 #[derive(Clone, Copy)]
 pub(crate) struct Ctx {
     pub(crate) max_depth: usize,
+    /// The bytes passed this crate's validation before (a property list
+    /// decoded on first access): tables are not checked again.
+    pub(crate) validated: bool,
 }
 
 /// Reads the arguments of a method field by field, packing consecutive
@@ -219,6 +223,20 @@ impl<'a> ArgReader<'a> {
         Ok(())
     }
 
+    /// Moves past a `shortstr`, checking it lies within the payload.
+    #[inline(always)]
+    pub(crate) fn skip_shortstr(&mut self) -> ReadResult<()> {
+        let i = self.unread();
+        self.consumed(i, types::short_string_len(i)).map(drop)
+    }
+
+    /// Moves past a `table`, validating it as [`ArgReader::table`] does.
+    #[inline(always)]
+    pub(crate) fn skip_table(&mut self) -> ReadResult<()> {
+        let i = self.unread();
+        self.consumed(i, types::table_body(self.ctx.max_depth, 1, i)).map(drop)
+    }
+
     /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {
@@ -231,7 +249,11 @@ impl<'a> ArgReader<'a> {
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {
         let i = self.unread();
-        let body = self.consumed(i, types::table_body(self.ctx.max_depth, 1, i))?;
+        let body = if self.ctx.validated {
+            self.consumed(i, types::long_bytes(i))?
+        } else {
+            self.consumed(i, types::table_body(self.ctx.max_depth, 1, i))?
+        };
         Ok(FieldTable::from_validated(body, self.source))
     }
 

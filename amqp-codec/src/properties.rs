@@ -5,6 +5,8 @@
 //! frame envelope around it is intact. The frame decoder reports it as
 //! [`crate::Frame::UndecodableHeader`] with the raw bytes kept.
 
+use std::sync::OnceLock;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeErrorKind, EncodeError};
@@ -55,11 +57,55 @@ macro_rules! properties {
                 } )*
                 r.finish()
             }
+
+            /// Checks a flag word and property list as
+            /// [`BasicProperties::decode_into`] would decode them, finding
+            /// every error it would find, without building anything.
+            #[inline]
+            pub(crate) fn validate(ctx: Ctx, input: &[u8]) -> Result<(), DecodeErrorKind> {
+                let mut r = ArgReader::new(ctx, None, input, input.len());
+                let flags = r.short()?;
+                if flags & DEFINED_FLAGS != flags {
+                    return Err(DecodeErrorKind::BadPropertyFlags(flags));
+                }
+                $( if flags & (1 << $bit) != 0 {
+                    skip::$read(&mut r)?;
+                } )*
+                r.finish()
+            }
         }
 
         /// The flag bits that name a property (bits 15 down to 2).
         const DEFINED_FLAGS: u16 = 0 $( | (1 << $bit) )*;
     };
+}
+
+/// Moving past one property of each type, for [`BasicProperties::validate`].
+mod skip {
+    use crate::error::DecodeErrorKind;
+    use crate::parse::ArgReader;
+
+    type Skip = Result<(), DecodeErrorKind>;
+
+    #[inline(always)]
+    pub(super) fn shortstr(r: &mut ArgReader<'_>) -> Skip {
+        r.skip_shortstr()
+    }
+
+    #[inline(always)]
+    pub(super) fn table(r: &mut ArgReader<'_>) -> Skip {
+        r.skip_table()
+    }
+
+    #[inline(always)]
+    pub(super) fn octet(r: &mut ArgReader<'_>) -> Skip {
+        r.octet().map(drop)
+    }
+
+    #[inline(always)]
+    pub(super) fn timestamp(r: &mut ArgReader<'_>) -> Skip {
+        r.longlong().map(drop)
+    }
 }
 
 fn write_shortstr(v: &ShortString, dst: &mut BytesMut) -> Result<(), EncodeError> {
@@ -109,4 +155,214 @@ properties! {
     app_id: ShortString = 3, shortstr, write_shortstr;
     /// `cluster-id` (deprecated in 0-9-1, still carried).
     cluster_id: ShortString = 2, shortstr, write_shortstr;
+}
+
+/// The properties of a content header: as received, the validated wire
+/// bytes, decoded into a [`BasicProperties`] the first time a property is
+/// read; or a [`BasicProperties`] of one's own.
+///
+/// Decoding a content header checks its whole property list against every
+/// rule decoding it field by field would (flag bits, string lengths, table
+/// nesting, type codes), so a bad list is still an
+/// [`crate::UndecodableHeader`] at once; only building the fields waits. A
+/// message that is passed on without reading its properties (a broker
+/// routing it) never builds them, and encodes as a copy of the bytes
+/// received. The wire bytes are a zero-copy slice of the frame, like a body:
+/// decoding a header allocates nothing.
+///
+/// `Properties` dereferences to [`BasicProperties`]; changing a property
+/// (through `DerefMut`) makes the value its own, and it then encodes from
+/// its fields.
+///
+/// ```
+/// use amqp_codec::{BasicProperties, ContentHeader, Frame, FrameDecoder, Properties};
+/// let sent = BasicProperties { message_id: Some("m-1".into()), ..Default::default() };
+/// let mut wire = bytes::BytesMut::new();
+/// Frame::Header(1, ContentHeader::basic(0, sent.clone())).encode(&mut wire).unwrap();
+///
+/// let Some(Frame::Header(_, header)) = FrameDecoder::new(4096).decode(&mut wire).unwrap() else { panic!() };
+/// assert_eq!(header.properties.flags(), sent.flags());
+/// assert_eq!(header.properties.message_id.as_ref().unwrap().as_bytes(), b"m-1"); // built here
+/// let mut props: Properties = header.properties;
+/// props.priority = Some(5);
+/// assert_eq!(props.flags(), sent.flags() | 1 << 11);
+/// ```
+#[derive(Clone)]
+pub struct Properties(PropertiesRepr);
+
+#[derive(Clone)]
+enum PropertiesRepr {
+    /// As received: the flag word and the property list, validated (empty
+    /// for a value with no properties), and the fields once built.
+    Wire {
+        raw: Bytes,
+        built: OnceLock<Box<BasicProperties>>,
+    },
+    /// Built or changed by the application.
+    Owned(Box<BasicProperties>),
+}
+
+impl Properties {
+    /// No properties; allocates nothing.
+    pub const fn new() -> Self {
+        Properties(PropertiesRepr::Wire {
+            raw: Bytes::new(),
+            built: OnceLock::new(),
+        })
+    }
+
+    /// Properties over a flag word and property list that passed
+    /// [`BasicProperties::validate`].
+    #[inline]
+    pub(crate) fn from_validated(raw: Bytes) -> Self {
+        Properties(PropertiesRepr::Wire {
+            raw,
+            built: OnceLock::new(),
+        })
+    }
+
+    /// The property flag word, read without building the properties.
+    pub fn flags(&self) -> u16 {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, .. } => match raw.first_chunk::<2>() {
+                Some(flags) => u16::from_be_bytes(*flags),
+                None => 0,
+            },
+            PropertiesRepr::Owned(props) => props.flags(),
+        }
+    }
+
+    /// The flag word and property list as received, while they are the
+    /// value (none was changed); `None` for properties built here.
+    pub fn wire_bytes(&self) -> Option<&Bytes> {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, .. } if !raw.is_empty() => Some(raw),
+            _ => None,
+        }
+    }
+
+    /// Whether the fields have been built (always, for properties built
+    /// here).
+    pub fn is_built(&self) -> bool {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, built } => raw.is_empty() || built.get().is_some(),
+            PropertiesRepr::Owned(_) => true,
+        }
+    }
+
+    /// Appends the flag word and the present properties: the bytes received,
+    /// if nothing was changed.
+    pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, .. } if raw.is_empty() => {
+                dst.put_u16(0);
+                Ok(())
+            }
+            PropertiesRepr::Wire { raw, .. } => {
+                dst.put_slice(raw);
+                Ok(())
+            }
+            PropertiesRepr::Owned(props) => props.encode(dst),
+        }
+    }
+
+    /// The properties as a [`BasicProperties`] of their own.
+    pub fn into_basic(self) -> BasicProperties {
+        match self.0 {
+            PropertiesRepr::Wire { raw, built } => match built.into_inner() {
+                Some(props) => *props,
+                None => build(&raw),
+            },
+            PropertiesRepr::Owned(props) => *props,
+        }
+    }
+}
+
+/// Builds the fields of a validated property list: validated, so decoding
+/// cannot fail, and tables are not checked a second time.
+fn build(raw: &Bytes) -> BasicProperties {
+    let mut props = BasicProperties::default();
+    if !raw.is_empty() {
+        let ctx = Ctx {
+            max_depth: usize::MAX,
+            validated: true,
+        };
+        // Cannot fail: `raw` passed `validate` with the same rules. Were it
+        // to, the properties decoded up to that point are kept.
+        let _ = BasicProperties::decode_into(&mut props, ctx, raw, Some(raw));
+    }
+    props
+}
+
+impl Default for Properties {
+    fn default() -> Self {
+        Properties::new()
+    }
+}
+
+impl std::ops::Deref for Properties {
+    type Target = BasicProperties;
+
+    fn deref(&self) -> &BasicProperties {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, built } => built.get_or_init(|| Box::new(build(raw))),
+            PropertiesRepr::Owned(props) => props,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Properties {
+    fn deref_mut(&mut self) -> &mut BasicProperties {
+        if let PropertiesRepr::Wire { raw, built } = &mut self.0 {
+            let props = built.take().unwrap_or_else(|| Box::new(build(raw)));
+            self.0 = PropertiesRepr::Owned(props);
+        }
+        match &mut self.0 {
+            PropertiesRepr::Owned(props) => props,
+            // Made `Owned` just above.
+            PropertiesRepr::Wire { .. } => unreachable!("properties made their own"),
+        }
+    }
+}
+
+impl AsRef<BasicProperties> for Properties {
+    fn as_ref(&self) -> &BasicProperties {
+        self
+    }
+}
+
+impl From<BasicProperties> for Properties {
+    fn from(props: BasicProperties) -> Self {
+        Properties(PropertiesRepr::Owned(Box::new(props)))
+    }
+}
+
+impl From<Box<BasicProperties>> for Properties {
+    fn from(props: Box<BasicProperties>) -> Self {
+        Properties(PropertiesRepr::Owned(props))
+    }
+}
+
+impl From<Properties> for BasicProperties {
+    fn from(props: Properties) -> Self {
+        props.into_basic()
+    }
+}
+
+impl PartialEq for Properties {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<BasicProperties> for Properties {
+    fn eq(&self, other: &BasicProperties) -> bool {
+        **self == *other
+    }
+}
+
+impl std::fmt::Debug for Properties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
 }

@@ -194,3 +194,83 @@ fn property_flags_follow_the_spec_order() {
     };
     assert_eq!(props.flags(), 0x3000);
 }
+
+/// What decoding a property list field by field says of `input`: the oracle
+/// for [`crate::BasicProperties::validate`], which a header is checked with
+/// before its fields are built lazily.
+fn decode_eagerly(input: &[u8], max_depth: usize) -> Result<crate::BasicProperties, crate::DecodeErrorKind> {
+    let mut props = crate::BasicProperties::default();
+    let ctx = crate::parse::Ctx {
+        max_depth,
+        validated: false,
+    };
+    crate::BasicProperties::decode_into(&mut props, ctx, input, None).map(|()| props)
+}
+
+fn validate(input: &[u8], max_depth: usize) -> Result<(), crate::DecodeErrorKind> {
+    let ctx = crate::parse::Ctx {
+        max_depth,
+        validated: false,
+    };
+    crate::BasicProperties::validate(ctx, input)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Encoded properties with one byte changed, or cut short: validating
+    /// accepts exactly what decoding accepts, with the same error, and what
+    /// it accepts builds into what decoding gives.
+    #[test]
+    fn validating_properties_agrees_with_decoding_them(
+        properties in arbitrary::properties(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in any::<prop::sample::Index>(),
+        change in 0..3u8,
+        max_depth in 1..4usize,
+    ) {
+        let mut wire = BytesMut::new();
+        properties.encode(&mut wire).expect("encodes");
+        let mut wire = wire.to_vec();
+        match change {
+            0 => {}
+            1 => {
+                let at = at.index(wire.len());
+                wire[at] = byte;
+            }
+            _ => wire.truncate(cut.index(wire.len() + 1)),
+        }
+        let eager = decode_eagerly(&wire, max_depth);
+        prop_assert_eq!(validate(&wire, max_depth), eager.as_ref().map(drop).map_err(|e| *e));
+
+        // The same list in a content header frame, through the decoder.
+        let mut payload = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+        payload.extend_from_slice(&wire);
+        let mut framed = vec![crate::FRAME_HEADER, 0, 7];
+        framed.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&payload);
+        framed.push(crate::FRAME_END);
+        let framed = Bytes::from(framed);
+        let (frame, used) = FrameDecoder::new(0).with_max_depth(max_depth).decode_slice(&framed).expect("a sound envelope");
+        prop_assert_eq!(used, framed.len());
+        match (frame, eager) {
+            (Frame::Header(7, header), Ok(eager)) => {
+                prop_assert!(!header.properties.is_built());
+                prop_assert_eq!(header.properties.flags(), eager.flags());
+                prop_assert_eq!(&*header.properties, &eager);
+                // Unchanged, it encodes as the bytes received; built, the
+                // same bytes again.
+                let again = encode(&Frame::Header(7, header.clone()));
+                prop_assert_eq!(&again, &framed);
+                let rebuilt = ContentHeader::basic(9, header.properties.into_basic());
+                prop_assert_eq!(encode(&Frame::Header(7, rebuilt)), framed);
+            }
+            (Frame::UndecodableHeader(7, header), Err(error)) => {
+                prop_assert_eq!(header.error, error);
+                prop_assert_eq!(&header.raw_properties[..], &wire[..]);
+            }
+            (frame, eager) => prop_assert!(false, "decoded {:?}, field by field {:?}", frame, eager),
+        }
+    }
+}

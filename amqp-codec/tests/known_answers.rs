@@ -203,7 +203,7 @@ fn return_arrives_before_the_ack_of_the_same_publish() {
     assert_eq!(ret.reply_text, "NO_ROUTE");
     assert_eq!(ret.routing_key, "acemq.kat.no-such-queue");
     assert_eq!(&returned.body[..], b"unroutable");
-    let message_id = returned.header.unwrap().properties.message_id.unwrap();
+    let message_id = returned.header.unwrap().properties.into_basic().message_id.unwrap();
     assert_eq!(message_id, "msg-return-1");
 
     // Replayed through the trackers as the publisher saw it: one mandatory publish.

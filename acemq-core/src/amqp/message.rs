@@ -2,18 +2,19 @@
 //! results, returned messages, and publisher confirmations.
 
 use amqp_codec::track::Content;
-use amqp_codec::{BasicProperties, Method, ShortString, UndecodableHeader};
+use amqp_codec::{Method, ShortString, UndecodableHeader};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::Error;
 use crate::io::driver::Command;
 
-/// Properties as received: decoded (boxed, as the codec hands them over), or
-/// the raw header when the codec refused them (too deeply nested, an unknown
-/// field type). Such a message can still be acknowledged or set aside; the
-/// connection is fine.
-pub type Properties = Result<Box<BasicProperties>, UndecodableHeader>;
+/// Properties as received: validated, as the codec hands them over (they
+/// dereference to [`amqp_codec::BasicProperties`], built on first access),
+/// or the raw header when the codec refused them (too deeply nested, an
+/// unknown field type). Such a message can still be acknowledged or set
+/// aside; the connection is fine.
+pub type Properties = Result<amqp_codec::Properties, UndecodableHeader>;
 
 /// A message delivered to a consumer.
 #[derive(Debug)]

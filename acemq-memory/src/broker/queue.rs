@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amqp_codec::{BasicProperties, FieldTable, ShortString, UndecodableHeader};
+use amqp_codec::{BasicProperties, FieldTable, Properties, ShortString, UndecodableHeader};
 use bytes::Bytes;
 
 use super::args::{Overflow, QueueKind, QueueSettings};
@@ -16,8 +16,10 @@ use super::ConnId;
 /// decode them (RabbitMQ passes such a header through untouched).
 #[derive(Debug, Clone)]
 pub(crate) enum Header {
-    /// Boxed as the codec hands it over: no copy of the properties.
-    Decoded(Box<BasicProperties>),
+    /// As the codec hands them over: the wire bytes, validated, with the
+    /// fields built only if the broker reads one (and re-encoded as a copy
+    /// of those bytes if it changes none).
+    Decoded(Properties),
     Raw(UndecodableHeader),
 }
 

@@ -245,7 +245,7 @@ impl Client {
         Delivery {
             channel,
             method,
-            properties: *header.properties,
+            properties: header.properties.into_basic(),
             body: body.freeze(),
         }
     }
@@ -266,7 +266,7 @@ impl Client {
         Delivery {
             channel: 0,
             method,
-            properties: *header.properties,
+            properties: header.properties.into_basic(),
             body: body.freeze(),
         }
     }

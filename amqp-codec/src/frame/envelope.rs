@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use nom::bytes::complete::take;
 use nom::number::{complete, streaming};
 
-use super::header::content_header;
+use super::header::{check_content_header, PROPERTIES_AT};
 use super::{
     Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
 };
@@ -110,11 +110,19 @@ impl FrameDecoder {
             return Ok(Some(Frame::Body(channel, payload)));
         }
         if frame_type == FRAME_HEADER {
-            // Parsed where it lies, without taking a share of the read
-            // buffer: tables in the properties are copied.
-            let frame = content_header(channel, &buf[7..total - 1], self.max_depth, None);
-            buf.advance(total);
-            return frame.map(Some);
+            // Checked where it lies; the property list is then kept as a
+            // zero-copy slice, like a body, and built on first access.
+            let checked = match check_content_header(&buf[7..total - 1], self.max_depth) {
+                Ok(checked) => checked,
+                Err(err) => {
+                    buf.advance(total);
+                    return Err(err);
+                }
+            };
+            let mut raw = buf.split_to(total).freeze();
+            raw.truncate(total - 1);
+            raw.advance(7 + PROPERTIES_AT);
+            return Ok(Some(checked.into_frame(channel, raw)));
         }
         // The ids are looked for within the payload only: a method frame too
         // short to hold them (even an empty one at the end of `buf`) takes
@@ -147,6 +155,7 @@ impl FrameDecoder {
     fn ctx(&self) -> Ctx {
         Ctx {
             max_depth: self.max_depth,
+            validated: false,
         }
     }
 
@@ -231,7 +240,15 @@ impl FrameDecoder {
         let payload = &frame[7..total - 1];
         match frame_type {
             FRAME_METHOD => self.method(channel, &frame[7..], total - FRAME_OVERHEAD, source),
-            FRAME_HEADER => content_header(channel, payload, self.max_depth, source),
+            FRAME_HEADER => {
+                let checked = check_content_header(payload, self.max_depth)?;
+                let properties = &payload[PROPERTIES_AT..];
+                let raw = match source {
+                    Some(source) => source.slice_ref(properties),
+                    None => Bytes::copy_from_slice(properties),
+                };
+                Ok(checked.into_frame(channel, raw))
+            }
             FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
             FRAME_HEARTBEAT => Err(Error::Malformed {
                 context: "heartbeat",

@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
 use crate::parse::{kind_of, Ctx, PError};
-use crate::properties::BasicProperties;
+use crate::properties::{BasicProperties, Properties};
 use crate::Frame;
 
 /// A decoded content header.
@@ -23,20 +23,19 @@ pub struct ContentHeader {
     pub weight: u16,
     /// The total size of the body frames that follow.
     pub body_size: u64,
-    /// The message properties, boxed: a header moves through several hands
-    /// on its way to the application, and a pointer moves cheaper than the
-    /// few hundred bytes of the properties.
-    pub properties: Box<BasicProperties>,
+    /// The message properties: validated, and built on first access when
+    /// decoded (see [`Properties`]).
+    pub properties: Properties,
 }
 
 impl ContentHeader {
     /// A basic-class header for a body of `body_size` bytes.
-    pub fn basic(body_size: u64, properties: BasicProperties) -> Self {
+    pub fn basic(body_size: u64, properties: impl Into<Properties>) -> Self {
         ContentHeader {
             class_id: class::BASIC,
             weight: 0,
             body_size,
-            properties: Box::new(properties),
+            properties: properties.into(),
         }
     }
 
@@ -77,20 +76,23 @@ impl UndecodableHeader {
     }
 }
 
-/// `content-header = class-id weight body-size property-flags property-list`,
-/// as the frame it makes on `channel`: [`Frame::Header`], or
-/// [`Frame::UndecodableHeader`] when the properties cannot be decoded.
-///
-/// Only a payload too short for the fixed 12 bytes is a stream error.
-/// `payload` lies within `source` when there is one: tables in the properties,
-/// or the raw bytes of an undecodable header, are then zero-copy slices of it.
+/// The fixed part of a content header (class, weight, body size) and what
+/// is wrong with its property list, if anything.
+pub(crate) struct CheckedHeader {
+    class_id: u16,
+    weight: u16,
+    body_size: u64,
+    error: Option<DecodeErrorKind>,
+}
+
+/// Where the property list starts in a content header payload.
+pub(crate) const PROPERTIES_AT: usize = 12;
+
+/// `content-header = class-id weight body-size property-flags property-list`:
+/// reads the fixed 12 bytes and validates the property list, building
+/// nothing. Only a payload too short for the fixed part is a stream error.
 #[inline]
-pub(crate) fn content_header(
-    channel: u16,
-    payload: &[u8],
-    max_depth: usize,
-    source: Option<&Bytes>,
-) -> Result<Frame, Error> {
+pub(crate) fn check_content_header(payload: &[u8], max_depth: usize) -> Result<CheckedHeader, Error> {
     let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
         let (i, class_id) = be_u16(i)?;
         let (i, weight) = be_u16(i)?;
@@ -102,35 +104,48 @@ pub(crate) fn content_header(
         kind: kind_of(err),
     })?;
     let error = if class_id == class::BASIC {
-        let mut properties = Box::<BasicProperties>::default();
-        match BasicProperties::decode_into(&mut properties, Ctx { max_depth }, rest, source) {
-            Ok(()) => {
-                return Ok(Frame::Header(
-                    channel,
-                    ContentHeader {
-                        class_id,
-                        weight,
-                        body_size,
-                        properties,
-                    },
-                ))
-            }
-            Err(error) => error,
-        }
+        let ctx = Ctx {
+            max_depth,
+            validated: false,
+        };
+        BasicProperties::validate(ctx, rest).err()
     } else {
-        DecodeErrorKind::NoContentClass(class_id)
+        Some(DecodeErrorKind::NoContentClass(class_id))
     };
-    Ok(Frame::UndecodableHeader(
-        channel,
-        UndecodableHeader {
-            class_id,
-            weight,
-            body_size,
-            raw_properties: match source {
-                Some(source) => source.slice_ref(rest),
-                None => Bytes::copy_from_slice(rest),
-            },
-            error,
-        },
-    ))
+    Ok(CheckedHeader {
+        class_id,
+        weight,
+        body_size,
+        error,
+    })
+}
+
+impl CheckedHeader {
+    /// The frame on `channel`, given the property bytes the header was
+    /// checked with: [`Frame::Header`], or [`Frame::UndecodableHeader`]
+    /// when they cannot be decoded.
+    #[inline]
+    pub(crate) fn into_frame(self, channel: u16, raw: Bytes) -> Frame {
+        match self.error {
+            None => Frame::Header(
+                channel,
+                ContentHeader {
+                    class_id: self.class_id,
+                    weight: self.weight,
+                    body_size: self.body_size,
+                    properties: Properties::from_validated(raw),
+                },
+            ),
+            Some(error) => Frame::UndecodableHeader(
+                channel,
+                UndecodableHeader {
+                    class_id: self.class_id,
+                    weight: self.weight,
+                    body_size: self.body_size,
+                    raw_properties: raw,
+                    error,
+                },
+            ),
+        }
+    }
 }
