@@ -93,6 +93,17 @@ pub fn roundtrip(data: &[u8]) {
     let mut buf = Bytes::copy_from_slice(rest);
     while let Ok((frame, used)) = decoder.decode_slice(&buf) {
         let first = encode(&frame);
+        if let Frame::Header(channel, header) = &frame {
+            // The properties as received encode as the bytes received; built
+            // into fields, they must encode as the same bytes.
+            let mut built = header.clone();
+            built.properties = header.properties.clone().into_basic().into();
+            assert_eq!(
+                encode(&Frame::Header(*channel, built)),
+                first,
+                "properties built from validated bytes encode differently"
+            );
+        }
         let (again, used_again) = decoder
             .decode_slice(&first)
             .unwrap_or_else(|err| panic!("re-encoded {frame:?} does not decode: {err}"));
