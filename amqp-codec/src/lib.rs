@@ -13,6 +13,10 @@
 //!   value is an error, never a stack overflow.
 //! - The envelope refuses a frame above `frame_max` from its 7-byte header,
 //!   before buffering it; bodies are zero-copy [`bytes::Bytes`].
+//! - A content header's properties are checked in full when the frame is
+//!   decoded and kept as a zero-copy slice of it ([`Properties`]); their
+//!   fields are built the first time one is read, and unchanged properties
+//!   encode as the bytes received. Decoding a delivery allocates nothing.
 //! - A content header whose properties cannot be decoded is
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
 //!   set aside and the connection lives on.
