@@ -7,7 +7,10 @@
 //!
 //! Every message has the shape acemq publishes: content-type, delivery-mode 2,
 //! a 36-byte message-id, a timestamp and a 3-entry headers table, and a
-//! 256-byte body. `parse_deliveries` and `serialize_publishes` report
+//! 256-byte body. `parse_deliveries` decodes and assembles them as a
+//! consumer's connection does (`FrameDecoder::decode_assembled`);
+//! `parse_deliveries_frame_by_frame` does it with `decode` and `push`.
+//! `parse_deliveries` and `serialize_publishes` report
 //! elements per second as messages per second; `decode_headers_table_10`
 //! reports tables per second.
 //!
@@ -18,7 +21,7 @@
 
 use std::hint::black_box;
 
-use amqp_codec::track::{Assembly, Content, ContentAssembler};
+use amqp_codec::track::{Assembly, Content, ContentAssembler, Decoded};
 use amqp_codec::{
     encode_content, BasicDeliver, BasicProperties, BasicPublish, FieldTable, FieldValue, FrameDecoder, LongString,
     Method, DEFAULT_FRAME_MAX,
@@ -67,21 +70,45 @@ fn deliveries() -> BytesMut {
     wire
 }
 
-/// Decodes every frame of `buf` and assembles the messages of channel 1;
+/// Decodes every frame of `buf` and assembles the messages of channel 1 with
+/// `FrameDecoder::decode_assembled`, the path a consumer's connection takes;
 /// returns how many were completed, and the emptied buffer (so that freeing
 /// it happens outside the timed part). With `read_headers`, also reads the
 /// three application headers of every message through the public API, as a
-/// consumer would (the headers table is decoded lazily, on first access).
+/// consumer would (properties and tables are built on first access).
 fn parse_all(decoder: &FrameDecoder, mut buf: BytesMut, read_headers: bool) -> (usize, BytesMut) {
+    let mut channel = ContentAssembler::new();
+    let mut complete = 0;
+    loop {
+        match decoder
+            .decode_assembled(&mut buf, |_| Some(&mut channel))
+            .expect("well-formed stream")
+        {
+            Decoded::NeedMore => break,
+            Decoded::Partial(_) => {}
+            Decoded::Complete(_) => {
+                let content = channel.take_complete().expect("a finished message");
+                if read_headers {
+                    read_three_headers(&content);
+                }
+                black_box(&content);
+                complete += 1;
+            }
+            Decoded::Other => panic!("unexpected frame"),
+        }
+    }
+    (complete, buf)
+}
+
+/// The same with `FrameDecoder::decode` and `ContentAssembler::push`, frame
+/// by frame: every frame built, handed over and taken apart.
+fn parse_all_frames(decoder: &FrameDecoder, mut buf: BytesMut) -> (usize, BytesMut) {
     let mut channel = ContentAssembler::new();
     let mut complete = 0;
     while let Some(frame) = decoder.decode(&mut buf).expect("well-formed stream") {
         match channel.push(frame).expect("well-formed content") {
             Assembly::Complete(content) => {
-                if read_headers {
-                    read_three_headers(&content);
-                }
-                black_box(content);
+                black_box(&content);
                 complete += 1;
             }
             Assembly::Partial => {}
@@ -125,6 +152,15 @@ fn parse_deliveries(c: &mut Criterion) {
         b.iter_batched(
             || wire.clone(),
             |buf| parse_all(&decoder, buf, false),
+            BatchSize::LargeInput,
+        )
+    });
+    // Frame by frame, through `decode` and `push`.
+    assert_eq!(parse_all_frames(&decoder, wire.clone()).0, MESSAGES);
+    group.bench_function("parse_deliveries_frame_by_frame", |b| {
+        b.iter_batched(
+            || wire.clone(),
+            |buf| parse_all_frames(&decoder, buf),
             BatchSize::LargeInput,
         )
     });

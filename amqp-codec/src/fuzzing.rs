@@ -79,6 +79,111 @@ pub fn decode_frames(data: &[u8]) {
         (a, Some(b)) => assert_eq!(a, b, "decoders disagree on the error"),
         (a, None) => panic!("one-shot decoder failed with {a:?}, streaming did not"),
     }
+
+    let chunk = 1 + usize::from(selector.rotate_left(3) % 17);
+    let frame_by_frame = assemble_frame_by_frame(&decoder, rest, chunk);
+    let assembled = assemble_in_one_step(&decoder, rest, chunk);
+    assert_eq!(
+        frame_by_frame, assembled,
+        "decode_assembled disagrees with decode and push"
+    );
+}
+
+/// What a reader of a stream sees, message by message: the log both ways of
+/// assembling content must agree on.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// A frame on channel 0, or a heartbeat, encoded.
+    Connection(Bytes),
+    /// A method without content, on a channel.
+    Method(u16, Method),
+    /// A whole message, on a channel.
+    Content(u16, crate::track::Content),
+    /// A content sequence error on a channel (its assembler reset).
+    ContentError(u16, crate::track::ContentError),
+    /// The stream error that ended it.
+    End(crate::Error),
+}
+
+/// Feeds a frame on a channel to that channel's assembler, as
+/// [`crate::track::ContentAssembler::push`] does, and logs what came of it.
+fn push_logged(assemblers: &mut BTreeMap<u16, ContentAssembler>, frame: Frame, seen: &mut Vec<Seen>) {
+    let channel = frame.channel();
+    if channel == 0 || matches!(frame, Frame::Heartbeat) {
+        seen.push(Seen::Connection(encode(&frame)));
+        return;
+    }
+    match assemblers.entry(channel).or_default().push(frame) {
+        Ok(Assembly::Method(method)) => seen.push(Seen::Method(channel, method)),
+        Ok(Assembly::Partial) => {}
+        Ok(Assembly::Complete(content)) => seen.push(Seen::Content(channel, content)),
+        Err(error) => seen.push(Seen::ContentError(channel, error)),
+    }
+}
+
+/// Every frame through `FrameDecoder::decode` and `ContentAssembler::push`,
+/// fed in chunks of `chunk` bytes.
+fn assemble_frame_by_frame(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> Vec<Seen> {
+    let mut assemblers = BTreeMap::new();
+    let mut seen = Vec::new();
+    let mut buf = BytesMut::new();
+    for part in input.chunks(chunk) {
+        buf.extend_from_slice(part);
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => push_logged(&mut assemblers, frame, &mut seen),
+                Ok(None) => break,
+                Err(err) => {
+                    seen.push(Seen::End(err));
+                    return seen;
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// The same through `FrameDecoder::decode_assembled`, with `decode` and
+/// `push` for what it leaves.
+fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> Vec<Seen> {
+    use crate::track::{AssembleError, Decoded};
+    let mut assemblers: BTreeMap<u16, ContentAssembler> = BTreeMap::new();
+    let mut seen = Vec::new();
+    let mut buf = BytesMut::new();
+    for part in input.chunks(chunk) {
+        buf.extend_from_slice(part);
+        loop {
+            match decoder.decode_assembled(&mut buf, |ch| Some(assemblers.entry(ch).or_default())) {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Partial(channel)) => {
+                    assert!(assemblers[&channel].in_progress(), "a partial message is in progress");
+                }
+                Ok(Decoded::Complete(channel)) => {
+                    let assembler = assemblers.get_mut(&channel).expect("an assembler was given");
+                    let content = assembler.take_complete().expect("a complete message to take");
+                    assert!(!assembler.has_complete() && !assembler.in_progress());
+                    seen.push(Seen::Content(channel, content));
+                }
+                Ok(Decoded::Other) => match decoder.decode(&mut buf) {
+                    Ok(Some(frame)) => push_logged(&mut assemblers, frame, &mut seen),
+                    Ok(None) => panic!("decode_assembled saw a whole frame, decode did not"),
+                    Err(err) => {
+                        seen.push(Seen::End(err));
+                        return seen;
+                    }
+                },
+                Err(AssembleError::Content { channel, error }) => {
+                    assert!(!assemblers[&channel].in_progress(), "the assembler was reset");
+                    seen.push(Seen::ContentError(channel, error));
+                }
+                Err(AssembleError::Decode(err)) => {
+                    seen.push(Seen::End(err));
+                    return seen;
+                }
+            }
+        }
+    }
+    seen
 }
 
 /// Decodes each frame, encodes it, decodes that again: the second decode must

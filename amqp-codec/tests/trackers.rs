@@ -438,3 +438,192 @@ fn a_message_with_undecodable_properties_is_assembled_with_its_raw_header() {
         "the body still arrives, so the message can be set aside"
     );
 }
+
+/// Two consumers' deliveries interleaved frame by frame on channels 1 and 2,
+/// with an ack for a publisher on channel 3 and a heartbeat between them, as
+/// a broker might write them.
+fn interleaved_stream() -> bytes::BytesMut {
+    use amqp_codec::{encode_content, encode_method};
+    let mut one = bytes::BytesMut::new();
+    let mut two = bytes::BytesMut::new();
+    let deliver = |tag: u64| -> Method {
+        BasicDeliver {
+            consumer_tag: format!("ctag-{tag}").as_str().into(),
+            delivery_tag: tag,
+            ..Default::default()
+        }
+        .into()
+    };
+    let props = BasicProperties {
+        message_id: Some("m-1".into()),
+        ..Default::default()
+    };
+    encode_content(1, &deliver(1), &props, &[1; 5000], 4096, &mut one).unwrap();
+    encode_content(2, &deliver(2), &BasicProperties::default(), b"two", 4096, &mut two).unwrap();
+    let decoder = amqp_codec::FrameDecoder::new(0);
+    let (mut ones, mut twos) = (Vec::new(), Vec::new());
+    while let Some(f) = decoder.decode(&mut one).unwrap() {
+        ones.push(f);
+    }
+    while let Some(f) = decoder.decode(&mut two).unwrap() {
+        twos.push(f);
+    }
+    let mut wire = bytes::BytesMut::new();
+    for (a, b) in ones.iter().zip(&twos) {
+        a.encode(&mut wire).unwrap();
+        b.encode(&mut wire).unwrap();
+    }
+    encode_method(3, &ack(9, false), &mut wire).unwrap();
+    Frame::Heartbeat.encode(&mut wire).unwrap();
+    for f in &ones[twos.len()..] {
+        f.encode(&mut wire).unwrap();
+    }
+    wire
+}
+
+#[test]
+fn decode_assembled_builds_the_same_messages_as_decode_and_push_and_leaves_other_frames() {
+    use amqp_codec::track::Decoded;
+    let decoder = amqp_codec::FrameDecoder::new(4096);
+
+    // Frame by frame.
+    let mut wire = interleaved_stream();
+    let (mut a1, mut a2) = (ContentAssembler::new(), ContentAssembler::new());
+    let mut expected = Vec::new();
+    let mut expected_others = Vec::new();
+    while let Some(frame) = decoder.decode(&mut wire).unwrap() {
+        let assembler = match frame.channel() {
+            1 => &mut a1,
+            2 => &mut a2,
+            _ => {
+                expected_others.push(frame);
+                continue;
+            }
+        };
+        match assembler.push(frame).unwrap() {
+            Assembly::Complete(content) => expected.push(content),
+            Assembly::Method(method) => panic!("{method:?} on a consumer's channel"),
+            Assembly::Partial => {}
+        }
+    }
+
+    // In one step, fed a few bytes at a time.
+    let whole = interleaved_stream();
+    let mut buf = bytes::BytesMut::new();
+    let (mut b1, mut b2) = (ContentAssembler::new(), ContentAssembler::new());
+    let (mut got, mut others, mut partials) = (Vec::new(), Vec::new(), 0);
+    for part in whole.chunks(333) {
+        buf.extend_from_slice(part);
+        loop {
+            let decoded = decoder
+                .decode_assembled(&mut buf, |ch| match ch {
+                    1 => Some(&mut b1),
+                    2 => Some(&mut b2),
+                    _ => None,
+                })
+                .unwrap();
+            match decoded {
+                Decoded::NeedMore => break,
+                Decoded::Partial(_) => partials += 1,
+                Decoded::Complete(1) => got.push(b1.take_complete().unwrap()),
+                Decoded::Complete(2) => got.push(b2.take_complete().unwrap()),
+                Decoded::Complete(ch) => panic!("no assembler for channel {ch}"),
+                Decoded::Other => others.push(decoder.decode(&mut buf).unwrap().unwrap()),
+            }
+        }
+    }
+    assert!(buf.is_empty());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got, expected);
+    // Channel 2's one-frame message finishes first.
+    assert_eq!(got[0].body, Bytes::from_static(b"two"));
+    assert_eq!(
+        got[1].header.as_ref().unwrap().properties.message_id,
+        Some("m-1".into())
+    );
+    assert_eq!(got[1].body.len(), 5000);
+    // The ack on channel 3 (no assembler) and the heartbeat are left to
+    // `decode`, in stream order.
+    assert_eq!(others, expected_others);
+    assert_eq!(others.len(), 2);
+    // Two methods and two headers, and all body frames but the last of each.
+    assert_eq!(partials, 4 + (2 - 1));
+}
+
+#[test]
+fn a_finished_message_blocks_its_channel_until_taken_and_nothing_is_lost() {
+    use amqp_codec::track::Decoded;
+    let decoder = amqp_codec::FrameDecoder::new(0);
+    let mut wire = bytes::BytesMut::new();
+    for tag in [1, 2] {
+        let deliver: Method = BasicDeliver {
+            delivery_tag: tag,
+            ..Default::default()
+        }
+        .into();
+        amqp_codec::encode_content(5, &deliver, &BasicProperties::default(), b"x", 0, &mut wire).unwrap();
+    }
+    let mut assembler = ContentAssembler::new();
+    let step = |wire: &mut bytes::BytesMut, assembler: &mut ContentAssembler| {
+        decoder.decode_assembled(wire, |_| Some(assembler)).unwrap()
+    };
+    assert_eq!(step(&mut wire, &mut assembler), Decoded::Partial(5));
+    assert_eq!(step(&mut wire, &mut assembler), Decoded::Partial(5));
+    assert_eq!(step(&mut wire, &mut assembler), Decoded::Complete(5));
+    let left = wire.len();
+    // Not taken: reported again, and the second message stays in the buffer.
+    assert_eq!(step(&mut wire, &mut assembler), Decoded::Complete(5));
+    assert_eq!(wire.len(), left);
+    assert!(assembler.has_complete());
+    let first = assembler.take_complete().unwrap();
+    assert!(matches!(
+        first.method,
+        Method::BasicDeliver(BasicDeliver { delivery_tag: 1, .. })
+    ));
+    assert_eq!(assembler.take_complete(), None);
+    assert_eq!(step(&mut wire, &mut assembler), Decoded::Partial(5));
+}
+
+#[test]
+fn decode_assembled_reports_a_sequence_error_with_its_channel_and_resets_that_assembler() {
+    use amqp_codec::track::{AssembleError, Decoded};
+    let decoder = amqp_codec::FrameDecoder::new(0);
+    let mut wire = bytes::BytesMut::new();
+    // A body frame on channel 4 with no message in progress.
+    Frame::Body(4, Bytes::from_static(b"stray")).encode(&mut wire).unwrap();
+    // Then a whole message, which must still assemble.
+    amqp_codec::encode_content(
+        4,
+        &BasicDeliver::default().into(),
+        &BasicProperties::default(),
+        b"ok",
+        0,
+        &mut wire,
+    )
+    .unwrap();
+    let mut assembler = ContentAssembler::new();
+    let err = decoder
+        .decode_assembled(&mut wire, |_| Some(&mut assembler))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        AssembleError::Content {
+            channel: 4,
+            error: ContentError::UnexpectedFrame {
+                expected: "method",
+                got: "content body"
+            }
+        }
+    );
+    assert!(!assembler.in_progress());
+    let mut done = None;
+    loop {
+        match decoder.decode_assembled(&mut wire, |_| Some(&mut assembler)).unwrap() {
+            Decoded::NeedMore => break,
+            Decoded::Complete(4) => done = assembler.take_complete(),
+            Decoded::Partial(4) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(done.unwrap().body, Bytes::from_static(b"ok"));
+}

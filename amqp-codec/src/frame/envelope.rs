@@ -16,6 +16,7 @@ use super::{
 use crate::error::{DecodeErrorKind, Error};
 use crate::method::{BasicDeliver, Method};
 use crate::parse::{kind_of, ArgReader, Ctx, PError};
+use crate::track::{AssembleError, ContentAssembler, Decoded, Progress};
 use crate::types::DEFAULT_MAX_DEPTH;
 
 /// The class and method ids of `basic.deliver` (60, 60) as they start a
@@ -150,6 +151,135 @@ impl FrameDecoder {
         let frame = self.parse_payload(frame_type, channel, buf, total, None);
         buf.advance(total);
         frame.map(Some)
+    }
+
+    /// Takes the next frame off `buf` if it is content (a content-bearing
+    /// method, a content header or a body frame) on a channel
+    /// `assembler_for` gives an assembler for, and feeds it to that
+    /// assembler: [`FrameDecoder::decode`] and [`ContentAssembler::push`] in
+    /// one step, for the frames that make up messages.
+    ///
+    /// What it saves is moving: a `basic.deliver` is decoded straight into
+    /// the message being assembled, no frame is built to be handed from the
+    /// decoder to the assembler, and a finished message is moved out once,
+    /// by [`ContentAssembler::take_complete`]. Anything else is
+    /// [`Decoded::Other`] and stays in `buf` for [`FrameDecoder::decode`].
+    ///
+    /// Errors are those of `decode`, or a content sequence error, which
+    /// resets that channel's assembler and comes with its channel; the frame
+    /// has been taken off `buf` either way.
+    ///
+    /// ```
+    /// use amqp_codec::track::{ContentAssembler, Decoded};
+    /// use amqp_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, FrameDecoder, Method};
+    /// let mut buf = bytes::BytesMut::new();
+    /// let deliver = BasicDeliver { delivery_tag: 7, ..Default::default() };
+    /// encode_content(3, &deliver.into(), &BasicProperties::default(), b"hi", 4096, &mut buf).unwrap();
+    /// encode_method(3, &BasicAck::default().into(), &mut buf).unwrap();
+    ///
+    /// let decoder = FrameDecoder::new(4096);
+    /// let mut channel_3 = ContentAssembler::new();
+    /// let mut messages = Vec::new();
+    /// let mut others = Vec::new();
+    /// loop {
+    ///     match decoder.decode_assembled(&mut buf, |ch| (ch == 3).then_some(&mut channel_3)).unwrap() {
+    ///         Decoded::NeedMore => break,
+    ///         Decoded::Partial(_) => {}
+    ///         Decoded::Complete(3) => messages.extend(channel_3.take_complete()),
+    ///         Decoded::Complete(_) => unreachable!(),
+    ///         Decoded::Other => others.extend(decoder.decode(&mut buf).unwrap()),
+    ///     }
+    /// }
+    /// assert!(matches!(messages[0].method, Method::BasicDeliver(BasicDeliver { delivery_tag: 7, .. })));
+    /// assert_eq!(&messages[0].body[..], b"hi");
+    /// assert_eq!(others.len(), 1); // the basic.ack
+    /// ```
+    #[inline(always)]
+    pub fn decode_assembled<'a>(
+        &self,
+        buf: &mut BytesMut,
+        assembler_for: impl FnOnce(u16) -> Option<&'a mut ContentAssembler>,
+    ) -> Result<Decoded, AssembleError> {
+        let (frame_type, channel, total) = match self.frame_header(buf)? {
+            Ok(header) => header,
+            Err(_) => return Ok(Decoded::NeedMore),
+        };
+        if buf.len() < total {
+            buf.reserve((total - buf.len()).min(MAX_RESERVE));
+            return Ok(Decoded::NeedMore);
+        }
+        if channel == 0 || frame_type == FRAME_HEARTBEAT {
+            return Ok(Decoded::Other);
+        }
+        let Some(assembler) = assembler_for(channel) else {
+            return Ok(Decoded::Other);
+        };
+        if assembler.has_complete() {
+            return Ok(Decoded::Complete(channel));
+        }
+        let is_content_method = |payload: &[u8]| match payload.first_chunk::<4>() {
+            Some(&[0, 60, 0, method]) => matches!(method, 40 | 50 | 60 | 71),
+            _ => false,
+        };
+        if frame_type == FRAME_METHOD && !is_content_method(&buf[7..total - 1]) {
+            return Ok(Decoded::Other);
+        }
+        check_end(buf, total)?;
+        touch_ahead(buf, total);
+        let fed = if frame_type == FRAME_BODY {
+            let mut payload = buf.split_to(total).freeze();
+            payload.truncate(total - 1);
+            payload.advance(7);
+            assembler.on_body(payload)
+        } else if frame_type == FRAME_HEADER {
+            let checked = match check_content_header(&buf[7..total - 1], self.max_depth) {
+                Ok(checked) => checked,
+                Err(err) => {
+                    buf.advance(total);
+                    return Err(err.into());
+                }
+            };
+            let mut raw = buf.split_to(total).freeze();
+            raw.truncate(total - 1);
+            raw.advance(7 + PROPERTIES_AT);
+            checked.feed(raw, assembler)
+        } else if buf[7..total - 1].starts_with(&BASIC_DELIVER_IDS) {
+            let fed = match assembler.begin_deliver() {
+                Ok(deliver) => {
+                    let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
+                    if let Err(kind) = deliver.decode_args_into(args) {
+                        assembler.reset();
+                        buf.advance(total);
+                        return Err(Error::Malformed {
+                            context: BasicDeliver::NAME,
+                            kind,
+                        }
+                        .into());
+                    }
+                    Ok(Progress::Partial)
+                }
+                Err(error) => Err(error),
+            };
+            buf.advance(total);
+            fed
+        } else {
+            // basic.publish, basic.return, basic.get-ok: the general path.
+            let frame = self.parse_payload(frame_type, channel, buf, total, None);
+            buf.advance(total);
+            match frame? {
+                Frame::Method(_, method) => assembler.begin(method),
+                // A method frame decodes to a method.
+                _ => Ok(Progress::Partial),
+            }
+        };
+        match fed {
+            Ok(Progress::Partial) => Ok(Decoded::Partial(channel)),
+            Ok(Progress::Complete) => Ok(Decoded::Complete(channel)),
+            Err(error) => {
+                assembler.reset();
+                Err(AssembleError::Content { channel, error })
+            }
+        }
     }
 
     fn ctx(&self) -> Ctx {

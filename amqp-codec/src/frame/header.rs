@@ -121,6 +121,33 @@ pub(crate) fn check_content_header(payload: &[u8], max_depth: usize) -> Result<C
 }
 
 impl CheckedHeader {
+    /// Feeds the header, with the property bytes it was checked with, to
+    /// `assembler`.
+    #[inline(always)]
+    pub(crate) fn feed(
+        self,
+        raw: Bytes,
+        assembler: &mut crate::track::ContentAssembler,
+    ) -> Result<crate::track::Progress, crate::track::ContentError> {
+        let (class, size) = (self.class_id, self.body_size);
+        let header = match self.error {
+            None => Ok(ContentHeader {
+                class_id: self.class_id,
+                weight: self.weight,
+                body_size: self.body_size,
+                properties: Properties::from_validated(raw),
+            }),
+            Some(error) => Err(UndecodableHeader {
+                class_id: self.class_id,
+                weight: self.weight,
+                body_size: self.body_size,
+                raw_properties: raw,
+                error,
+            }),
+        };
+        assembler.on_header(header, class, size)
+    }
+
     /// The frame on `channel`, given the property bytes the header was
     /// checked with: [`Frame::Header`], or [`Frame::UndecodableHeader`]
     /// when they cannot be decoded.

@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::frame::{ContentHeader, Frame, UndecodableHeader};
-use crate::method::Method;
+use crate::method::{BasicDeliver, Method};
 use crate::reply_code::ReplyCode;
 
 /// RabbitMQ's default `max_message_size` (128 MiB).
@@ -37,6 +37,46 @@ pub enum Assembly {
     Partial,
     /// The last frame of a message.
     Complete(Content),
+}
+
+/// What [`crate::FrameDecoder::decode_assembled`] did with the next frame.
+/// Small on purpose: a finished message stays in its assembler until
+/// [`ContentAssembler::take_complete`] moves it out, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoded {
+    /// The next frame is not whole yet; `buf` has room reserved for it.
+    NeedMore,
+    /// The next frame is whole but not content for an assembler (a
+    /// heartbeat, a frame on channel 0, a method without content, a channel
+    /// the caller keeps no assembler for). Nothing was taken off `buf`:
+    /// decode it with [`crate::FrameDecoder::decode`].
+    Other,
+    /// The frame went to the assembler of this channel; its message is not
+    /// finished.
+    Partial(u16),
+    /// The frame finished a message on this channel: take it with
+    /// [`ContentAssembler::take_complete`]. Until it is taken, the next
+    /// frame for that channel is not decoded and this is reported again.
+    Complete(u16),
+}
+
+/// Why [`crate::FrameDecoder::decode_assembled`] failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AssembleError {
+    /// The stream is corrupt, as for [`crate::FrameDecoder::decode`]: close
+    /// the connection.
+    #[error(transparent)]
+    Decode(#[from] crate::Error),
+    /// A sound frame broke the content sequence of its channel; that
+    /// channel's assembler has been reset.
+    #[error("channel {channel}: {error}")]
+    Content {
+        /// The channel the frame was on.
+        channel: u16,
+        /// What was wrong.
+        error: ContentError,
+    },
 }
 
 /// A frame that breaks the content sequence. All of these are connection
@@ -101,10 +141,23 @@ struct Partial {
     header: Option<Result<ContentHeader, UndecodableHeader>>,
     body_size: u64,
     body: Body,
+    /// Method, header and the whole body are in: the message waits to be
+    /// taken.
+    complete: bool,
+}
+
+/// How far a frame took the message in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// More frames to come.
+    Partial,
+    /// Finished; see [`ContentAssembler::take_complete`].
+    Complete,
 }
 
 impl Partial {
     const IDLE: Partial = Partial {
+        complete: false,
         method: None,
         header: None,
         body_size: 0,
@@ -217,59 +270,20 @@ impl ContentAssembler {
     #[inline]
     fn step(&mut self, frame: Frame) -> Result<Assembly, ContentError> {
         match frame {
-            Frame::Method(_, method) => {
-                if self.partial.method.is_some() {
-                    let expected = if self.partial.header.is_some() {
-                        "content body"
-                    } else {
-                        "content header"
-                    };
-                    return Err(ContentError::UnexpectedFrame {
-                        expected,
-                        got: "method",
-                    });
-                }
-                if !method.has_content() {
-                    return Ok(Assembly::Method(method));
-                }
-                // Idle: header and body are already empty.
-                self.partial.method = Some(method);
-                Ok(Assembly::Partial)
-            }
+            Frame::Method(_, method) => self.on_method(method),
             Frame::Header(_, header) => {
                 let (class, size) = (header.class_id, header.body_size);
-                self.on_header(Ok(header), class, size)
+                let progress = self.on_header(Ok(header), class, size)?;
+                Ok(self.assembly(progress))
             }
             Frame::UndecodableHeader(_, header) => {
                 let (class, size) = (header.class_id, header.body_size);
-                self.on_header(Err(header), class, size)
+                let progress = self.on_header(Err(header), class, size)?;
+                Ok(self.assembly(progress))
             }
             Frame::Body(_, part) => {
-                let partial = &mut self.partial;
-                if partial.header.is_none() {
-                    let expected = if partial.method.is_some() {
-                        "content header"
-                    } else {
-                        "method"
-                    };
-                    return Err(ContentError::UnexpectedFrame {
-                        expected,
-                        got: "content body",
-                    });
-                }
-                let received = partial.body.len() as u64 + part.len() as u64;
-                if received > partial.body_size {
-                    return Err(ContentError::BodyOverrun {
-                        body_size: partial.body_size,
-                        received,
-                    });
-                }
-                partial.body.push(part, partial.body_size);
-                if received == partial.body_size {
-                    Ok(self.complete())
-                } else {
-                    Ok(Assembly::Partial)
-                }
+                let progress = self.on_body(part)?;
+                Ok(self.assembly(progress))
             }
             Frame::Heartbeat => {
                 let expected = match &self.partial {
@@ -285,12 +299,97 @@ impl ContentAssembler {
         }
     }
 
-    fn on_header(
+    /// A method frame: content-bearing ones start a message.
+    #[inline(always)]
+    fn on_method(&mut self, method: Method) -> Result<Assembly, ContentError> {
+        self.expect_method()?;
+        if !method.has_content() {
+            return Ok(Assembly::Method(method));
+        }
+        // Idle: header and body are already empty.
+        self.partial.method = Some(method);
+        Ok(Assembly::Partial)
+    }
+
+    /// Fails unless a method may come next: no message is in progress.
+    #[inline(always)]
+    fn expect_method(&self) -> Result<(), ContentError> {
+        if self.partial.method.is_some() {
+            let expected = if self.partial.header.is_some() {
+                "content body"
+            } else {
+                "content header"
+            };
+            return Err(ContentError::UnexpectedFrame {
+                expected,
+                got: "method",
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a message with a content-bearing method decoded elsewhere.
+    #[inline(always)]
+    pub(crate) fn begin(&mut self, method: Method) -> Result<Progress, ContentError> {
+        self.expect_method()?;
+        self.partial.method = Some(method);
+        Ok(Progress::Partial)
+    }
+
+    /// Starts a message with an empty `basic.deliver` for the decoder to
+    /// fill in where it lies (see [`crate::FrameDecoder::decode_assembled`]);
+    /// the caller resets the assembler if the arguments do not decode.
+    #[inline(always)]
+    pub(crate) fn begin_deliver(&mut self) -> Result<&mut BasicDeliver, ContentError> {
+        self.expect_method()?;
+        let method = self
+            .partial
+            .method
+            .insert(Method::BasicDeliver(BasicDeliver::default()));
+        match method {
+            Method::BasicDeliver(deliver) => Ok(deliver),
+            // Inserted just above.
+            _ => unreachable!("a basic.deliver was inserted"),
+        }
+    }
+
+    /// A body frame.
+    #[inline(always)]
+    pub(crate) fn on_body(&mut self, part: Bytes) -> Result<Progress, ContentError> {
+        let partial = &mut self.partial;
+        if partial.header.is_none() {
+            let expected = if partial.method.is_some() {
+                "content header"
+            } else {
+                "method"
+            };
+            return Err(ContentError::UnexpectedFrame {
+                expected,
+                got: "content body",
+            });
+        }
+        let received = partial.body.len() as u64 + part.len() as u64;
+        if received > partial.body_size {
+            return Err(ContentError::BodyOverrun {
+                body_size: partial.body_size,
+                received,
+            });
+        }
+        partial.body.push(part, partial.body_size);
+        if received == partial.body_size {
+            partial.complete = true;
+            Ok(Progress::Complete)
+        } else {
+            Ok(Progress::Partial)
+        }
+    }
+
+    pub(crate) fn on_header(
         &mut self,
         header: Result<ContentHeader, UndecodableHeader>,
         header_class: u16,
         body_size: u64,
-    ) -> Result<Assembly, ContentError> {
+    ) -> Result<Progress, ContentError> {
         let max_body = self.max_body;
         let partial = &mut self.partial;
         let Some(method) = &partial.method else {
@@ -321,21 +420,48 @@ impl ContentAssembler {
         partial.header = Some(header);
         partial.body_size = body_size;
         if body_size == 0 {
-            return Ok(self.complete());
+            partial.complete = true;
+            return Ok(Progress::Complete);
         }
-        Ok(Assembly::Partial)
+        Ok(Progress::Partial)
     }
 
-    /// Hands over the finished message and goes back to idle.
-    #[inline]
-    fn complete(&mut self) -> Assembly {
+    /// What `push` reports for a frame's progress.
+    #[inline(always)]
+    fn assembly(&mut self, progress: Progress) -> Assembly {
+        match progress {
+            Progress::Partial => Assembly::Partial,
+            Progress::Complete => match self.take_complete() {
+                Some(content) => Assembly::Complete(content),
+                // Complete means a method, a header and the whole body.
+                None => Assembly::Partial,
+            },
+        }
+    }
+
+    /// Whether a finished message waits to be taken (see
+    /// [`ContentAssembler::take_complete`]).
+    pub fn has_complete(&self) -> bool {
+        self.partial.complete
+    }
+
+    /// The finished message, moved out, and the assembler back to idle; or
+    /// `None` if no message is finished. For
+    /// [`crate::FrameDecoder::decode_assembled`]; [`ContentAssembler::push`]
+    /// hands messages over itself.
+    #[inline(always)]
+    pub fn take_complete(&mut self) -> Option<Content> {
         let partial = &mut self.partial;
+        if !partial.complete {
+            return None;
+        }
+        partial.complete = false;
         let body = std::mem::replace(&mut partial.body, Body::Empty).into_bytes();
         partial.body_size = 0;
         match (partial.method.take(), partial.header.take()) {
-            (Some(method), Some(header)) => Assembly::Complete(Content { method, header, body }),
-            // `complete` is only called with a method and a header in place.
-            _ => Assembly::Partial,
+            (Some(method), Some(header)) => Some(Content { method, header, body }),
+            // `complete` is only set with a method and a header in place.
+            _ => None,
         }
     }
 }

@@ -7,9 +7,10 @@
 mod blocked;
 mod confirms;
 mod content;
+pub(crate) use content::Progress;
 mod returns;
 
 pub use blocked::{Blocked, BlockedChange};
 pub use confirms::{ConfirmError, Confirms, Outcome};
-pub use content::{Assembly, Content, ContentAssembler, ContentError, DEFAULT_MAX_BODY};
+pub use content::{AssembleError, Assembly, Content, ContentAssembler, ContentError, Decoded, DEFAULT_MAX_BODY};
 pub use returns::{ReturnKey, ReturnMatch, Returns};

@@ -375,7 +375,9 @@ fn validate_array_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResu
 }
 
 /// Checks one `field-value = type-code value` held by a container at level
-/// `depth`.
+/// `depth`. The scalar cases are inlined into the loops above; tables and
+/// arrays, which recurse, are not.
+#[inline(always)]
 fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, ()> {
     let (i, code) = be_u8(i)?;
     let width: u8 = match code {
@@ -386,19 +388,22 @@ fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, ()> {
         b'l' | b'L' | b'd' | b'T' => 8,
         b'V' => 0,
         b'S' | b'x' => return long_bytes(i).map(|(rest, _)| (rest, ())),
-        b'F' => {
-            let depth = nested(max_depth, depth).or_else(fail)?;
-            return table_body(max_depth, depth, i).map(|(rest, _)| (rest, ()));
-        }
-        b'A' => {
-            let depth = nested(max_depth, depth).or_else(fail)?;
-            let (rest, body) = long_bytes(i)?;
-            validate_array_body(max_depth, depth, body)?;
-            return Ok((rest, ()));
-        }
+        b'F' | b'A' => return skip_container(max_depth, depth, code, i),
         other => return fail(DecodeErrorKind::UnknownFieldType(other)),
     };
     take(width)(i).map(|(rest, _)| (rest, ()))
+}
+
+/// Checks a nested table (`F`) or array (`A`) held at level `depth`.
+#[inline(never)]
+fn skip_container(max_depth: usize, depth: usize, code: u8, i: &[u8]) -> PResult<'_, ()> {
+    let depth = nested(max_depth, depth).or_else(fail)?;
+    if code == b'F' {
+        return table_body(max_depth, depth, i).map(|(rest, _)| (rest, ()));
+    }
+    let (rest, body) = long_bytes(i)?;
+    validate_array_body(max_depth, depth, body)?;
+    Ok((rest, ()))
 }
 
 /// The level of a table or array nested at `depth`, or an error past the limit.
