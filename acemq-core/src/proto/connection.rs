@@ -17,7 +17,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use amqp_codec::track::{Assembly, Blocked, BlockedChange, Content, Outcome, ReturnKey, ReturnMatch};
+use amqp_codec::track::{
+    AssembleError, Assembly, Blocked, BlockedChange, Content, Decoded, Outcome, ReturnKey, ReturnMatch,
+};
 use amqp_codec::{
     encode_content, encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk,
     ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable,
@@ -359,12 +361,48 @@ impl Connection {
         }
         self.last_received = now;
         while !matches!(self.state, State::Closed) {
-            match self.decoder.decode(buf) {
-                Ok(Some(frame)) => self.handle_frame(frame),
-                Ok(None) => break,
-                Err(err) => {
+            // Content for an open channel goes straight into its assembler,
+            // a delivery decoded where it will be handed over; every other
+            // frame is decoded whole and handled by `handle_frame`.
+            let decoder = self.decoder;
+            let open = self.state == State::Open;
+            let channels = &mut self.channels;
+            let decoded = decoder.decode_assembled(buf, |channel| {
+                let state = channels.get_mut(usize::from(channel))?.as_deref_mut()?;
+                (open && state.phase == Phase::Open).then_some(&mut state.assembler)
+            });
+            match decoded {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Partial(_)) => {}
+                Ok(Decoded::Complete(channel)) => {
+                    if let Some(content) = self.channel_mut(channel).and_then(|c| c.assembler.take_complete()) {
+                        self.channel_content(channel, content);
+                    }
+                }
+                Ok(Decoded::Other) => match decoder.decode(buf) {
+                    Ok(Some(frame)) => self.handle_frame(frame),
+                    Ok(None) => break,
+                    Err(err) => {
+                        buf.clear();
+                        self.protocol_error(err.reply_code(), format!("undecodable frame from the broker: {err}"));
+                        break;
+                    }
+                },
+                Err(AssembleError::Content { channel, error }) => {
+                    self.protocol_error(error.reply_code(), format!("on channel {channel}: {error}"));
+                }
+                Err(AssembleError::Decode(err)) => {
                     buf.clear();
                     self.protocol_error(err.reply_code(), format!("undecodable frame from the broker: {err}"));
+                    break;
+                }
+                // `AssembleError` may grow; whatever it is, the stream is suspect.
+                Err(err) => {
+                    buf.clear();
+                    self.protocol_error(
+                        ReplyCode::FrameError,
+                        format!("undecodable frame from the broker: {err}"),
+                    );
                     break;
                 }
             }
