@@ -223,20 +223,6 @@ impl<'a> ArgReader<'a> {
         Ok(())
     }
 
-    /// Moves past a `shortstr`, checking it lies within the payload.
-    #[inline(always)]
-    pub(crate) fn skip_shortstr(&mut self) -> ReadResult<()> {
-        let i = self.unread();
-        self.consumed(i, types::short_string_len(i)).map(drop)
-    }
-
-    /// Moves past a `table`, validating it as [`ArgReader::table`] does.
-    #[inline(always)]
-    pub(crate) fn skip_table(&mut self) -> ReadResult<()> {
-        let i = self.unread();
-        self.consumed(i, types::table_body(self.ctx.max_depth, 1, i)).map(drop)
-    }
-
     /// `longstr`: a length past the end of the payload is `BadLength`.
     #[inline]
     pub(crate) fn longstr(&mut self) -> ReadResult<LongString> {

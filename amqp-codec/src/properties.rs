@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{ArgReader, Ctx, ReadField};
+use crate::parse::num::be_u16;
+use crate::parse::{kind_of, ArgReader, Ctx, ReadField};
 use crate::types::{FieldTable, ShortString};
 
 macro_rules! properties {
@@ -63,15 +64,17 @@ macro_rules! properties {
             /// every error it would find, without building anything.
             #[inline]
             pub(crate) fn validate(ctx: Ctx, input: &[u8]) -> Result<(), DecodeErrorKind> {
-                let mut r = ArgReader::new(ctx, None, input, input.len());
-                let flags = r.short()?;
+                let (mut i, flags) = be_u16(input).map_err(kind_of)?;
                 if flags & DEFINED_FLAGS != flags {
                     return Err(DecodeErrorKind::BadPropertyFlags(flags));
                 }
                 $( if flags & (1 << $bit) != 0 {
-                    skip::$read(&mut r)?;
+                    i = skip::$read(ctx, i)?;
                 } )*
-                r.finish()
+                match i.len() {
+                    0 => Ok(()),
+                    left => Err(DecodeErrorKind::TrailingBytes(left)),
+                }
             }
         }
 
@@ -80,31 +83,35 @@ macro_rules! properties {
     };
 }
 
-/// Moving past one property of each type, for [`BasicProperties::validate`].
+/// Moving past one property of each type with nom's complete parsers, for
+/// [`BasicProperties::validate`]: the rest of the list, or what is wrong.
 mod skip {
+    use nom::bytes::complete::take;
+
     use crate::error::DecodeErrorKind;
-    use crate::parse::ArgReader;
+    use crate::parse::{kind_of, Ctx};
+    use crate::types::{short_string_len, table_body};
 
-    type Skip = Result<(), DecodeErrorKind>;
+    type Skip<'a> = Result<&'a [u8], DecodeErrorKind>;
 
     #[inline(always)]
-    pub(super) fn shortstr(r: &mut ArgReader<'_>) -> Skip {
-        r.skip_shortstr()
+    pub(super) fn shortstr(_: Ctx, i: &[u8]) -> Skip<'_> {
+        short_string_len(i).map(|(rest, _)| rest).map_err(kind_of)
     }
 
     #[inline(always)]
-    pub(super) fn table(r: &mut ArgReader<'_>) -> Skip {
-        r.skip_table()
+    pub(super) fn table(ctx: Ctx, i: &[u8]) -> Skip<'_> {
+        table_body(ctx.max_depth, 1, i).map(|(rest, _)| rest).map_err(kind_of)
     }
 
     #[inline(always)]
-    pub(super) fn octet(r: &mut ArgReader<'_>) -> Skip {
-        r.octet().map(drop)
+    pub(super) fn octet(_: Ctx, i: &[u8]) -> Skip<'_> {
+        take::<_, _, crate::parse::PError>(1usize)(i).map(|(rest, _)| rest).map_err(kind_of)
     }
 
     #[inline(always)]
-    pub(super) fn timestamp(r: &mut ArgReader<'_>) -> Skip {
-        r.longlong().map(drop)
+    pub(super) fn timestamp(_: Ctx, i: &[u8]) -> Skip<'_> {
+        take::<_, _, crate::parse::PError>(8usize)(i).map(|(rest, _)| rest).map_err(kind_of)
     }
 }
 
