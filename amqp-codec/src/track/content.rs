@@ -181,7 +181,13 @@ impl Body {
         }
     }
 
+    #[inline]
     fn push(&mut self, part: Bytes, body_size: u64) {
+        if let Body::Empty = self {
+            // The usual case: the whole body in one frame.
+            *self = Body::One(part);
+            return;
+        }
         *self = match std::mem::replace(self, Body::Empty) {
             Body::Empty => Body::One(part),
             Body::One(first) => {
@@ -199,6 +205,7 @@ impl Body {
         }
     }
 
+    #[inline]
     fn into_bytes(self) -> Bytes {
         match self {
             Body::Empty => Bytes::new(),

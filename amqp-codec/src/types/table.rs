@@ -358,6 +358,7 @@ pub(crate) fn table_body(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_
 /// Checks the body of a table (what follows its length prefix) at nesting
 /// level `depth`: every `field-value-pair = field-name field-value`, its
 /// key, type code and length, and the nesting limit.
+#[inline]
 fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
     while !body.is_empty() {
         let (i, _key_len) = short_string_len(body)?;
