@@ -463,12 +463,18 @@ impl ContentAssembler {
             return None;
         }
         partial.complete = false;
+        if partial.method.is_none() || partial.header.is_none() {
+            // `complete` is only set with a method and a header in place.
+            *partial = Partial::IDLE;
+            return None;
+        }
         let body = std::mem::replace(&mut partial.body, Body::Empty).into_bytes();
         partial.body_size = 0;
-        match (partial.method.take(), partial.header.take()) {
-            (Some(method), Some(header)) => Some(Content { method, header, body }),
-            // `complete` is only set with a method and a header in place.
-            _ => None,
-        }
+        // Each part moved once, straight into the message.
+        Some(Content {
+            method: partial.method.take()?,
+            header: partial.header.take()?,
+            body,
+        })
     }
 }
