@@ -181,13 +181,7 @@ impl Body {
         }
     }
 
-    #[inline]
     fn push(&mut self, part: Bytes, body_size: u64) {
-        if let Body::Empty = self {
-            // The usual case: the whole body in one frame.
-            *self = Body::One(part);
-            return;
-        }
         *self = match std::mem::replace(self, Body::Empty) {
             Body::Empty => Body::One(part),
             Body::One(first) => {
@@ -382,7 +376,12 @@ impl ContentAssembler {
                 received,
             });
         }
-        partial.body.push(part, partial.body_size);
+        if let Body::Empty = partial.body {
+            // The usual case: the whole body in one frame.
+            partial.body = Body::One(part);
+        } else {
+            partial.body.push(part, partial.body_size);
+        }
         if received == partial.body_size {
             partial.complete = true;
             Ok(Progress::Complete)
@@ -391,6 +390,7 @@ impl ContentAssembler {
         }
     }
 
+    #[inline]
     pub(crate) fn on_header(
         &mut self,
         header: Result<ContentHeader, UndecodableHeader>,
