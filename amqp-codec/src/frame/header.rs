@@ -91,7 +91,7 @@ pub(crate) const PROPERTIES_AT: usize = 12;
 /// `content-header = class-id weight body-size property-flags property-list`:
 /// reads the fixed 12 bytes and validates the property list, building
 /// nothing. Only a payload too short for the fixed part is a stream error.
-#[inline]
+#[inline(always)]
 pub(crate) fn check_content_header(payload: &[u8], max_depth: usize) -> Result<CheckedHeader, Error> {
     let fixed = |i| -> nom::IResult<&[u8], (u16, u16, u64), PError> {
         let (i, class_id) = be_u16(i)?;
