@@ -106,12 +106,16 @@ mod skip {
 
     #[inline(always)]
     pub(super) fn octet(_: Ctx, i: &[u8]) -> Skip<'_> {
-        take::<_, _, crate::parse::PError>(1usize)(i).map(|(rest, _)| rest).map_err(kind_of)
+        take::<_, _, crate::parse::PError>(1usize)(i)
+            .map(|(rest, _)| rest)
+            .map_err(kind_of)
     }
 
     #[inline(always)]
     pub(super) fn timestamp(_: Ctx, i: &[u8]) -> Skip<'_> {
-        take::<_, _, crate::parse::PError>(8usize)(i).map(|(rest, _)| rest).map_err(kind_of)
+        take::<_, _, crate::parse::PError>(8usize)(i)
+            .map(|(rest, _)| rest)
+            .map_err(kind_of)
     }
 }
 

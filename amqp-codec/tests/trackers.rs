@@ -627,3 +627,45 @@ fn decode_assembled_reports_a_sequence_error_with_its_channel_and_resets_that_as
     }
     assert_eq!(done.unwrap().body, Bytes::from_static(b"ok"));
 }
+
+#[test]
+fn a_malformed_delivery_out_of_sequence_is_a_stream_error_as_with_decode() {
+    use amqp_codec::track::AssembleError;
+    use amqp_codec::{DecodeErrorKind, Error};
+    let deliver: Method = BasicDeliver::default().into();
+    let mut first = bytes::BytesMut::new();
+    amqp_codec::encode_method(1, &deliver, &mut first).unwrap();
+    // A second basic.deliver before the first one's header, cut short: its
+    // payload ends inside the delivery tag.
+    let mut second = bytes::BytesMut::new();
+    amqp_codec::encode_method(1, &deliver, &mut second).unwrap();
+    let payload_len = 4 + 1 + 3; // ids, empty consumer tag, 3 of the tag's 8 bytes
+    let mut wire = first.clone();
+    wire.extend_from_slice(&[1, 0, 1]);
+    wire.extend_from_slice(&(payload_len as u32).to_be_bytes());
+    wire.extend_from_slice(&second[7..7 + payload_len]);
+    wire.extend_from_slice(&[0xCE]);
+
+    let decoder = amqp_codec::FrameDecoder::new(0);
+    let mut by_frames = wire.clone();
+    let mut assembler = ContentAssembler::new();
+    assembler
+        .push(decoder.decode(&mut by_frames).unwrap().unwrap())
+        .unwrap();
+    let expected = decoder.decode(&mut by_frames).unwrap_err();
+    assert!(matches!(
+        expected,
+        Error::Malformed {
+            kind: DecodeErrorKind::Truncated,
+            ..
+        }
+    ));
+
+    let mut assembler = ContentAssembler::new();
+    decoder.decode_assembled(&mut wire, |_| Some(&mut assembler)).unwrap();
+    let err = decoder
+        .decode_assembled(&mut wire, |_| Some(&mut assembler))
+        .unwrap_err();
+    assert_eq!(err, AssembleError::Decode(expected));
+    assert!(wire.is_empty());
+}

@@ -258,7 +258,20 @@ impl FrameDecoder {
                     }
                     Ok(Progress::Partial)
                 }
-                Err(error) => Err(error),
+                Err(error) => {
+                    // Out of sequence; but a frame that does not decode is
+                    // the graver error, as it is for `decode`.
+                    let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
+                    if let Err(kind) = BasicDeliver::default().decode_args_into(args) {
+                        buf.advance(total);
+                        return Err(Error::Malformed {
+                            context: BasicDeliver::NAME,
+                            kind,
+                        }
+                        .into());
+                    }
+                    Err(error)
+                }
             };
             buf.advance(total);
             fed
