@@ -74,14 +74,21 @@ pub fn decode_frames(data: &[u8]) {
     for (a, b) in oneshot.iter().zip(&streamed) {
         assert_eq!(encode(a), encode(b), "one-shot and streaming decoders disagree");
     }
-    match (oneshot_end, stream_error) {
+    match (oneshot_end, &stream_error) {
         (crate::Error::Incomplete { .. }, None) => {}
-        (a, Some(b)) => assert_eq!(a, b, "decoders disagree on the error"),
+        (a, Some(b)) => assert_eq!(&a, b, "decoders disagree on the error"),
         (a, None) => panic!("one-shot decoder failed with {a:?}, streaming did not"),
     }
 
+    // The frames just decoded, assembled with `push`, against
+    // `decode_assembled` over the same bytes in other chunks.
+    let mut assemblers = BTreeMap::new();
+    let mut frame_by_frame = Vec::new();
+    for frame in streamed {
+        push_logged(&mut assemblers, frame, &mut frame_by_frame);
+    }
+    frame_by_frame.extend(stream_error.map(Seen::End));
     let chunk = 1 + usize::from(selector.rotate_left(3) % 17);
-    let frame_by_frame = assemble_frame_by_frame(&decoder, rest, chunk);
     let assembled = assemble_in_one_step(&decoder, rest, chunk);
     assert_eq!(
         frame_by_frame, assembled,
@@ -121,30 +128,8 @@ fn push_logged(assemblers: &mut BTreeMap<u16, ContentAssembler>, frame: Frame, s
     }
 }
 
-/// Every frame through `FrameDecoder::decode` and `ContentAssembler::push`,
-/// fed in chunks of `chunk` bytes.
-fn assemble_frame_by_frame(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> Vec<Seen> {
-    let mut assemblers = BTreeMap::new();
-    let mut seen = Vec::new();
-    let mut buf = BytesMut::new();
-    for part in input.chunks(chunk) {
-        buf.extend_from_slice(part);
-        loop {
-            match decoder.decode(&mut buf) {
-                Ok(Some(frame)) => push_logged(&mut assemblers, frame, &mut seen),
-                Ok(None) => break,
-                Err(err) => {
-                    seen.push(Seen::End(err));
-                    return seen;
-                }
-            }
-        }
-    }
-    seen
-}
-
-/// The same through `FrameDecoder::decode_assembled`, with `decode` and
-/// `push` for what it leaves.
+/// A stream through `FrameDecoder::decode_assembled`, fed in chunks of
+/// `chunk` bytes, with `decode` and `push` for what it leaves.
 fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> Vec<Seen> {
     use crate::track::{AssembleError, Decoded};
     let mut assemblers: BTreeMap<u16, ContentAssembler> = BTreeMap::new();

@@ -382,31 +382,23 @@ impl Connection {
                 Ok(Decoded::Other) => match decoder.decode(buf) {
                     Ok(Some(frame)) => self.handle_frame(frame),
                     Ok(None) => break,
-                    Err(err) => {
-                        buf.clear();
-                        self.protocol_error(err.reply_code(), format!("undecodable frame from the broker: {err}"));
-                        break;
-                    }
+                    Err(err) => return self.undecodable(buf, err.reply_code(), err),
                 },
                 Err(AssembleError::Content { channel, error }) => {
                     self.protocol_error(error.reply_code(), format!("on channel {channel}: {error}"));
                 }
-                Err(AssembleError::Decode(err)) => {
-                    buf.clear();
-                    self.protocol_error(err.reply_code(), format!("undecodable frame from the broker: {err}"));
-                    break;
-                }
+                Err(AssembleError::Decode(err)) => return self.undecodable(buf, err.reply_code(), err),
                 // `AssembleError` may grow; whatever it is, the stream is suspect.
-                Err(err) => {
-                    buf.clear();
-                    self.protocol_error(
-                        ReplyCode::FrameError,
-                        format!("undecodable frame from the broker: {err}"),
-                    );
-                    break;
-                }
+                Err(err) => return self.undecodable(buf, ReplyCode::FrameError, err),
             }
         }
+    }
+
+    /// The broker sent bytes that do not decode: nothing after them can be
+    /// trusted, so they are dropped and the connection closed.
+    fn undecodable(&mut self, buf: &mut BytesMut, code: ReplyCode, err: impl std::fmt::Display) {
+        buf.clear();
+        self.protocol_error(code, format!("undecodable frame from the broker: {err}"));
     }
 
     /// The socket reached end of file or failed.

@@ -103,12 +103,7 @@ impl FrameDecoder {
         check_end(buf, total)?;
         touch_ahead(buf, total);
         if frame_type == FRAME_BODY {
-            // One split of the read buffer, then the envelope trimmed off
-            // the frozen slice (cheaper than advancing the BytesMut twice).
-            let mut payload = buf.split_to(total).freeze();
-            payload.truncate(total - 1);
-            payload.advance(7);
-            return Ok(Some(Frame::Body(channel, payload)));
+            return Ok(Some(Frame::Body(channel, split_frame(buf, total, 7))));
         }
         if frame_type == FRAME_HEADER {
             // Checked where it lies; the property list is then kept as a
@@ -120,9 +115,7 @@ impl FrameDecoder {
                     return Err(err);
                 }
             };
-            let mut raw = buf.split_to(total).freeze();
-            raw.truncate(total - 1);
-            raw.advance(7 + PROPERTIES_AT);
+            let raw = split_frame(buf, total, 7 + PROPERTIES_AT);
             return Ok(Some(checked.into_frame(channel, raw)));
         }
         // The ids are looked for within the payload only: a method frame too
@@ -139,10 +132,7 @@ impl FrameDecoder {
             if let Ok(Some(Frame::Method(_, Method::BasicDeliver(deliver)))) = &mut out {
                 let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
                 if let Err(kind) = deliver.decode_args_into(args) {
-                    out = Err(Error::Malformed {
-                        context: BasicDeliver::NAME,
-                        kind,
-                    });
+                    out = Err(malformed_deliver(kind));
                 }
             }
             buf.advance(total);
@@ -218,8 +208,10 @@ impl FrameDecoder {
             return Ok(Decoded::Complete(channel));
         }
         let is_content_method = |payload: &[u8]| match payload.first_chunk::<4>() {
-            Some(&[0, 60, 0, method]) => matches!(method, 40 | 50 | 60 | 71),
-            _ => false,
+            Some(&[c0, c1, m0, m1]) => {
+                Method::ids_have_content(u16::from_be_bytes([c0, c1]), u16::from_be_bytes([m0, m1]))
+            }
+            None => false,
         };
         if frame_type == FRAME_METHOD && !is_content_method(&buf[7..total - 1]) {
             return Ok(Decoded::Other);
@@ -227,10 +219,7 @@ impl FrameDecoder {
         check_end(buf, total)?;
         touch_ahead(buf, total);
         let fed = if frame_type == FRAME_BODY {
-            let mut payload = buf.split_to(total).freeze();
-            payload.truncate(total - 1);
-            payload.advance(7);
-            assembler.on_body(payload)
+            assembler.on_body(split_frame(buf, total, 7))
         } else if frame_type == FRAME_HEADER {
             let checked = match check_content_header(&buf[7..total - 1], self.max_depth) {
                 Ok(checked) => checked,
@@ -239,10 +228,8 @@ impl FrameDecoder {
                     return Err(err.into());
                 }
             };
-            let mut raw = buf.split_to(total).freeze();
-            raw.truncate(total - 1);
-            raw.advance(7 + PROPERTIES_AT);
-            checked.feed(raw, assembler)
+            let raw = split_frame(buf, total, 7 + PROPERTIES_AT);
+            assembler.on_header(checked.into_header(raw))
         } else if buf[7..total - 1].starts_with(&BASIC_DELIVER_IDS) {
             let fed = match assembler.begin_deliver() {
                 Ok(deliver) => {
@@ -250,11 +237,7 @@ impl FrameDecoder {
                     if let Err(kind) = deliver.decode_args_into(args) {
                         assembler.reset();
                         buf.advance(total);
-                        return Err(Error::Malformed {
-                            context: BasicDeliver::NAME,
-                            kind,
-                        }
-                        .into());
+                        return Err(malformed_deliver(kind).into());
                     }
                     Ok(Progress::Partial)
                 }
@@ -264,11 +247,7 @@ impl FrameDecoder {
                     let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
                     if let Err(kind) = BasicDeliver::default().decode_args_into(args) {
                         buf.advance(total);
-                        return Err(Error::Malformed {
-                            context: BasicDeliver::NAME,
-                            kind,
-                        }
-                        .into());
+                        return Err(malformed_deliver(kind).into());
                     }
                     Err(error)
                 }
@@ -422,6 +401,27 @@ impl FrameDecoder {
         let reader = ArgReader::new(self.ctx(), source, &payload[4..], len - 4);
         let method = Method::decode_args(class_id, method_id, reader)?;
         Ok(Frame::Method(channel, method))
+    }
+}
+
+/// Splits the whole frame of `total` bytes off `buf` and returns its
+/// payload from `skip` bytes in, without the end byte: one split of the
+/// read buffer, then the frozen slice trimmed (cheaper than advancing the
+/// `BytesMut` twice).
+#[inline(always)]
+fn split_frame(buf: &mut BytesMut, total: usize, skip: usize) -> Bytes {
+    let mut payload = buf.split_to(total).freeze();
+    payload.truncate(total - 1);
+    payload.advance(skip);
+    payload
+}
+
+/// The error for a `basic.deliver` whose arguments do not decode.
+#[cold]
+fn malformed_deliver(kind: DecodeErrorKind) -> Error {
+    Error::Malformed {
+        context: BasicDeliver::NAME,
+        kind,
     }
 }
 

@@ -121,16 +121,11 @@ pub(crate) fn check_content_header(payload: &[u8], max_depth: usize) -> Result<C
 }
 
 impl CheckedHeader {
-    /// Feeds the header, with the property bytes it was checked with, to
-    /// `assembler`.
+    /// The header, given the property bytes it was checked with: decoded,
+    /// or undecodable with those bytes kept.
     #[inline(always)]
-    pub(crate) fn feed(
-        self,
-        raw: Bytes,
-        assembler: &mut crate::track::ContentAssembler,
-    ) -> Result<crate::track::Progress, crate::track::ContentError> {
-        let (class, size) = (self.class_id, self.body_size);
-        let header = match self.error {
+    pub(crate) fn into_header(self, raw: Bytes) -> Result<ContentHeader, UndecodableHeader> {
+        match self.error {
             None => Ok(ContentHeader {
                 class_id: self.class_id,
                 weight: self.weight,
@@ -144,35 +139,16 @@ impl CheckedHeader {
                 raw_properties: raw,
                 error,
             }),
-        };
-        assembler.on_header(header, class, size)
+        }
     }
 
-    /// The frame on `channel`, given the property bytes the header was
-    /// checked with: [`Frame::Header`], or [`Frame::UndecodableHeader`]
-    /// when they cannot be decoded.
+    /// The header as the frame it makes on `channel`: [`Frame::Header`], or
+    /// [`Frame::UndecodableHeader`] when its properties cannot be decoded.
     #[inline]
     pub(crate) fn into_frame(self, channel: u16, raw: Bytes) -> Frame {
-        match self.error {
-            None => Frame::Header(
-                channel,
-                ContentHeader {
-                    class_id: self.class_id,
-                    weight: self.weight,
-                    body_size: self.body_size,
-                    properties: Properties::from_validated(raw),
-                },
-            ),
-            Some(error) => Frame::UndecodableHeader(
-                channel,
-                UndecodableHeader {
-                    class_id: self.class_id,
-                    weight: self.weight,
-                    body_size: self.body_size,
-                    raw_properties: raw,
-                    error,
-                },
-            ),
+        match self.into_header(raw) {
+            Ok(header) => Frame::Header(channel, header),
+            Err(header) => Frame::UndecodableHeader(channel, header),
         }
     }
 }

@@ -130,6 +130,16 @@ macro_rules! methods {
                 match self { $( $( Method::$method(_) => $content, )* )* }
             }
 
+            /// Whether the method with these ids carries content (`false` for
+            /// ids that name no method).
+            #[inline]
+            pub(crate) fn ids_have_content(class_id: u16, method_id: u16) -> bool {
+                match (class_id, method_id) {
+                    $( $( ($class_id, $method_id) => $content, )* )*
+                    _ => false,
+                }
+            }
+
             /// The name of the method with these ids, if there is one.
             pub fn name_of(class_id: u16, method_id: u16) -> Option<&'static str> {
                 match (class_id, method_id) {

@@ -273,13 +273,11 @@ impl ContentAssembler {
         match frame {
             Frame::Method(_, method) => self.on_method(method),
             Frame::Header(_, header) => {
-                let (class, size) = (header.class_id, header.body_size);
-                let progress = self.on_header(Ok(header), class, size)?;
+                let progress = self.on_header(Ok(header))?;
                 Ok(self.assembly(progress))
             }
             Frame::UndecodableHeader(_, header) => {
-                let (class, size) = (header.class_id, header.body_size);
-                let progress = self.on_header(Err(header), class, size)?;
+                let progress = self.on_header(Err(header))?;
                 Ok(self.assembly(progress))
             }
             Frame::Body(_, part) => {
@@ -303,13 +301,12 @@ impl ContentAssembler {
     /// A method frame: content-bearing ones start a message.
     #[inline(always)]
     fn on_method(&mut self, method: Method) -> Result<Assembly, ContentError> {
-        self.expect_method()?;
-        if !method.has_content() {
-            return Ok(Assembly::Method(method));
+        if method.has_content() {
+            self.begin(method)?;
+            return Ok(Assembly::Partial);
         }
-        // Idle: header and body are already empty.
-        self.partial.method = Some(method);
-        Ok(Assembly::Partial)
+        self.expect_method()?;
+        Ok(Assembly::Method(method))
     }
 
     /// Fails unless a method may come next: no message is in progress.
@@ -329,10 +326,11 @@ impl ContentAssembler {
         Ok(())
     }
 
-    /// Starts a message with a content-bearing method decoded elsewhere.
+    /// Starts a message with a content-bearing method.
     #[inline(always)]
     pub(crate) fn begin(&mut self, method: Method) -> Result<Progress, ContentError> {
         self.expect_method()?;
+        // Idle: header and body are already empty.
         self.partial.method = Some(method);
         Ok(Progress::Partial)
     }
@@ -391,12 +389,15 @@ impl ContentAssembler {
     }
 
     #[inline]
+    /// A content header, decoded or not.
     pub(crate) fn on_header(
         &mut self,
         header: Result<ContentHeader, UndecodableHeader>,
-        header_class: u16,
-        body_size: u64,
     ) -> Result<Progress, ContentError> {
+        let (header_class, body_size) = match &header {
+            Ok(h) => (h.class_id, h.body_size),
+            Err(h) => (h.class_id, h.body_size),
+        };
         let max_body = self.max_body;
         let partial = &mut self.partial;
         let Some(method) = &partial.method else {
