@@ -76,10 +76,22 @@ ensure_installed() {
 
 # ------------------------------------------------------------ run-as user ---
 
+# Decided only once rabbitmq-server is installed (`start` installs it first):
+# the package creates the `rabbitmq` user, and a node started as root before
+# that would leave a root-owned cookie that later `ctl` calls, run as
+# `rabbitmq`, cannot read.
 RUN_USER=""
-if [ "$(id -u)" = 0 ] && id -u rabbitmq >/dev/null 2>&1; then
-    RUN_USER=rabbitmq
-fi
+# pick_run_user [strict]: with `strict` (before a start), root without the
+# user is an error; otherwise no user means no installed node to talk to.
+pick_run_user() {
+    RUN_USER=""
+    [ "$(id -u)" = 0 ] || return 0
+    if id -u rabbitmq >/dev/null 2>&1; then
+        RUN_USER=rabbitmq
+    elif [ "${1:-}" = strict ]; then
+        die "running as root but there is no rabbitmq user (is rabbitmq-server installed?)"
+    fi
+}
 
 # The node's ports: the running node's (from $STATE) win over the defaults so
 # that `ctl`/`stop` keep working whatever the caller's environment says.
@@ -298,6 +310,7 @@ print_urls() {
 
 cmd_start() {
     ensure_installed
+    pick_run_user strict
     local want_port="$PORT" want_tls="$TLS_PORT" want_node="$NODENAME"
     read_state
     if [ -n "$S_NODENAME" ]; then
@@ -395,6 +408,7 @@ cmd_env() {
     echo "ACEMQ_RABBITMQ_CLIENT_KEY=$TLS_DIR/client.key"
 }
 
+[ "${1:-}" = start ] || pick_run_user
 case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
