@@ -83,6 +83,7 @@
 
 mod broker;
 mod config;
+pub mod deadline;
 mod error;
 pub mod fuzzing;
 mod server;

@@ -257,13 +257,13 @@ proptest! {
     fn arbitrary_bytes_never_panic(mode in any::<u8>(), bytes in prop::collection::vec(any::<u8>(), 0..600)) {
         let mut data = vec![mode];
         data.extend(bytes);
-        client_bytes(&data);
+        acemq_memory::deadline::deadline_blocking(|| client_bytes(&data));
     }
 
     #[test]
     fn arbitrary_frame_sequences_after_a_handshake_never_panic(mode in any::<u8>(), steps in prop::collection::vec(step(), 0..40)) {
         let mut data = vec![mode | 1];
         data.extend(encode(&steps));
-        client_bytes(&data);
+        acemq_memory::deadline::deadline_blocking(|| client_bytes(&data));
     }
 }

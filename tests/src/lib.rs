@@ -11,9 +11,13 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_core::amqp::{Config, Connection, TlsConfig};
+/// Every test runs under a deadline: a hang fails naming the test and what
+/// it waited for (see `acemq_memory::deadline`).
+pub use acemq_memory::deadline::{deadline, deadline_blocking, step, waiting_for};
 
 /// Which broker a scenario runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +43,25 @@ pub struct Broker {
     pub tls_dir: Option<PathBuf>,
     /// The in-process broker, for [`Kind::Memory`].
     pub memory: Option<acemq_memory::Broker>,
+    /// While a scenario runs on this broker, its deadline says so.
+    on: Option<Arc<acemq_memory::deadline::Waiting>>,
+}
+
+/// The brokers of [`brokers`]. Iterating labels each scenario's run with
+/// its broker, so a deadline that passes says which broker it was on.
+#[derive(Debug)]
+pub struct Brokers(Vec<Broker>);
+
+impl IntoIterator for Brokers {
+    type Item = Broker;
+    type IntoIter = std::iter::Map<std::vec::IntoIter<Broker>, fn(Broker) -> Broker>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().map(|mut b| {
+            b.on = Some(Arc::new(waiting_for(format!("the scenario on {:?}", b.kind))));
+            b
+        })
+    }
 }
 
 fn root() -> PathBuf {
@@ -72,7 +95,7 @@ fn rabbit_env() -> Option<(String, String, PathBuf)> {
 
 /// Every broker to run scenarios against. Panics under `CI=true` when
 /// RabbitMQ is missing; elsewhere says loudly that it is skipped.
-pub async fn brokers() -> Vec<Broker> {
+pub async fn brokers() -> Brokers {
     let name = unique("memory");
     let mut out = vec![Broker {
         kind: Kind::Memory,
@@ -80,6 +103,7 @@ pub async fn brokers() -> Vec<Broker> {
         tls: TlsConfig::new(),
         tls_dir: None,
         memory: Some(acemq_memory::Broker::named(&name)),
+        on: None,
     }];
     match rabbit_env() {
         Some((tcp, tls_url, ca)) if reachable(&tcp).await => {
@@ -92,6 +116,7 @@ pub async fn brokers() -> Vec<Broker> {
                 tls: tls.clone(),
                 tls_dir: tls_dir.clone(),
                 memory: None,
+                on: None,
             });
             out.push(Broker {
                 kind: Kind::RabbitTls,
@@ -99,6 +124,7 @@ pub async fn brokers() -> Vec<Broker> {
                 tls,
                 tls_dir,
                 memory: None,
+                on: None,
             });
         }
         _ if in_ci() => {
@@ -109,7 +135,7 @@ pub async fn brokers() -> Vec<Broker> {
              or run `scripts/test.sh`. !!!!\n"
         ),
     }
-    out
+    Brokers(out)
 }
 
 async fn reachable(url: &str) -> bool {
@@ -266,4 +292,19 @@ pub fn counts_by_outcome(
         }
     }
     counts
+}
+
+/// The counter `metric` of a snapshot, summed over every label set. A
+/// snapshot resets the recorder's counters: take one per recorder.
+pub fn counter_total(snapshotter: &metrics_util::debugging::Snapshotter, metric: &str) -> u64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == metric)
+        .map(|(_, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
 }

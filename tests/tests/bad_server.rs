@@ -142,101 +142,119 @@ async fn protocol_error_code(conn: &Connection) -> ReplyCode {
 
 #[tokio::test]
 async fn garbage_from_the_server_is_a_frame_error() {
-    let (url, server) = fake_server(|mut s| async move {
-        s.handshake().await;
-        s.send_raw(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
-        assert_eq!(s.expect_close().await, 501);
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            s.send_raw(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            assert_eq!(s.expect_close().await, 501);
+        })
+        .await;
+        let conn = Connection::open(&url, config()).await.unwrap();
+        assert_eq!(protocol_error_code(&conn).await, ReplyCode::FrameError);
+        server.await.unwrap();
     })
-    .await;
-    let conn = Connection::open(&url, config()).await.unwrap();
-    assert_eq!(protocol_error_code(&conn).await, ReplyCode::FrameError);
-    server.await.unwrap();
+    .await
 }
 
 #[tokio::test]
 async fn an_oversized_frame_is_a_frame_error_before_it_is_buffered() {
-    let (url, server) = fake_server(|mut s| async move {
-        s.handshake().await;
-        // A body frame header announcing 64 MiB, far above frame_max 131072.
-        let mut header = BytesMut::new();
-        header.put_u8(3);
-        header.put_u16(1);
-        header.put_u32(64 << 20);
-        s.send_raw(&header).await;
-        assert_eq!(s.expect_close().await, 501);
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            // A body frame header announcing 64 MiB, far above frame_max 131072.
+            let mut header = BytesMut::new();
+            header.put_u8(3);
+            header.put_u16(1);
+            header.put_u32(64 << 20);
+            s.send_raw(&header).await;
+            assert_eq!(s.expect_close().await, 501);
+        })
+        .await;
+        let conn = Connection::open(&url, config()).await.unwrap();
+        let _ch = conn.channel().await;
+        assert_eq!(protocol_error_code(&conn).await, ReplyCode::FrameError);
+        server.await.unwrap();
     })
-    .await;
-    let conn = Connection::open(&url, config()).await.unwrap();
-    let _ch = conn.channel().await;
-    assert_eq!(protocol_error_code(&conn).await, ReplyCode::FrameError);
-    server.await.unwrap();
+    .await
 }
 
 #[tokio::test]
 async fn a_frame_for_an_unopened_channel_is_a_channel_error() {
-    let (url, server) = fake_server(|mut s| async move {
-        s.handshake().await;
-        let deliver = BasicDeliver {
-            delivery_tag: 1,
-            ..Default::default()
-        };
-        s.send(Frame::Method(9, deliver.into())).await;
-        assert_eq!(s.expect_close().await, 504);
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            let deliver = BasicDeliver {
+                delivery_tag: 1,
+                ..Default::default()
+            };
+            s.send(Frame::Method(9, deliver.into())).await;
+            assert_eq!(s.expect_close().await, 504);
+        })
+        .await;
+        let conn = Connection::open(&url, config()).await.unwrap();
+        assert_eq!(protocol_error_code(&conn).await, ReplyCode::ChannelError);
+        server.await.unwrap();
     })
-    .await;
-    let conn = Connection::open(&url, config()).await.unwrap();
-    assert_eq!(protocol_error_code(&conn).await, ReplyCode::ChannelError);
-    server.await.unwrap();
+    .await
 }
 
 #[tokio::test]
 async fn an_unknown_method_is_command_invalid() {
-    let (url, server) = fake_server(|mut s| async move {
-        s.handshake().await;
-        s.send_raw(&[1, 0, 0, 0, 0, 0, 4, 0, 99, 0, 1, 0xCE]).await;
-        assert_eq!(s.expect_close().await, 503);
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            s.send_raw(&[1, 0, 0, 0, 0, 0, 4, 0, 99, 0, 1, 0xCE]).await;
+            assert_eq!(s.expect_close().await, 503);
+        })
+        .await;
+        let conn = Connection::open(&url, config()).await.unwrap();
+        assert_eq!(protocol_error_code(&conn).await, ReplyCode::CommandInvalid);
+        server.await.unwrap();
     })
-    .await;
-    let conn = Connection::open(&url, config()).await.unwrap();
-    assert_eq!(protocol_error_code(&conn).await, ReplyCode::CommandInvalid);
-    server.await.unwrap();
+    .await
 }
 
 #[tokio::test]
 async fn garbage_instead_of_connection_start_fails_the_open() {
-    let (url, server) = fake_server(|mut s| async move {
-        let mut header = [0u8; 8];
-        s.stream.read_exact(&mut header).await.unwrap();
-        s.send_raw(&[0xff; 64]).await;
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            let mut header = [0u8; 8];
+            s.stream.read_exact(&mut header).await.unwrap();
+            s.send_raw(&[0xff; 64]).await;
+        })
+        .await;
+        let err = Connection::open(&url, config()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::ConnectionClosed(CloseReason::ProtocolError {
+                    code: ReplyCode::FrameError,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        server.await.unwrap();
     })
-    .await;
-    let err = Connection::open(&url, config()).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ConnectionClosed(CloseReason::ProtocolError {
-                code: ReplyCode::FrameError,
-                ..
-            })
-        ),
-        "{err:?}"
-    );
-    server.await.unwrap();
+    .await
 }
 
 #[tokio::test]
 async fn a_server_that_hangs_up_mid_handshake_fails_the_open() {
-    let (url, server) = fake_server(|mut s| async move {
-        let mut header = [0u8; 8];
-        s.stream.read_exact(&mut header).await.unwrap();
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            let mut header = [0u8; 8];
+            s.stream.read_exact(&mut header).await.unwrap();
+        })
+        .await;
+        let err = Connection::open(&url, config()).await.unwrap_err();
+        assert!(
+            matches!(err, Error::ConnectionClosed(CloseReason::ConnectionLost)),
+            "{err:?}"
+        );
+        server.await.unwrap();
     })
-    .await;
-    let err = Connection::open(&url, config()).await.unwrap_err();
-    assert!(
-        matches!(err, Error::ConnectionClosed(CloseReason::ConnectionLost)),
-        "{err:?}"
-    );
-    server.await.unwrap();
+    .await
 }
 
 /// A delivery whose headers nest 20,000 deep (about 100 KB, inside one
@@ -245,92 +263,180 @@ async fn a_server_that_hangs_up_mid_handshake_fails_the_open() {
 /// the same connection is fine.
 #[tokio::test]
 async fn a_poison_delivery_keeps_the_connection_up() {
-    let (url, server) = fake_server(|mut s| async move {
-        s.handshake().await;
-        let ch = s.accept_channel().await;
-        let Some(Method::BasicConsume(_)) = s.recv_method().await else {
-            panic!()
-        };
-        s.send(Frame::Method(
-            ch,
-            BasicConsumeOk {
-                consumer_tag: "c".into(),
-            }
-            .into(),
-        ))
-        .await;
-
-        let deliver = |tag| BasicDeliver {
-            consumer_tag: "c".into(),
-            delivery_tag: tag,
-            ..Default::default()
-        };
-        // The poison: headers = 20,000 nested arrays.
-        let mut bomb: Vec<u8> = Vec::new();
-        for _ in 0..20_000 {
-            let mut level = vec![b'A'];
-            level.extend_from_slice(&(bomb.len() as u32).to_be_bytes());
-            level.extend_from_slice(&bomb);
-            bomb = level;
-        }
-        let mut table = vec![1, b'k'];
-        table.extend_from_slice(&bomb);
-        let mut payload = BytesMut::new();
-        payload.put_u16(60);
-        payload.put_u16(0);
-        payload.put_u64(6);
-        payload.put_u16(0x2000);
-        payload.put_u32(table.len() as u32);
-        payload.put_slice(&table);
-        s.send(Frame::Method(ch, deliver(1).into())).await;
-        let mut raw = BytesMut::new();
-        raw.put_u8(2);
-        raw.put_u16(ch);
-        raw.put_u32(payload.len() as u32);
-        raw.put_slice(&payload);
-        raw.put_u8(0xCE);
-        s.send_raw(&raw).await;
-        s.send(Frame::Body(ch, Bytes::from_static(b"poison"))).await;
-        // Then a good one.
-        s.send(Frame::Method(ch, deliver(2).into())).await;
-        s.send(Frame::Header(ch, ContentHeader::basic(4, BasicProperties::default())))
-            .await;
-        s.send(Frame::Body(ch, Bytes::from_static(b"good"))).await;
-        // The client acks the poison (after setting it aside) and the good
-        // one; acks in order may come folded into one multiple ack.
-        let mut acked_up_to = 0;
-        while acked_up_to < 2 {
-            match s.recv_method().await {
-                Some(Method::BasicAck(a)) => {
-                    assert!(a.multiple || a.delivery_tag == acked_up_to + 1, "{a:?}");
-                    assert!(a.delivery_tag > acked_up_to, "{a:?}");
-                    acked_up_to = a.delivery_tag;
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            let ch = s.accept_channel().await;
+            let Some(Method::BasicConsume(_)) = s.recv_method().await else {
+                panic!()
+            };
+            s.send(Frame::Method(
+                ch,
+                BasicConsumeOk {
+                    consumer_tag: "c".into(),
                 }
-                Some(Method::ConnectionClose(c)) => panic!("closed with {}", c.reply_code),
-                other => panic!("{other:?}"),
+                .into(),
+            ))
+            .await;
+
+            let deliver = |tag| BasicDeliver {
+                consumer_tag: "c".into(),
+                delivery_tag: tag,
+                ..Default::default()
+            };
+            // The poison: headers = 20,000 nested arrays.
+            let mut bomb: Vec<u8> = Vec::new();
+            for _ in 0..20_000 {
+                let mut level = vec![b'A'];
+                level.extend_from_slice(&(bomb.len() as u32).to_be_bytes());
+                level.extend_from_slice(&bomb);
+                bomb = level;
             }
-        }
-        assert_eq!(acked_up_to, 2);
-        assert_eq!(s.expect_close().await, 200);
+            let mut table = vec![1, b'k'];
+            table.extend_from_slice(&bomb);
+            let mut payload = BytesMut::new();
+            payload.put_u16(60);
+            payload.put_u16(0);
+            payload.put_u64(6);
+            payload.put_u16(0x2000);
+            payload.put_u32(table.len() as u32);
+            payload.put_slice(&table);
+            s.send(Frame::Method(ch, deliver(1).into())).await;
+            let mut raw = BytesMut::new();
+            raw.put_u8(2);
+            raw.put_u16(ch);
+            raw.put_u32(payload.len() as u32);
+            raw.put_slice(&payload);
+            raw.put_u8(0xCE);
+            s.send_raw(&raw).await;
+            s.send(Frame::Body(ch, Bytes::from_static(b"poison"))).await;
+            // Then a good one.
+            s.send(Frame::Method(ch, deliver(2).into())).await;
+            s.send(Frame::Header(ch, ContentHeader::basic(4, BasicProperties::default())))
+                .await;
+            s.send(Frame::Body(ch, Bytes::from_static(b"good"))).await;
+            // The client acks the poison (after setting it aside) and the good
+            // one; acks in order may come folded into one multiple ack.
+            let mut acked_up_to = 0;
+            while acked_up_to < 2 {
+                match s.recv_method().await {
+                    Some(Method::BasicAck(a)) => {
+                        assert!(a.multiple || a.delivery_tag == acked_up_to + 1, "{a:?}");
+                        assert!(a.delivery_tag > acked_up_to, "{a:?}");
+                        acked_up_to = a.delivery_tag;
+                    }
+                    Some(Method::ConnectionClose(c)) => panic!("closed with {}", c.reply_code),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(acked_up_to, 2);
+            assert_eq!(s.expect_close().await, 200);
+        })
+        .await;
+        let conn = Connection::open(&url, config()).await.unwrap();
+        let ch = conn.channel().await.unwrap();
+        let mut consumer = ch.consume("q").await.unwrap();
+        let poison = consumer.next().await.unwrap();
+        let raw = poison.properties.as_ref().unwrap_err();
+        assert_eq!(raw.error, DecodeErrorKind::NestingTooDeep(64));
+        assert_eq!(
+            &poison.body[..],
+            b"poison",
+            "the body still arrives, so the message can be set aside"
+        );
+        poison.ack().unwrap();
+        let good = consumer.next().await.unwrap();
+        assert!(good.properties.is_ok());
+        assert_eq!(&good.body[..], b"good");
+        good.ack().unwrap();
+        assert!(!conn.is_closed());
+        conn.close().await.unwrap();
+        server.await.unwrap();
     })
-    .await;
-    let conn = Connection::open(&url, config()).await.unwrap();
-    let ch = conn.channel().await.unwrap();
-    let mut consumer = ch.consume("q").await.unwrap();
-    let poison = consumer.next().await.unwrap();
-    let raw = poison.properties.as_ref().unwrap_err();
-    assert_eq!(raw.error, DecodeErrorKind::NestingTooDeep(64));
-    assert_eq!(
-        &poison.body[..],
-        b"poison",
-        "the body still arrives, so the message can be set aside"
-    );
-    poison.ack().unwrap();
-    let good = consumer.next().await.unwrap();
-    assert!(good.properties.is_ok());
-    assert_eq!(&good.body[..], b"good");
-    good.ack().unwrap();
-    assert!(!conn.is_closed());
-    conn.close().await.unwrap();
-    server.await.unwrap();
+    .await
+}
+
+/// Short protocol timeouts, heartbeats off: only the engine's own deadlines
+/// can end these waits.
+fn impatient() -> Config {
+    let mut config = config();
+    config.tune.heartbeat = 0;
+    config.channel_open_timeout = Duration::from_millis(300);
+    config.close_timeout = Duration::from_millis(300);
+    config
+}
+
+#[tokio::test]
+async fn a_broker_that_never_answers_close_ok_cannot_make_close_wait_for_ever() {
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            // Read the close, answer nothing, and keep the socket open.
+            while let Some(frame) = s.recv().await {
+                if matches!(frame, Frame::Method(0, Method::ConnectionClose(_))) {
+                    break;
+                }
+            }
+            let _ = s.recv().await;
+        })
+        .await;
+        let conn = Connection::open(&url, impatient()).await.unwrap();
+        assert_eq!(conn.tuned().heartbeat, 0);
+        let started = tokio::time::Instant::now();
+        let err = conn.close().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NoReply {
+                    waiting_for: acemq_core::proto::Wait::ConnectionCloseOk,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(matches!(conn.closed().await, CloseReason::TimedOut { .. }));
+        server.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_channel_open_the_broker_never_answers_fails_and_the_connection_goes_on() {
+    acemq_tests::deadline(async {
+        let (url, server) = fake_server(|mut s| async move {
+            s.handshake().await;
+            // The first channel.open gets no answer; the client gives up on
+            // it and closes the channel, which is answered.
+            let Some(Frame::Method(ch, Method::ChannelOpen(_))) = s.recv().await else {
+                panic!("expected channel.open")
+            };
+            let Some(Frame::Method(closed, Method::ChannelClose(_))) = s.recv().await else {
+                panic!("expected channel.close")
+            };
+            assert_eq!(closed, ch);
+            s.send(Frame::Method(ch, ChannelCloseOk {}.into())).await;
+            // The next one is answered: the connection still works.
+            s.accept_channel().await;
+            assert_eq!(s.expect_close().await, 200);
+        })
+        .await;
+        let conn = Connection::open(&url, impatient()).await.unwrap();
+        let err = conn.channel().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NoReply {
+                    waiting_for: acemq_core::proto::Wait::ChannelOpenOk,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let ch = conn.channel().await.unwrap();
+        assert!(ch.is_open());
+        conn.close().await.unwrap();
+        server.await.unwrap();
+    })
+    .await
 }

@@ -25,77 +25,86 @@ fn encoded(p: &BasicProperties) -> BytesMut {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn handshake_negotiates_tune_values_and_opens_many_channels() {
-    for b in brokers().await {
-        let url = format!("{}?heartbeat=30&frame_max=65536&channel_max=100", b.url);
-        let conn = Connection::open(&url, b.config()).await.unwrap();
-        let tuned = conn.tuned();
-        assert_eq!(
-            (tuned.channel_max, tuned.frame_max, tuned.heartbeat),
-            (100, 65536, 30),
-            "{:?}",
-            b.kind
-        );
-        let product = conn.server_properties().get("product").and_then(FieldValue::as_str);
-        assert_eq!(product, Some(if b.is_rabbitmq() { "RabbitMQ" } else { "acemq-memory" }));
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let url = format!("{}?heartbeat=30&frame_max=65536&channel_max=100", b.url);
+            let conn = Connection::open(&url, b.config()).await.unwrap();
+            let tuned = conn.tuned();
+            assert_eq!(
+                (tuned.channel_max, tuned.frame_max, tuned.heartbeat),
+                (100, 65536, 30),
+                "{:?}",
+                b.kind
+            );
+            let product = conn.server_properties().get("product").and_then(FieldValue::as_str);
+            assert_eq!(product, Some(if b.is_rabbitmq() { "RabbitMQ" } else { "acemq-memory" }));
 
-        let mut channels = Vec::new();
-        for _ in 0..50 {
-            channels.push(conn.channel().await.unwrap());
+            let mut channels = Vec::new();
+            for _ in 0..50 {
+                channels.push(conn.channel().await.unwrap());
+            }
+            let mut ids: Vec<u16> = channels.iter().map(|c| c.id()).collect();
+            ids.sort_unstable();
+            assert_eq!(ids, (1..=50).collect::<Vec<_>>());
+            for ch in &channels[..25] {
+                ch.close().await.unwrap();
+                assert!(!ch.is_open());
+            }
+            // Freed numbers are reused, lowest first.
+            assert_eq!(conn.channel().await.unwrap().id(), 1);
+            assert!(channels[30].is_open());
+            conn.close().await.unwrap();
+            assert_eq!(conn.closed().await, CloseReason::ByClient);
+            assert!(matches!(
+                conn.channel().await,
+                Err(Error::ConnectionClosed(CloseReason::ByClient))
+            ));
         }
-        let mut ids: Vec<u16> = channels.iter().map(|c| c.id()).collect();
-        ids.sort_unstable();
-        assert_eq!(ids, (1..=50).collect::<Vec<_>>());
-        for ch in &channels[..25] {
-            ch.close().await.unwrap();
-            assert!(!ch.is_open());
-        }
-        // Freed numbers are reused, lowest first.
-        assert_eq!(conn.channel().await.unwrap().id(), 1);
-        assert!(channels[30].is_open());
-        conn.close().await.unwrap();
-        assert_eq!(conn.closed().await, CloseReason::ByClient);
-        assert!(matches!(
-            conn.channel().await,
-            Err(Error::ConnectionClosed(CloseReason::ByClient))
-        ));
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frame_max_below_8192_is_raised_to_8192() {
-    for b in brokers().await {
-        let conn = Connection::open(&format!("{}?frame_max=4096", b.url), b.config())
-            .await
-            .unwrap();
-        assert_eq!(conn.tuned().frame_max, 8192);
-        // A body larger than a frame is split and comes back whole.
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q = exclusive_queue(&ch).await;
-        let body: Bytes = (0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>().into();
-        let confirm = ch
-            .publish("", &q, false, BasicProperties::default(), body.clone())
-            .unwrap();
-        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
-        let got = ch.basic_get(&q, true).await.unwrap().unwrap();
-        assert_eq!(got.body, body);
-    }
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = Connection::open(&format!("{}?frame_max=4096", b.url), b.config())
+                .await
+                .unwrap();
+            assert_eq!(conn.tuned().frame_max, 8192);
+            // A body larger than a frame is split and comes back whole.
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let body: Bytes = (0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>().into();
+            let confirm = ch
+                .publish("", &q, false, BasicProperties::default(), body.clone())
+                .unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+            let got = ch.basic_get(&q, true).await.unwrap().unwrap();
+            assert_eq!(got.body, body);
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn heartbeat_keeps_an_idle_connection_up_past_three_intervals() {
-    for b in brokers().await {
-        let conn = Connection::open(&format!("{}?heartbeat=1", b.url), b.config())
-            .await
-            .unwrap();
-        assert_eq!(conn.tuned().heartbeat, 1);
-        let ch = conn.channel().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(3500)).await;
-        assert!(!conn.is_closed(), "{:?}: closed by {:?}", b.kind, conn.close_reason());
-        let q = exclusive_queue(&ch).await;
-        assert!(!q.is_empty());
-        conn.close().await.unwrap();
-    }
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = Connection::open(&format!("{}?heartbeat=1", b.url), b.config())
+                .await
+                .unwrap();
+            assert_eq!(conn.tuned().heartbeat, 1);
+            let ch = conn.channel().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3500)).await;
+            assert!(!conn.is_closed(), "{:?}: closed by {:?}", b.kind, conn.close_reason());
+            let q = exclusive_queue(&ch).await;
+            assert!(!q.is_empty());
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 /// A headers table with every field type RabbitMQ defines.
@@ -151,383 +160,413 @@ fn all_properties(id: &str) -> BasicProperties {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let exchange = unique("direct");
-        ch.exchange_declare(ExchangeDeclare {
-            exchange: exchange.as_str().into(),
-            kind: "direct".into(),
-            auto_delete: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        let q = exclusive_queue(&ch).await;
-        ch.queue_bind(QueueBind {
-            queue: q.as_str().into(),
-            exchange: exchange.as_str().into(),
-            routing_key: "k".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-
-        let sent = all_properties("m-get");
-        let confirm = ch.publish(&exchange, "k", true, sent.clone(), "body-1".into()).unwrap();
-        assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
-        let got = ch.basic_get(&q, false).await.unwrap().expect("a message");
-        assert_eq!(props_of(&got.properties), &sent, "{:?}", b.kind);
-        assert_eq!(
-            encoded(props_of(&got.properties)),
-            encoded(&sent),
-            "byte-identical after the broker"
-        );
-        assert_eq!(&got.body[..], b"body-1");
-        assert_eq!(got.exchange, exchange.as_str());
-        assert_eq!(got.routing_key, "k");
-        got.ack().unwrap();
-
-        // The same through a consumer.
-        let sent = all_properties("m-consume");
-        ch.publish(&exchange, "k", false, sent.clone(), "body-2".into())
-            .unwrap()
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let exchange = unique("direct");
+            ch.exchange_declare(ExchangeDeclare {
+                exchange: exchange.as_str().into(),
+                kind: "direct".into(),
+                auto_delete: true,
+                ..Default::default()
+            })
             .await
             .unwrap();
-        let mut consumer = ch.consume(&q).await.unwrap();
-        let delivery = consumer.next().await.unwrap();
-        assert_eq!(encoded(props_of(&delivery.properties)), encoded(&sent));
-        assert_eq!(&delivery.body[..], b"body-2");
-        assert!(!delivery.redelivered);
-        delivery.ack().unwrap();
-        consumer.cancel().await.unwrap();
-        assert!(consumer.next().await.is_none(), "a cancelled consumer's stream ends");
-        conn.close().await.unwrap();
-    }
+            let q = exclusive_queue(&ch).await;
+            ch.queue_bind(QueueBind {
+                queue: q.as_str().into(),
+                exchange: exchange.as_str().into(),
+                routing_key: "k".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+
+            let sent = all_properties("m-get");
+            let confirm = ch.publish(&exchange, "k", true, sent.clone(), "body-1".into()).unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            let got = ch.basic_get(&q, false).await.unwrap().expect("a message");
+            assert_eq!(props_of(&got.properties), &sent, "{:?}", b.kind);
+            assert_eq!(
+                encoded(props_of(&got.properties)),
+                encoded(&sent),
+                "byte-identical after the broker"
+            );
+            assert_eq!(&got.body[..], b"body-1");
+            assert_eq!(got.exchange, exchange.as_str());
+            assert_eq!(got.routing_key, "k");
+            got.ack().unwrap();
+
+            // The same through a consumer.
+            let sent = all_properties("m-consume");
+            ch.publish(&exchange, "k", false, sent.clone(), "body-2".into())
+                .unwrap()
+                .await
+                .unwrap();
+            let mut consumer = ch.consume(&q).await.unwrap();
+            let delivery = consumer.next().await.unwrap();
+            assert_eq!(encoded(props_of(&delivery.properties)), encoded(&sent));
+            assert_eq!(&delivery.body[..], b"body-2");
+            assert!(!delivery.redelivered);
+            delivery.ack().unwrap();
+            consumer.cancel().await.unwrap();
+            assert!(consumer.next().await.is_none(), "a cancelled consumer's stream ends");
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ack_nack_and_reject_settle_deliveries_as_asked() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q = exclusive_queue(&ch).await;
-        for body in ["a", "b", "c"] {
-            ch.publish("", &q, false, BasicProperties::default(), Bytes::from(body))
-                .unwrap()
-                .await
-                .unwrap();
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            for body in ["a", "b", "c"] {
+                ch.publish("", &q, false, BasicProperties::default(), Bytes::from(body))
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+            ch.qos(10).await.unwrap();
+            let mut consumer = ch.consume(&q).await.unwrap();
+            let a = consumer.next().await.unwrap();
+            let b_ = consumer.next().await.unwrap();
+            let c = consumer.next().await.unwrap();
+            assert_eq!([&a.body[..], &b_.body[..], &c.body[..]], [b"a", b"b", b"c"]);
+            a.nack(true).unwrap(); // back in the queue, redelivered
+            b_.reject(false).unwrap(); // gone
+            c.ack().unwrap();
+            let again = consumer.next().await.unwrap();
+            assert_eq!(&again.body[..], b"a");
+            assert!(
+                again.redelivered,
+                "{:?}: a requeued message is flagged redelivered",
+                b.kind
+            );
+            again.ack().unwrap();
+            consumer.cancel().await.unwrap();
+            let empty = ch.basic_get(&q, false).await.unwrap();
+            assert!(
+                empty.is_none(),
+                "nothing left: a acked after requeue, b rejected, c acked"
+            );
+            conn.close().await.unwrap();
         }
-        ch.qos(10).await.unwrap();
-        let mut consumer = ch.consume(&q).await.unwrap();
-        let a = consumer.next().await.unwrap();
-        let b_ = consumer.next().await.unwrap();
-        let c = consumer.next().await.unwrap();
-        assert_eq!([&a.body[..], &b_.body[..], &c.body[..]], [b"a", b"b", b"c"]);
-        a.nack(true).unwrap(); // back in the queue, redelivered
-        b_.reject(false).unwrap(); // gone
-        c.ack().unwrap();
-        let again = consumer.next().await.unwrap();
-        assert_eq!(&again.body[..], b"a");
-        assert!(
-            again.redelivered,
-            "{:?}: a requeued message is flagged redelivered",
-            b.kind
-        );
-        again.ack().unwrap();
-        consumer.cancel().await.unwrap();
-        let empty = ch.basic_get(&q, false).await.unwrap();
-        assert!(
-            empty.is_none(),
-            "nothing left: a acked after requeue, b rejected, c acked"
-        );
-        conn.close().await.unwrap();
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pipelined_publishes_are_all_confirmed_in_order() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q = exclusive_queue(&ch).await;
-        let confirms: Vec<_> = (0..2000)
-            .map(|i| {
-                ch.publish("", &q, false, BasicProperties::default(), Bytes::from(format!("{i}")))
-                    .unwrap()
-            })
-            .collect();
-        for c in confirms {
-            assert_eq!(c.await.unwrap(), Confirmation::Ack);
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let confirms: Vec<_> = (0..2000)
+                .map(|i| {
+                    ch.publish("", &q, false, BasicProperties::default(), Bytes::from(format!("{i}")))
+                        .unwrap()
+                })
+                .collect();
+            for c in confirms {
+                assert_eq!(c.await.unwrap(), Confirmation::Ack);
+            }
+            assert_eq!(acemq_tests::depth(&ch, &q).await, 2000);
+            conn.close().await.unwrap();
         }
-        assert_eq!(acemq_tests::depth(&ch, &q).await, 2000);
-        conn.close().await.unwrap();
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_with_reject_publish_nacks() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let mut args = FieldTable::new();
-        args.insert("x-max-length", FieldValue::I32(1));
-        args.insert("x-overflow", FieldValue::from("reject-publish"));
-        let q = ch
-            .queue_declare(QueueDeclare {
-                exclusive: true,
-                arguments: args,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .queue
-            .to_string();
-        let first = ch
-            .publish("", &q, false, BasicProperties::default(), "1".into())
-            .unwrap();
-        let second = ch
-            .publish("", &q, false, BasicProperties::default(), "2".into())
-            .unwrap();
-        assert_eq!(first.await.unwrap(), Confirmation::Ack);
-        assert_eq!(second.await.unwrap(), Confirmation::Nack, "{:?}", b.kind);
-        conn.close().await.unwrap();
-    }
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let mut args = FieldTable::new();
+            args.insert("x-max-length", FieldValue::I32(1));
+            args.insert("x-overflow", FieldValue::from("reject-publish"));
+            let q = ch
+                .queue_declare(QueueDeclare {
+                    exclusive: true,
+                    arguments: args,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .unwrap()
+                .queue
+                .to_string();
+            let first = ch
+                .publish("", &q, false, BasicProperties::default(), "1".into())
+                .unwrap();
+            let second = ch
+                .publish("", &q, false, BasicProperties::default(), "2".into())
+                .unwrap();
+            assert_eq!(first.await.unwrap(), Confirmation::Ack);
+            assert_eq!(second.await.unwrap(), Confirmation::Nack, "{:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unroutable_mandatory_publish_is_returned_312_and_paired_with_its_own_publish() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q = exclusive_queue(&ch).await;
-        let nowhere = unique("nowhere");
-        let with_id = |id: &str| BasicProperties {
-            message_id: Some(id.into()),
-            ..Default::default()
-        };
-        // Several outstanding at once, unroutable ones in between.
-        let pending = vec![
-            ch.publish("", &q, true, with_id("1"), "routed-1".into()).unwrap(),
-            ch.publish("", &nowhere, true, with_id("2"), "lost-2".into()).unwrap(),
-            ch.publish("", &q, true, with_id("3"), "routed-3".into()).unwrap(),
-            ch.publish("", &nowhere, true, with_id("4"), "lost-4".into()).unwrap(),
-            ch.publish("", &nowhere, false, with_id("5"), "dropped-5".into())
-                .unwrap(),
-        ];
-        let mut outcomes = Vec::new();
-        for p in pending {
-            outcomes.push(p.await.unwrap());
-        }
-        assert_eq!(outcomes[0], Confirmation::Ack);
-        assert_eq!(outcomes[2], Confirmation::Ack);
-        assert_eq!(outcomes[4], Confirmation::Ack, "not mandatory: dropped silently, acked");
-        for (i, body) in [(1, "lost-2"), (3, "lost-4")] {
-            let Confirmation::Returned(ret) = &outcomes[i] else {
-                panic!("{:?}: publish {} should be returned: {:?}", b.kind, i + 1, outcomes[i]);
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let nowhere = unique("nowhere");
+            let with_id = |id: &str| BasicProperties {
+                message_id: Some(id.into()),
+                ..Default::default()
             };
-            assert_eq!(ReplyCode::from_u16(ret.reply_code), ReplyCode::NoRoute);
-            assert_eq!(ret.reply_text, "NO_ROUTE");
-            assert_eq!(ret.routing_key, nowhere.as_str());
-            assert_eq!(&ret.body[..], body.as_bytes());
+            // Several outstanding at once, unroutable ones in between.
+            let pending = vec![
+                ch.publish("", &q, true, with_id("1"), "routed-1".into()).unwrap(),
+                ch.publish("", &nowhere, true, with_id("2"), "lost-2".into()).unwrap(),
+                ch.publish("", &q, true, with_id("3"), "routed-3".into()).unwrap(),
+                ch.publish("", &nowhere, true, with_id("4"), "lost-4".into()).unwrap(),
+                ch.publish("", &nowhere, false, with_id("5"), "dropped-5".into())
+                    .unwrap(),
+            ];
+            let mut outcomes = Vec::new();
+            for p in pending {
+                outcomes.push(p.await.unwrap());
+            }
+            assert_eq!(outcomes[0], Confirmation::Ack);
+            assert_eq!(outcomes[2], Confirmation::Ack);
+            assert_eq!(outcomes[4], Confirmation::Ack, "not mandatory: dropped silently, acked");
+            for (i, body) in [(1, "lost-2"), (3, "lost-4")] {
+                let Confirmation::Returned(ret) = &outcomes[i] else {
+                    panic!("{:?}: publish {} should be returned: {:?}", b.kind, i + 1, outcomes[i]);
+                };
+                assert_eq!(ReplyCode::from_u16(ret.reply_code), ReplyCode::NoRoute);
+                assert_eq!(ret.reply_text, "NO_ROUTE");
+                assert_eq!(ret.routing_key, nowhere.as_str());
+                assert_eq!(&ret.body[..], body.as_bytes());
+            }
+            conn.close().await.unwrap();
         }
-        conn.close().await.unwrap();
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_channel_error_closes_only_that_channel() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        let name = unique("inequivalent");
-        let declare = |ttl: i32| QueueDeclare {
-            queue: name.as_str().into(),
-            exclusive: true,
-            arguments: [("x-message-ttl", FieldValue::I32(ttl))].into_iter().collect(),
-            ..Default::default()
-        };
-        ch.queue_declare(declare(1000)).await.unwrap();
-        let err = ch.queue_declare(declare(2000)).await.unwrap_err();
-        let refusal = err.refusal().expect("a refusal");
-        assert_eq!(
-            refusal.reply_code(),
-            ReplyCode::PreconditionFailed,
-            "{:?}: {err}",
-            b.kind
-        );
-        assert!(
-            refusal.text.contains("inequivalent arg 'x-message-ttl'"),
-            "{}",
-            refusal.text
-        );
-        assert_eq!(refusal.method_name(), Some("queue.declare"));
-        assert!(!ch.is_open());
-        assert!(matches!(
-            ch.queue_declare(declare(1000)).await,
-            Err(Error::ChannelNotOpen(_))
-        ));
-
-        // 404 on a passive declare, on another channel of the same connection.
-        let ch2 = conn.channel().await.unwrap();
-        let missing = unique("missing");
-        let err = ch2
-            .queue_declare(QueueDeclare {
-                queue: missing.as_str().into(),
-                passive: true,
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            let name = unique("inequivalent");
+            let declare = |ttl: i32| QueueDeclare {
+                queue: name.as_str().into(),
+                exclusive: true,
+                arguments: [("x-message-ttl", FieldValue::I32(ttl))].into_iter().collect(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.reply_code(), Some(404));
-        assert_eq!(
-            err.refusal().unwrap().text,
-            format!("NOT_FOUND - no queue '{missing}' in vhost '/'")
-        );
+            };
+            ch.queue_declare(declare(1000)).await.unwrap();
+            let err = ch.queue_declare(declare(2000)).await.unwrap_err();
+            let refusal = err.refusal().expect("a refusal");
+            assert_eq!(
+                refusal.reply_code(),
+                ReplyCode::PreconditionFailed,
+                "{:?}: {err}",
+                b.kind
+            );
+            assert!(
+                refusal.text.contains("inequivalent arg 'x-message-ttl'"),
+                "{}",
+                refusal.text
+            );
+            assert_eq!(refusal.method_name(), Some("queue.declare"));
+            assert!(!ch.is_open());
+            assert!(matches!(
+                ch.queue_declare(declare(1000)).await,
+                Err(Error::ChannelNotOpen(_))
+            ));
 
-        // The connection goes on.
-        assert!(!conn.is_closed());
-        let ch3 = conn.channel().await.unwrap();
-        assert!(!exclusive_queue(&ch3).await.is_empty());
-        conn.close().await.unwrap();
-    }
+            // 404 on a passive declare, on another channel of the same connection.
+            let ch2 = conn.channel().await.unwrap();
+            let missing = unique("missing");
+            let err = ch2
+                .queue_declare(QueueDeclare {
+                    queue: missing.as_str().into(),
+                    passive: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.reply_code(), Some(404));
+            assert_eq!(
+                err.refusal().unwrap().text,
+                format!("NOT_FOUND - no queue '{missing}' in vhost '/'")
+            );
+
+            // The connection goes on.
+            assert!(!conn.is_closed());
+            let ch3 = conn.channel().await.unwrap();
+            assert!(!exclusive_queue(&ch3).await.is_empty());
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hard_error_closes_the_connection_with_its_code() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        // RabbitMQ does not implement a prefetch window in bytes: 540, a hard error.
-        let err = ch
-            .basic_qos(BasicQos {
-                prefetch_size: 1,
-                prefetch_count: 0,
-                global: false,
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.reply_code(), Some(540), "{:?}: {err}", b.kind);
-        match conn.closed().await {
-            CloseReason::ByServer(r) => assert_eq!(r.reply_code(), ReplyCode::NotImplemented),
-            other => panic!("{other:?}"),
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            // RabbitMQ does not implement a prefetch window in bytes: 540, a hard error.
+            let err = ch
+                .basic_qos(BasicQos {
+                    prefetch_size: 1,
+                    prefetch_count: 0,
+                    global: false,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.reply_code(), Some(540), "{:?}: {err}", b.kind);
+            match conn.closed().await {
+                CloseReason::ByServer(r) => assert_eq!(r.reply_code(), ReplyCode::NotImplemented),
+                other => panic!("{other:?}"),
+            }
+            assert!(matches!(
+                conn.channel().await,
+                Err(Error::ConnectionClosed(CloseReason::ByServer(_)))
+            ));
         }
-        assert!(matches!(
-            conn.channel().await,
-            Err(Error::ConnectionClosed(CloseReason::ByServer(_)))
-        ));
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_forced_close_is_reported_as_320_and_ends_cleanly() {
-    for b in brokers().await {
-        let name = unique("forced");
-        let conn = b
-            .connect_with(Config {
-                connection_name: Some(name.clone()),
-                ..b.config()
-            })
-            .await;
-        let ch = conn.channel().await.unwrap();
-        let mut consumer = ch.consume(&exclusive_queue(&ch).await).await.unwrap();
-        b.force_close(&name);
-        let reason = tokio::time::timeout(Duration::from_secs(10), conn.closed())
-            .await
-            .unwrap();
-        match reason {
-            CloseReason::ByServer(r) => {
-                assert_eq!(r.reply_code(), ReplyCode::ConnectionForced);
-                assert!(r.text.contains("closed by the acemq test suite"), "{}", r.text);
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let name = unique("forced");
+            let conn = b
+                .connect_with(Config {
+                    connection_name: Some(name.clone()),
+                    ..b.config()
+                })
+                .await;
+            let ch = conn.channel().await.unwrap();
+            let mut consumer = ch.consume(&exclusive_queue(&ch).await).await.unwrap();
+            b.force_close(&name);
+            let reason = tokio::time::timeout(Duration::from_secs(10), conn.closed())
+                .await
+                .unwrap();
+            match reason {
+                CloseReason::ByServer(r) => {
+                    assert_eq!(r.reply_code(), ReplyCode::ConnectionForced);
+                    assert!(r.text.contains("closed by the acemq test suite"), "{}", r.text);
+                }
+                other => panic!("{:?}: {other:?}", b.kind),
             }
-            other => panic!("{:?}: {other:?}", b.kind),
+            assert!(consumer.next().await.is_none(), "consumers end with the connection");
         }
-        assert!(consumer.next().await.is_none(), "consumers end with the connection");
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q1 = exclusive_queue(&ch).await;
-        let q2 = exclusive_queue(&ch).await;
-        let mut c1 = ch
-            .basic_consume(BasicConsume {
-                queue: q1.as_str().into(),
-                consumer_tag: "mine-1".into(),
-                no_ack: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let mut c2 = ch.consume(&q2).await.unwrap();
-        assert_eq!(c1.tag(), "mine-1");
-        assert!(c2.tag().to_string().starts_with("amq.ctag-"));
-        ch.publish("", &q2, false, BasicProperties::default(), "two".into())
-            .unwrap()
-            .await
-            .unwrap();
-        ch.publish("", &q1, false, BasicProperties::default(), "one".into())
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(&c1.next().await.unwrap().body[..], b"one");
-        let d2 = c2.next().await.unwrap();
-        assert_eq!(&d2.body[..], b"two");
-        d2.ack().unwrap();
-        conn.close().await.unwrap();
-    }
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q1 = exclusive_queue(&ch).await;
+            let q2 = exclusive_queue(&ch).await;
+            let mut c1 = ch
+                .basic_consume(BasicConsume {
+                    queue: q1.as_str().into(),
+                    consumer_tag: "mine-1".into(),
+                    no_ack: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let mut c2 = ch.consume(&q2).await.unwrap();
+            assert_eq!(c1.tag(), "mine-1");
+            assert!(c2.tag().to_string().starts_with("amq.ctag-"));
+            ch.publish("", &q2, false, BasicProperties::default(), "two".into())
+                .unwrap()
+                .await
+                .unwrap();
+            ch.publish("", &q1, false, BasicProperties::default(), "one".into())
+                .unwrap()
+                .await
+                .unwrap();
+            assert_eq!(&c1.next().await.unwrap().body[..], b"one");
+            let d2 = c2.next().await.unwrap();
+            assert_eq!(&d2.body[..], b"two");
+            d2.ack().unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 /// TLS only: the generated CA is trusted, others are not, and the host name counts.
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_verifies_the_server_certificate_and_its_name() {
-    for b in brokers().await.into_iter().filter(|b| b.kind == Kind::RabbitTls) {
-        // Trusted through the generated CA (the other tests connect this way too).
-        let conn = b.connect().await;
-        conn.close().await.unwrap();
+    acemq_tests::deadline(async {
+        for b in brokers().await.into_iter().filter(|b| b.kind == Kind::RabbitTls) {
+            // Trusted through the generated CA (the other tests connect this way too).
+            let conn = b.connect().await;
+            conn.close().await.unwrap();
 
-        // Webpki's public roots do not include the test CA.
-        let untrusted = Config {
-            tls: TlsConfig::new(),
-            ..b.config()
-        };
-        let err = Connection::open(&b.url, untrusted).await.unwrap_err();
-        assert!(err.to_string().contains("certificate"), "{err}");
-
-        // The right CA, the wrong name.
-        let wrong_name = Config {
-            tls: b.tls.clone().with_server_name("not-the-broker.example"),
-            ..b.config()
-        };
-        let err = Connection::open(&b.url, wrong_name).await.unwrap_err();
-        assert!(err.to_string().to_lowercase().contains("not valid for name"), "{err}");
-
-        // A client certificate is presented when configured.
-        if let Some(dir) = b.tls_dir.clone().filter(|d| d.join("client.pem").exists()) {
-            let cert = std::fs::read(dir.join("client.pem")).unwrap();
-            let key = std::fs::read(dir.join("client.key")).unwrap();
-            let with_cert = Config {
-                tls: b.tls.clone().with_client_cert_pem(&cert, &key).unwrap(),
+            // Webpki's public roots do not include the test CA.
+            let untrusted = Config {
+                tls: TlsConfig::new(),
                 ..b.config()
             };
-            Connection::open(&b.url, with_cert)
-                .await
-                .unwrap()
-                .close()
-                .await
-                .unwrap();
+            let err = Connection::open(&b.url, untrusted).await.unwrap_err();
+            assert!(err.to_string().contains("certificate"), "{err}");
+
+            // The right CA, the wrong name.
+            let wrong_name = Config {
+                tls: b.tls.clone().with_server_name("not-the-broker.example"),
+                ..b.config()
+            };
+            let err = Connection::open(&b.url, wrong_name).await.unwrap_err();
+            assert!(err.to_string().to_lowercase().contains("not valid for name"), "{err}");
+
+            // A client certificate is presented when configured.
+            if let Some(dir) = b.tls_dir.clone().filter(|d| d.join("client.pem").exists()) {
+                let cert = std::fs::read(dir.join("client.pem")).unwrap();
+                let key = std::fs::read(dir.join("client.key")).unwrap();
+                let with_cert = Config {
+                    tls: b.tls.clone().with_client_cert_pem(&cert, &key).unwrap(),
+                    ..b.config()
+                };
+                Connection::open(&b.url, with_cert)
+                    .await
+                    .unwrap()
+                    .close()
+                    .await
+                    .unwrap();
+            }
         }
-    }
+    })
+    .await
 }
 
 #[allow(dead_code)]

@@ -48,13 +48,7 @@ impl Drop for CloseOnDrop {
         let _ = self.commands.send(Command::Call {
             channel: self.id,
             generation: self.generation,
-            method: ChannelClose {
-                reply_code: 200,
-                reply_text: "Goodbye".into(),
-                class_id: 0,
-                method_id: 0,
-            }
-            .into(),
+            method: crate::proto::goodbye().into(),
             reply,
         });
     }
@@ -401,12 +395,6 @@ impl Channel {
 
     /// `channel.close` with a normal close; waits for `close-ok`.
     pub async fn close(&self) -> Result<(), Error> {
-        let close = ChannelClose {
-            reply_code: 200,
-            reply_text: "Goodbye".into(),
-            class_id: 0,
-            method_id: 0,
-        };
-        self.call(close).await.map(|_| ())
+        self.call(crate::proto::goodbye()).await.map(|_| ())
     }
 }

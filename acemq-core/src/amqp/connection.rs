@@ -14,7 +14,7 @@ use super::url::AmqpUrl;
 use super::Error;
 use crate::io::driver::{self, Command, Shared};
 use crate::io::{connect_tcp, TlsConfig};
-use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, TuneRequest, Tuned};
+use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
 
 /// Connection settings that a URL does not carry (URL options override the
 /// matching fields here).
@@ -24,6 +24,12 @@ pub struct Config {
     pub tune: TuneRequest,
     /// How long dialling, TLS and the handshake may take, per host.
     pub connection_timeout: Duration,
+    /// How long `channel.open` may wait for `open-ok` (time the broker
+    /// blocks the connection not counted).
+    pub channel_open_timeout: Duration,
+    /// How long a close (of a channel or of the connection) may wait for
+    /// the broker's `close-ok`.
+    pub close_timeout: Duration,
     /// TLS settings for `amqps://`.
     pub tls: TlsConfig,
     /// A name for the connection, shown in RabbitMQ's management UI.
@@ -38,6 +44,8 @@ impl Default for Config {
         Config {
             tune: TuneRequest::default(),
             connection_timeout: Duration::from_secs(30),
+            channel_open_timeout: Timeouts::default().channel_open,
+            close_timeout: Timeouts::default().close,
             tls: TlsConfig::new(),
             connection_name: None,
             external_auth: false,
@@ -130,6 +138,11 @@ impl Connection {
             vhost: url.vhost.clone(),
             tune: config.tune,
             connection_name: config.connection_name.clone(),
+            timeouts: Timeouts {
+                handshake: config.connection_timeout,
+                channel_open: config.channel_open_timeout,
+                close: config.close_timeout,
+            },
         };
         if url.memory {
             let broker = acemq_memory::Broker::named(&url.hosts[0].0);
@@ -204,7 +217,9 @@ impl Connection {
     }
 
     /// Closes the connection with a normal close and waits for the broker's
-    /// `close-ok`. Closing a closed connection succeeds.
+    /// `close-ok`, at most [`Config::close_timeout`]; a broker that does not
+    /// answer in time is hung up on and the result is [`Error::NoReply`].
+    /// Closing a closed connection succeeds.
     pub async fn close(&self) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
         if self.commands.send(Command::Close { reply }).is_err() {

@@ -35,6 +35,15 @@ pub enum Error {
     /// A command the engine refused (e.g. a value the wire cannot carry).
     #[error(transparent)]
     Command(#[from] CommandError),
+    /// The broker did not answer in time (`channel.open-ok`, or the
+    /// `close-ok` of a close we asked for).
+    #[error("the broker did not answer {waiting_for} within {after:?}")]
+    NoReply {
+        /// What was awaited.
+        waiting_for: crate::proto::Wait,
+        /// How long it was awaited.
+        after: std::time::Duration,
+    },
     /// The broker answered something this call does not expect.
     #[error("unexpected reply: {0}")]
     UnexpectedReply(String),
@@ -71,6 +80,7 @@ impl From<CallError> for Error {
         match e {
             CallError::ChannelClosed(r) => Error::ChannelClosed(r),
             CallError::ConnectionClosed(r) => Error::ConnectionClosed(r),
+            CallError::TimedOut { waiting_for, after } => Error::NoReply { waiting_for, after },
         }
     }
 }

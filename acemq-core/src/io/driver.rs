@@ -480,8 +480,12 @@ impl Driver {
                 if let Some(opened) = self.opened.take() {
                     let _ = opened.send(Err(error));
                 }
+                let closed = match reason {
+                    CloseReason::TimedOut { waiting_for, after } => Err(Error::NoReply { waiting_for, after }),
+                    _ => Ok(()),
+                };
                 for closer in self.closers.drain(..) {
-                    let _ = closer.send(Ok(()));
+                    let _ = closer.send(closed.clone());
                 }
                 let _ = self.shared.events.send(ConnectionEvent::Closed(reason));
                 self.shared.closed.send_replace(true);

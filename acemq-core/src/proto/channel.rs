@@ -41,6 +41,9 @@ pub(crate) struct ChannelState {
     pub(crate) returned: HashMap<u64, Content>,
     /// Deliveries not yet settled, for ack coalescing.
     pub(crate) settlements: Settlements,
+    /// When the `open-ok` or `close-ok` it waits for is due, once the
+    /// request is written (see `timer`).
+    pub(crate) deadline: Option<std::time::Instant>,
 }
 
 impl ChannelState {
@@ -53,6 +56,7 @@ impl ChannelState {
             returns: Returns::new(),
             returned: HashMap::new(),
             settlements: Settlements::default(),
+            deadline: None,
         }
     }
 }

@@ -30,6 +30,7 @@ use bytes::BytesMut;
 use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase};
 use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
 use super::settle::Settle;
+use super::timer::{ChannelDeadlines, Timeouts, Timer, Wait};
 
 /// Identifies a synchronous call; its reply comes back as [`Event::Reply`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,6 +106,14 @@ pub enum CloseReason {
     },
     /// Nothing arrived for two heartbeat intervals.
     HeartbeatTimeout,
+    /// The broker did not answer in time (the handshake, or a `close-ok`),
+    /// so the connection was dropped.
+    TimedOut {
+        /// What was awaited.
+        waiting_for: Wait,
+        /// How long it was awaited.
+        after: Duration,
+    },
     /// The socket closed without a close handshake.
     ConnectionLost,
 }
@@ -116,6 +125,9 @@ impl std::fmt::Display for CloseReason {
             CloseReason::ByServer(r) => write!(f, "closed by the broker: {r}"),
             CloseReason::ProtocolError { code, text } => write!(f, "protocol error ({code}): {text}"),
             CloseReason::HeartbeatTimeout => f.write_str("no heartbeat from the broker for two intervals"),
+            CloseReason::TimedOut { waiting_for, after } => {
+                write!(f, "the broker did not answer {waiting_for} within {after:?}")
+            }
             CloseReason::ConnectionLost => f.write_str("the connection was lost"),
         }
     }
@@ -137,6 +149,14 @@ pub enum CallError {
     ChannelClosed(Refusal),
     /// The connection ended.
     ConnectionClosed(CloseReason),
+    /// The broker did not answer in time. For `channel.open`, the channel
+    /// is then closed (its number is reused once the broker confirms).
+    TimedOut {
+        /// What was awaited.
+        waiting_for: Wait,
+        /// How long it was awaited.
+        after: Duration,
+    },
 }
 
 /// What happened, for the application.
@@ -245,6 +265,8 @@ pub struct ConnectionParams {
     pub tune: TuneRequest,
     /// A name for the connection, shown in RabbitMQ's management UI.
     pub connection_name: Option<String>,
+    /// How long each answer from the broker may take.
+    pub timeouts: Timeouts,
 }
 
 impl Default for ConnectionParams {
@@ -254,6 +276,7 @@ impl Default for ConnectionParams {
             vhost: "/".into(),
             tune: TuneRequest::default(),
             connection_name: None,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -289,6 +312,15 @@ pub struct Connection {
     scratch: Vec<u64>,
     /// Channels holding back a coalesced ack (see `settle`).
     holding: Vec<u16>,
+    /// When the handshake must be done; `None` once it is.
+    handshake_deadline: Option<Instant>,
+    /// When our `connection.close` must be answered; set when it is written.
+    close_deadline: Option<Instant>,
+    /// Channel waits, earliest first (see [`ChannelDeadlines`]).
+    channel_deadlines: ChannelDeadlines,
+    /// Channels that started a wait since the last transmit: their deadline
+    /// runs from the moment the request is written (the next `poll_transmit`).
+    unarmed: Vec<u16>,
 }
 
 impl Connection {
@@ -297,7 +329,6 @@ impl Connection {
         let mut outbox = BytesMut::with_capacity(4096);
         outbox.extend_from_slice(&PROTOCOL_HEADER);
         Connection {
-            params,
             state: State::ExpectStart,
             decoder: FrameDecoder::new(FRAME_MIN_SIZE.max(131_072)),
             outbox,
@@ -311,6 +342,11 @@ impl Connection {
             last_sent: now,
             scratch: Vec::new(),
             holding: Vec::new(),
+            handshake_deadline: now.checked_add(params.timeouts.handshake),
+            close_deadline: None,
+            channel_deadlines: ChannelDeadlines::default(),
+            unarmed: Vec::new(),
+            params,
         }
     }
 
@@ -411,23 +447,17 @@ impl Connection {
         }
     }
 
-    /// Time has passed: sends a heartbeat when due and detects a dead peer.
+    /// Time has passed: every timer whose deadline is at or before `now`
+    /// fires (see [`Timer`]): a heartbeat is sent, a silent broker is
+    /// declared dead, and a wait that took too long ends with its error.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some(interval) = self.heartbeat_interval() else {
-            return;
-        };
-        if matches!(self.state, State::Closed) {
-            return;
-        }
-        if now.saturating_duration_since(self.last_received) >= interval * 2 {
-            self.state = State::Closed;
-            self.finish(CloseReason::HeartbeatTimeout);
-            return;
-        }
-        if now.saturating_duration_since(self.last_sent) >= interval / 2 {
-            // Sent even while blocked: RabbitMQ does not read a blocked
-            // connection, but does not judge it dead for that either.
-            Frame::Heartbeat.encode(&mut self.outbox).ok();
+        for timer in Timer::ALL {
+            if self.is_closed() {
+                return;
+            }
+            if self.deadline(timer).is_some_and(|at| at <= now) {
+                self.fire(timer, now);
+            }
         }
     }
 
@@ -447,6 +477,7 @@ impl Connection {
         }
         self.channels[index] = Some(Box::new(ChannelState::opening()));
         let token = self.push_call(id, &Method::ChannelOpen(Default::default()))?;
+        self.unarmed.push(id);
         Ok((id, token.expect("channel.open has a reply")))
     }
 
@@ -481,7 +512,10 @@ impl Connection {
         let state = self.channel_mut(channel).expect("checked above");
         match method {
             Method::ConfirmSelect(_) => state.confirms.select(),
-            Method::ChannelClose(_) => state.phase = Phase::Closing,
+            Method::ChannelClose(_) => {
+                state.phase = Phase::Closing;
+                self.unarmed.push(channel);
+            }
             _ => {}
         }
         Ok(token)
@@ -548,6 +582,7 @@ impl Connection {
     /// there was any. Counts as sending for the heartbeat.
     pub fn poll_transmit(&mut self, dst: &mut BytesMut, now: Instant) -> bool {
         self.release_all_held();
+        self.arm_waits(now);
         if self.outbox.is_empty() {
             return false;
         }
@@ -561,16 +596,147 @@ impl Connection {
         true
     }
 
-    /// When [`Connection::handle_timeout`] should next be called.
+    /// When [`Connection::handle_timeout`] should next be called: the
+    /// earliest deadline of any timer.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let interval = self.heartbeat_interval()?;
-        if matches!(self.state, State::Closed) {
-            return None;
-        }
-        Some((self.last_sent + interval / 2).min(self.last_received + interval * 2))
+        Timer::ALL.into_iter().filter_map(|timer| self.deadline(timer)).min()
     }
 
     // ---- internals ----
+
+    /// When `timer` fires, if it is running.
+    fn deadline(&self, timer: Timer) -> Option<Instant> {
+        if self.is_closed() {
+            return None;
+        }
+        match timer {
+            Timer::Handshake => self.handshake_deadline,
+            Timer::CloseOk => self.close_deadline,
+            Timer::HeartbeatSend => Some(self.last_sent + self.heartbeat_interval()? / 2),
+            Timer::HeartbeatIdle => Some(self.last_received + self.heartbeat_interval()? * 2),
+            Timer::Channel => self.channel_deadlines.next(),
+        }
+    }
+
+    fn fire(&mut self, timer: Timer, now: Instant) {
+        match timer {
+            Timer::Handshake => {
+                let after = self.params.timeouts.handshake;
+                self.finish(CloseReason::TimedOut {
+                    waiting_for: Wait::Handshake,
+                    after,
+                });
+            }
+            Timer::CloseOk => {
+                let reason = match std::mem::replace(&mut self.state, State::Closed) {
+                    // We asked to close and the broker never agreed: say so.
+                    State::Closing(CloseReason::ByClient) => CloseReason::TimedOut {
+                        waiting_for: Wait::ConnectionCloseOk,
+                        after: self.params.timeouts.close,
+                    },
+                    // Closing for a reason of our own: that reason stands.
+                    State::Closing(reason) => reason,
+                    _ => return,
+                };
+                self.finish(reason);
+            }
+            Timer::HeartbeatIdle => self.finish(CloseReason::HeartbeatTimeout),
+            Timer::HeartbeatSend => {
+                // Sent even while blocked: RabbitMQ does not read a blocked
+                // connection, but does not judge it dead for that either.
+                Frame::Heartbeat.encode(&mut self.outbox).ok();
+                // Counted as sent now, so that the timer does not fire again
+                // before the driver writes it.
+                self.last_sent = now;
+            }
+            Timer::Channel => {
+                while let Some((at, channel)) = self.channel_deadlines.pop_due(now) {
+                    if self.is_closed() {
+                        return;
+                    }
+                    if self.channel(channel).is_some_and(|c| c.deadline == Some(at)) {
+                        self.channel_wait_expired(channel, now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts the deadline of every wait whose request is about to be written.
+    fn arm_waits(&mut self, now: Instant) {
+        if matches!(self.state, State::Closing(_)) && self.close_deadline.is_none() {
+            self.close_deadline = now.checked_add(self.params.timeouts.close);
+        }
+        let mut unarmed = std::mem::take(&mut self.unarmed);
+        for channel in unarmed.drain(..) {
+            self.arm_channel(channel, now);
+        }
+        self.unarmed = unarmed;
+    }
+
+    /// Starts the deadline of what `channel` waits for (by its phase).
+    fn arm_channel(&mut self, channel: u16, now: Instant) {
+        let timeouts = self.params.timeouts;
+        let Some(state) = self.channel_mut(channel) else { return };
+        let wait = match state.phase {
+            Phase::Opening => Wait::ChannelOpenOk,
+            Phase::Closing => Wait::ChannelCloseOk,
+            Phase::Open => return,
+        };
+        let Some(at) = now.checked_add(timeouts.of(wait)) else {
+            return;
+        };
+        state.deadline = Some(at);
+        self.channel_deadlines.arm(at, channel);
+    }
+
+    /// `channel` waited too long for `open-ok` or `close-ok`.
+    fn channel_wait_expired(&mut self, channel: u16, now: Instant) {
+        if self.blocked.is_blocked() {
+            // The broker reads nothing while it blocks us: the wait starts over.
+            self.arm_channel(channel, now);
+            return;
+        }
+        let timeouts = self.params.timeouts;
+        let Some(state) = self.channel_mut(channel) else { return };
+        state.deadline = None;
+        match state.phase {
+            Phase::Opening => {
+                // The only call an opening channel has is its channel.open.
+                if let Some(call) = state.calls.pop_front() {
+                    self.events.push_back(Event::Reply {
+                        channel,
+                        token: call.token,
+                        result: Err(CallError::TimedOut {
+                            waiting_for: Wait::ChannelOpenOk,
+                            after: timeouts.channel_open,
+                        }),
+                    });
+                }
+                // The broker may still open it: close it, and keep the
+                // number until the broker says it is closed.
+                let state = self.channel_mut(channel).expect("checked above");
+                state.phase = Phase::Closing;
+                // A method the machine writes on its own always encodes.
+                self.push_call(channel, &Method::ChannelClose(goodbye())).ok();
+                self.arm_channel(channel, now);
+            }
+            Phase::Closing => {
+                // A broker that does not close a channel cannot be trusted
+                // with its number, nor with the rest of the connection.
+                let text = format!("no channel.close-ok for channel {channel}");
+                self.close_with(
+                    ReplyCode::ChannelError.code(),
+                    ShortString::from(text.as_str()),
+                    CloseReason::TimedOut {
+                        waiting_for: Wait::ChannelCloseOk,
+                        after: timeouts.close,
+                    },
+                );
+            }
+            Phase::Open => {}
+        }
+    }
 
     fn heartbeat_interval(&self) -> Option<Duration> {
         match self.tuned {
@@ -716,6 +882,7 @@ impl Connection {
             }
             (State::ExpectOpenOk, Method::ConnectionOpenOk(_)) => {
                 self.state = State::Open;
+                self.handshake_deadline = None;
                 self.events.push_back(Event::Opened);
             }
             (State::Open, Method::ConnectionBlocked(m)) => {
@@ -934,6 +1101,7 @@ impl Connection {
         }
         if matches!(&reply, Reply::Method(Method::ChannelOpenOk(_))) {
             state.phase = Phase::Open;
+            state.deadline = None;
         }
         self.events.push_back(Event::Reply {
             channel,
@@ -1041,6 +1209,16 @@ impl Connection {
         }
         self.blocked.reset();
         self.events.push_back(Event::Closed(reason));
+    }
+}
+
+/// A normal `channel.close` (200, "Goodbye"), as a client sends it.
+pub(crate) fn goodbye() -> ChannelClose {
+    ChannelClose {
+        reply_code: ReplyCode::Success.code(),
+        reply_text: "Goodbye".into(),
+        class_id: 0,
+        method_id: 0,
     }
 }
 

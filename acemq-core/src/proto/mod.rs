@@ -4,12 +4,17 @@
 
 mod channel;
 mod connection;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handshake;
 mod settle;
 #[cfg(test)]
 mod tests;
+mod timer;
 
+pub(crate) use connection::goodbye;
 pub use connection::{
     CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Refusal, Reply, Token,
 };
 pub use handshake::{Auth, Secret, TuneRequest, Tuned};
+pub use timer::{Timeouts, Wait};

@@ -19,9 +19,13 @@ struct Peer {
 
 impl Peer {
     fn new() -> Self {
+        Peer::with(ConnectionParams::default())
+    }
+
+    fn with(params: ConnectionParams) -> Self {
         let now = Instant::now();
         Peer {
-            conn: Connection::new(ConnectionParams::default(), now),
+            conn: Connection::new(params, now),
             now,
             decoder: FrameDecoder::new(0),
             written: BytesMut::new(),
@@ -30,7 +34,20 @@ impl Peer {
 
     /// A peer past the handshake, with the server's heartbeat proposal.
     fn open(heartbeat: u16) -> Self {
-        let mut p = Peer::new();
+        Peer::new().handshake(heartbeat)
+    }
+
+    /// A peer past the handshake where neither side wants heartbeats.
+    fn open_without_heartbeats() -> Self {
+        let mut params = ConnectionParams::default();
+        params.tune.heartbeat = 0;
+        let p = Peer::with(params).handshake(0);
+        assert_eq!(p.conn.tuned().unwrap().heartbeat, 0);
+        p
+    }
+
+    fn handshake(mut self, heartbeat: u16) -> Self {
+        let p = &mut self;
         let mut header = p.take_raw(8);
         assert_eq!(check_protocol_header(&header.split_to(8)), Ok(true));
         p.server(
@@ -63,7 +80,7 @@ impl Peer {
         assert_eq!(open.virtual_host, "/");
         p.server(0, ConnectionOpenOk::default());
         assert_eq!(p.conn.poll_event(), Some(Event::Opened));
-        p
+        self
     }
 
     fn flush(&mut self) {
@@ -549,4 +566,153 @@ fn a_channel_close_and_a_connection_close_let_held_acks_out_first() {
         })
     );
     assert!(matches!(methods[1], Method::ConnectionClose(_)), "{methods:?}");
+}
+
+// ---- deadlines of the waits for the broker (timer.rs) ----
+
+fn closed_reason(events: &[Event]) -> Option<&CloseReason> {
+    events.iter().find_map(|e| match e {
+        Event::Closed(reason) => Some(reason),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_broker_that_never_starts_the_handshake_times_it_out_without_heartbeats() {
+    let mut p = Peer::new();
+    p.take_raw(8);
+    let handshake = Timeouts::default().handshake;
+    assert_eq!(p.conn.poll_timeout(), Some(p.now + handshake));
+    p.advance(handshake - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    assert_eq!(
+        closed_reason(&p.events()),
+        Some(&CloseReason::TimedOut {
+            waiting_for: Wait::Handshake,
+            after: handshake
+        })
+    );
+    assert_eq!(p.conn.poll_timeout(), None);
+}
+
+#[test]
+fn an_open_connection_without_heartbeats_has_no_timer_running() {
+    let p = Peer::open_without_heartbeats();
+    assert_eq!(p.conn.poll_timeout(), None);
+}
+
+#[test]
+fn an_unanswered_channel_open_fails_and_the_channel_is_closed_keeping_its_number() {
+    let mut p = Peer::open_without_heartbeats();
+    let (id, token) = p.conn.open_channel().unwrap();
+    assert!(matches!(p.client_method(), Method::ChannelOpen(_)));
+    let open = Timeouts::default().channel_open;
+    assert_eq!(p.conn.poll_timeout(), Some(p.now + open));
+    p.advance(open);
+    assert_eq!(
+        p.events(),
+        vec![Event::Reply {
+            channel: id,
+            token,
+            result: Err(CallError::TimedOut {
+                waiting_for: Wait::ChannelOpenOk,
+                after: open
+            }),
+        }]
+    );
+    // The broker may still open it, so the client closes it, and the
+    // number is not handed out again until the broker says it is closed.
+    assert!(matches!(p.client_method(), Method::ChannelClose(c) if c.reply_code == 200));
+    let (other, _) = p.conn.open_channel().unwrap();
+    assert_ne!(other, id);
+    // A late open-ok is ignored; the close-ok frees the number.
+    p.server(id, ChannelOpenOk::default());
+    p.server(id, ChannelCloseOk {});
+    assert!(p
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::ChannelClosed { channel, refusal: None, .. } if *channel == id)));
+    assert!(!p.conn.is_closed());
+    assert_eq!(p.conn.open_channel().unwrap().0, id);
+}
+
+#[test]
+fn the_channel_open_deadline_does_not_run_while_the_broker_blocks_the_connection() {
+    let mut p = Peer::open_without_heartbeats();
+    p.server(
+        0,
+        ConnectionBlocked {
+            reason: "low on memory".into(),
+        },
+    );
+    let (id, _) = p.conn.open_channel().unwrap();
+    p.flush();
+    let open = Timeouts::default().channel_open;
+    p.advance(open * 3);
+    assert!(!p.events().iter().any(|e| matches!(e, Event::Reply { .. })));
+    p.server(0, ConnectionUnblocked {});
+    p.server(id, ChannelOpenOk::default());
+    assert!(p
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::Reply { result: Ok(_), .. })));
+    assert!(p.conn.is_channel_open(id));
+}
+
+#[test]
+fn a_channel_close_without_close_ok_ends_the_connection_in_bounded_time() {
+    let mut p = Peer::open_without_heartbeats();
+    let ch = p.open_channel();
+    let token = p.conn.call(ch, goodbye().into()).unwrap().unwrap();
+    p.flush();
+    let close = Timeouts::default().close;
+    p.advance(close);
+    // The connection is closed politely first...
+    assert!(matches!(p.client_method(), Method::ChannelClose(_)));
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 504));
+    // ...and given up on when that is not answered either.
+    p.advance(close);
+    assert!(p.conn.is_closed());
+    let events = p.events();
+    let timed_out = CloseReason::TimedOut {
+        waiting_for: Wait::ChannelCloseOk,
+        after: close,
+    };
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::Reply { token: t, result: Err(CallError::ConnectionClosed(r)), .. } if *t == token && *r == timed_out
+    )));
+    assert_eq!(closed_reason(&events), Some(&timed_out));
+}
+
+#[test]
+fn a_close_the_broker_never_answers_ends_after_the_close_timeout() {
+    let mut p = Peer::open_without_heartbeats();
+    p.conn.close();
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 200));
+    let close = Timeouts::default().close;
+    p.advance(close - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    assert_eq!(
+        closed_reason(&p.events()),
+        Some(&CloseReason::TimedOut {
+            waiting_for: Wait::ConnectionCloseOk,
+            after: close
+        })
+    );
+}
+
+#[test]
+fn a_close_answered_in_time_is_a_close_by_the_client() {
+    let mut p = Peer::open_without_heartbeats();
+    p.conn.close();
+    p.flush();
+    p.advance(Timeouts::default().close / 2);
+    p.server(0, ConnectionCloseOk {});
+    assert_eq!(closed_reason(&p.events()), Some(&CloseReason::ByClient));
+    assert_eq!(p.conn.poll_timeout(), None);
 }
