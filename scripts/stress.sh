@@ -39,13 +39,17 @@ trap cleanup EXIT
 eval "$(scripts/rabbitmq.sh env | sed 's/^/export /')"
 export CI=true
 
-# Build once; run the binaries themselves so that no run pays for cargo.
+# Build once; run copies of the binaries, so that no run pays for cargo and
+# a rebuild during the runs changes nothing.
 declare -A binary
+mkdir -p "$out_dir/bin"
 for suite in "${suites[@]}"; do
-    exe=$(cargo test -p acemq-tests --test "$suite" --no-run --message-format=json 2>/dev/null \
-        | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d'"' -f4)
+    json=$(cargo test -p acemq-tests --test "$suite" --no-run --message-format=json) \
+        || { echo "stress.sh: building suite $suite failed" >&2; exit 1; }
+    exe=$(grep -o '"executable":"[^"]*"' <<<"$json" | tail -n 1 | cut -d'"' -f4 || true)
     [ -x "$exe" ] || { echo "stress.sh: no test binary for suite $suite" >&2; exit 1; }
-    binary[$suite]="$exe"
+    cp "$exe" "$out_dir/bin/$suite"
+    binary[$suite]="$out_dir/bin/$suite"
 done
 
 # Keep every core busy for as long as the runs take.

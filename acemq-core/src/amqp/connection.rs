@@ -145,8 +145,8 @@ impl Connection {
             },
         };
         if url.memory {
-            let broker = acemq_memory::Broker::named(&url.hosts[0].0);
-            let attempt = Connection::handshake(broker.connect(), params);
+            let stream = crate::io::connect_memory(&url.hosts[0].0)?;
+            let attempt = Connection::handshake(stream, params);
             return tokio::time::timeout(config.connection_timeout, attempt)
                 .await
                 .unwrap_or(Err(Error::Timeout(config.connection_timeout)));

@@ -5,6 +5,11 @@
 pub(crate) mod driver;
 mod tls;
 
+#[cfg(feature = "memory")]
+mod memory;
+#[cfg(feature = "memory")]
+pub(crate) use memory::connect_memory;
+
 pub use tls::{TlsConfig, TlsError};
 
 use std::time::Duration;
@@ -18,4 +23,12 @@ pub(crate) async fn connect_tcp(host: &str, port: u16, timeout: Duration) -> std
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {host}:{port}")))??;
     stream.set_nodelay(true)?;
     Ok(stream)
+}
+
+/// Without the `memory` feature there is no in-process broker to reach.
+#[cfg(not(feature = "memory"))]
+pub(crate) fn connect_memory(name: &str) -> Result<tokio::io::DuplexStream, crate::amqp::UrlError> {
+    Err(crate::amqp::UrlError(format!(
+        "memory://{name} needs acemq-core's `memory` feature (the in-process acemq-memory broker)"
+    )))
 }
