@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
 use super::{Connection, Error};
-use crate::io::driver::Command;
+use super::message::Command;
 use crate::proto::Reply;
 
 /// An open channel. Cheap to clone; all clones are the same channel. When

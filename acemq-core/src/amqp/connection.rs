@@ -12,7 +12,8 @@ use super::channel::Channel;
 use super::message::ReturnedMessage;
 use super::url::AmqpUrl;
 use super::Error;
-use crate::io::driver::{self, Command, Shared};
+use super::driver::{self, Shared};
+use super::message::Command;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
 

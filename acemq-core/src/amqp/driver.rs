@@ -1,5 +1,5 @@
-//! The tokio driver: one task per connection that owns the socket and the
-//! protocol machine. It reads into one buffer and lets the machine parse in
+//! The tokio driver: one task per connection that owns the socket (any
+//! transport from `io`) and the protocol machine. It reads into one buffer and lets the machine parse in
 //! place; it writes everything queued while the previous write was in flight
 //! in one go; it carries out commands from the API handles and routes the
 //! machine's events to them. It makes no protocol decision.
@@ -9,59 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, Method, ShortString};
-use bytes::{Buf, Bytes, BytesMut};
+use amqp_codec::{FieldTable, Method, ShortString};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::amqp::message::{Acker, Confirmation, Delivery, ReturnedMessage};
-use crate::amqp::{ConnectionEvent, Error};
+use super::message::{Acker, Command, Confirmation, Delivery, Reply1, ReturnedMessage};
+use super::{ConnectionEvent, Error};
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
-
-type Reply1<T> = oneshot::Sender<Result<T, Error>>;
-
-/// What the API handles ask the driver to do.
-// `Publish` is both the largest and the most frequent variant: boxing it
-// would add an allocation per message and save nothing.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Command {
-    OpenChannel {
-        reply: Reply1<(u16, u64, Arc<AtomicBool>)>,
-    },
-    /// A method; the reply (if the method has one) is sent back.
-    Call {
-        channel: u16,
-        generation: u64,
-        method: Method,
-        reply: Reply1<Option<Reply>>,
-    },
-    /// A method without a reply (acks), fire and forget.
-    Send {
-        channel: u16,
-        generation: u64,
-        method: Method,
-    },
-    Publish {
-        channel: u16,
-        generation: u64,
-        publish: BasicPublish,
-        /// Boxed: commands travel through a channel, and every slot is as
-        /// large as the largest command.
-        properties: Box<BasicProperties>,
-        body: Bytes,
-        confirm: Option<Reply1<Confirmation>>,
-    },
-    Consume {
-        channel: u16,
-        generation: u64,
-        method: BasicConsume,
-        deliveries: mpsc::UnboundedSender<Delivery>,
-        reply: Reply1<ShortString>,
-    },
-    Close {
-        reply: Reply1<()>,
-    },
-}
 
 /// State the handles read without asking the driver.
 #[derive(Debug)]

@@ -1,13 +1,63 @@
-//! Messages as the low-level API hands them out: deliveries, `basic.get`
-//! results, returned messages, and publisher confirmations.
+//! What passes between the API handles and the driver task: commands one
+//! way; deliveries, `basic.get` results, returned messages and publisher
+//! confirmations the other. Every type the two sides share lives here, so
+//! neither imports the other's module.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use amqp_codec::track::Content;
-use amqp_codec::{Method, ShortString, UndecodableHeader};
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, Method, ShortString, UndecodableHeader};
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Error;
-use crate::io::driver::Command;
+use crate::proto::Reply;
+
+pub(crate) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
+
+/// What the API handles ask the driver to do.
+// `Publish` is both the largest and the most frequent variant: boxing it
+// would add an allocation per message and save nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Command {
+    OpenChannel {
+        reply: Reply1<(u16, u64, Arc<AtomicBool>)>,
+    },
+    /// A method; the reply (if the method has one) is sent back.
+    Call {
+        channel: u16,
+        generation: u64,
+        method: Method,
+        reply: Reply1<Option<Reply>>,
+    },
+    /// A method without a reply (acks), fire and forget.
+    Send {
+        channel: u16,
+        generation: u64,
+        method: Method,
+    },
+    Publish {
+        channel: u16,
+        generation: u64,
+        publish: BasicPublish,
+        /// Boxed: commands travel through a channel, and every slot is as
+        /// large as the largest command.
+        properties: Box<BasicProperties>,
+        body: Bytes,
+        confirm: Option<Reply1<Confirmation>>,
+    },
+    Consume {
+        channel: u16,
+        generation: u64,
+        method: BasicConsume,
+        deliveries: mpsc::UnboundedSender<Delivery>,
+        reply: Reply1<ShortString>,
+    },
+    Close {
+        reply: Reply1<()>,
+    },
+}
 
 /// Properties as received: validated, as the codec hands them over (they
 /// dereference to [`amqp_codec::BasicProperties`], built on first access),

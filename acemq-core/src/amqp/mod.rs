@@ -21,6 +21,7 @@
 
 mod channel;
 mod connection;
+mod driver;
 mod error;
 pub(crate) mod message;
 mod url;

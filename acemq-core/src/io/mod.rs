@@ -1,8 +1,8 @@
-//! The only place that does IO: the tokio driver task and the transports
-//! (TCP, TLS with rustls, or any `AsyncRead + AsyncWrite` stream, which is
-//! how acemq-memory is reached in process).
+//! Transports only: TCP, TLS with rustls, and (behind the `memory` feature)
+//! the in-process duplex stream to acemq-memory. The driver task that runs
+//! a connection over one of them lives with the handles it serves, in
+//! `amqp`. Nothing here knows the protocol.
 
-pub(crate) mod driver;
 mod tls;
 
 #[cfg(feature = "memory")]
