@@ -194,7 +194,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Connects to `amqp://`, `amqps://` or `memory://name[?confirms=off]`.
     pub async fn open(url: &str, config: Config) -> Result<Conn, Error> {
-        let parsed: AmqpUrl = url.parse().map_err(|e: amqp::UrlError| Error::Config(e.to_string()))?;
+        let parsed: AmqpUrl = url.parse().map_err(|e: amqp::UrlError| Error::Engine(e.into()))?;
         let confirms = !config.without_confirms && parsed.confirms != Some(false);
         let engine = |suffix: &str| amqp::Config {
             tls: config.tls.clone(),
@@ -326,7 +326,9 @@ impl Conn {
         let mut blocked = self.inner.publishing.blocked_changes();
         let confirmation = await_confirm(pending, &mut blocked, self.inner.config.blocked_timeout, message_id).await?;
         match settle(confirmation, message_id, &exchange, &routing_key)? {
-            SendResult { confirmed: false, .. } => Err(Error::Io("the library channel lost confirm mode".into())),
+            SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed {
+                message_id: message_id.to_owned(),
+            }),
             confirmed => Ok(confirmed),
         }
     }

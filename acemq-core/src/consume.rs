@@ -73,7 +73,7 @@ impl Consumer {
         self.shutdown.send_replace(true);
         self.done
             .await
-            .map_err(|e| Error::Io(format!("the consumer task failed: {e}")))
+            .map_err(|e| Error::ConsumerFailed(Arc::new(e)))
     }
 
     /// Whether the consumer has stopped (closed, or its queue went away).

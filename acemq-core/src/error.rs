@@ -1,10 +1,14 @@
 //! The acemq API's error: one type, with kinds a caller can match, and
-//! messages that say what happened and what to do about it.
+//! messages that say what happened and what to do about it. Each variant is
+//! one kind of failure and keeps its cause as `source()`; nothing is
+//! flattened into a string, and `Io` is only ever a failed socket.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::amqp;
-use crate::proto::CloseReason;
+use crate::codec::CodecError;
+use crate::proto::{CloseReason, Refusal};
 
 /// An error from the acemq API.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,19 +61,43 @@ pub enum Error {
         code: u16,
         /// The reply text.
         text: String,
+        /// The class of the method it refused (0 if it did not say).
+        class_id: u16,
+        /// The method it refused (0 if it did not say).
+        method_id: u16,
     },
-    /// The connection is closed.
+    /// The connection is closed; the reason says who closed it
+    /// ([`CloseReason::initiator`]).
     #[error("the connection is closed: {0}")]
     Closed(CloseReason),
-    /// The network or TLS failed, or the URL is wrong.
-    #[error("connection error: {0}")]
-    Io(String),
+    /// The socket failed.
+    #[error("I/O error: {0}")]
+    Io(#[source] Arc<std::io::Error>),
+    /// The engine below the acemq API failed in a way that is not the
+    /// broker's refusal nor a closed connection: a bad URL, TLS, a timeout,
+    /// a channel that is no longer open, a reply the call did not expect.
+    #[error("{0}")]
+    Engine(#[source] amqp::Error),
     /// The payload could not be encoded.
     #[error("could not encode the payload: {0}")]
-    Encode(String),
+    Encode(#[source] CodecError),
     /// The payload could not be decoded.
     #[error("could not decode the payload: {0}")]
-    Decode(String),
+    Decode(#[source] CodecError),
+    /// A consumer's task ended abnormally (it panicked outside a handler, or
+    /// its runtime went away).
+    #[error("the consumer task failed: {0}")]
+    ConsumerFailed(#[source] Arc<tokio::task::JoinError>),
+    /// The library channel, which every library publish goes through, is
+    /// not in confirm mode, so a publish could not be confirmed.
+    #[error("the library channel is not in confirm mode; message {message_id} was not confirmed")]
+    LibraryChannelUnconfirmed {
+        /// The message.
+        message_id: String,
+    },
+    /// A pending send that had already given its answer was polled again.
+    #[error("a pending send was polled after it completed")]
+    PolledAfterCompletion,
     /// A declaration or option that cannot work, refused before asking the broker.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -87,16 +115,44 @@ pub fn is_blocked(err: &Error) -> bool {
     err.is_blocked()
 }
 
+impl Error {
+    /// The broker's refusal as a [`Refusal`], if this is [`Error::Refused`].
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Refused {
+                code,
+                text,
+                class_id,
+                method_id,
+            } => Some(Refusal {
+                code: *code,
+                text: text.clone(),
+                class_id: *class_id,
+                method_id: *method_id,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl From<Refusal> for Error {
+    fn from(r: Refusal) -> Self {
+        Error::Refused {
+            code: r.code,
+            text: r.text,
+            class_id: r.class_id,
+            method_id: r.method_id,
+        }
+    }
+}
+
 impl From<amqp::Error> for Error {
     fn from(e: amqp::Error) -> Self {
         match e {
-            amqp::Error::ChannelClosed(r) => Error::Refused {
-                code: r.code,
-                text: r.text,
-            },
+            amqp::Error::ChannelClosed(r) => r.into(),
             amqp::Error::ConnectionClosed(reason) => Error::Closed(reason),
-            amqp::Error::ChannelNotOpen(ch) => Error::Io(format!("channel {ch} is not open")),
-            other => Error::Io(other.to_string()),
+            amqp::Error::Io(io) => Error::Io(io),
+            other => Error::Engine(other),
         }
     }
 }

@@ -197,7 +197,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         if let Some(reason) = inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
         }
-        let body = self.codec.encode(payload).map_err(|e| Error::Encode(e.0))?;
+        let body = self.codec.encode(payload).map_err(Error::Encode)?;
         let mut properties = BasicProperties {
             content_type: Some(
                 self.content_type
@@ -331,7 +331,7 @@ impl Future for Settling {
         }
         match self.waiting.as_mut() {
             Some(waiting) => waiting.as_mut().poll(cx).map(|result| result.map(|_| ())),
-            None => Poll::Ready(Err(Error::Io("a settled send was polled again".into()))),
+            None => Poll::Ready(Err(Error::PolledAfterCompletion)),
         }
     }
 }

@@ -22,7 +22,7 @@ pub enum Error {
     ConnectionClosed(CloseReason),
     /// The socket failed.
     #[error("I/O error: {0}")]
-    Io(Arc<std::io::Error>),
+    Io(#[source] Arc<std::io::Error>),
     /// The URL could not be parsed.
     #[error(transparent)]
     Url(#[from] super::url::UrlError),
@@ -80,6 +80,7 @@ impl From<CallError> for Error {
         match e {
             CallError::ChannelClosed(r) => Error::ChannelClosed(r),
             CallError::ConnectionClosed(r) => Error::ConnectionClosed(r),
+            CallError::ChannelClosedByClient { channel } => Error::ChannelNotOpen(channel),
             CallError::TimedOut { waiting_for, after } => Error::NoReply { waiting_for, after },
         }
     }

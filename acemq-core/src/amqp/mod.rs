@@ -33,4 +33,4 @@ pub use message::{Confirmation, Delivery, GetMessage, Properties, ReturnedMessag
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;
-pub use crate::proto::{Auth, CloseReason, Refusal, TuneRequest, Tuned};
+pub use crate::proto::{Auth, CloseReason, Initiator, Refusal, TuneRequest, Tuned, Wait};

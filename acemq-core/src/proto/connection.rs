@@ -90,6 +90,18 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// Who started a close (as h2 names it): the application, the engine on
+/// its own (a deadline, a broker that broke the protocol), or the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Initiator {
+    /// The application asked for it.
+    User,
+    /// The engine decided it.
+    Library,
+    /// The broker (or the network between) did it.
+    Remote,
+}
+
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
@@ -116,6 +128,19 @@ pub enum CloseReason {
     },
     /// The socket closed without a close handshake.
     ConnectionLost,
+}
+
+impl CloseReason {
+    /// Who started it.
+    pub fn initiator(&self) -> Initiator {
+        match self {
+            CloseReason::ByClient => Initiator::User,
+            CloseReason::ProtocolError { .. } | CloseReason::HeartbeatTimeout | CloseReason::TimedOut { .. } => {
+                Initiator::Library
+            }
+            CloseReason::ByServer(_) | CloseReason::ConnectionLost => Initiator::Remote,
+        }
+    }
 }
 
 impl std::fmt::Display for CloseReason {
@@ -147,6 +172,12 @@ pub enum Reply {
 pub enum CallError {
     /// The broker closed the channel (this call, or another on the channel, was refused).
     ChannelClosed(Refusal),
+    /// This side closed the channel (its `channel.close` was written after
+    /// the call), so the call got no answer.
+    ChannelClosedByClient {
+        /// The channel.
+        channel: u16,
+    },
     /// The connection ended.
     ConnectionClosed(CloseReason),
     /// The broker did not answer in time. For `channel.open`, the channel
@@ -974,12 +1005,7 @@ impl Connection {
                     self.events.push_back(Event::Reply {
                         channel,
                         token: call.token,
-                        result: Err(CallError::ChannelClosed(Refusal {
-                            code: ReplyCode::Success.code(),
-                            text: "channel closed by the client".into(),
-                            class_id: 0,
-                            method_id: 0,
-                        })),
+                        result: Err(CallError::ChannelClosedByClient { channel }),
                     });
                 }
                 if let Some(call) = last {
@@ -1079,7 +1105,9 @@ impl Connection {
             Reply::Content(c) => (c.method.class_id(), c.method.method_id()),
         };
         let Some(state) = self.channel_mut(channel) else { return };
-        let Some(call) = state.calls.pop_front() else {
+        // Look before taking: a call the reply does not answer stays queued,
+        // so that closing the connection answers it.
+        let Some(call) = state.calls.front() else {
             self.protocol_error(
                 ReplyCode::UnexpectedFrame,
                 format!(
@@ -1099,13 +1127,15 @@ impl Connection {
             );
             return;
         }
+        let token = call.token;
+        state.calls.pop_front();
         if matches!(&reply, Reply::Method(Method::ChannelOpenOk(_))) {
             state.phase = Phase::Open;
             state.deadline = None;
         }
         self.events.push_back(Event::Reply {
             channel,
-            token: call.token,
+            token,
             result: Ok(reply),
         });
     }

@@ -14,7 +14,7 @@ mod timer;
 
 pub(crate) use connection::goodbye;
 pub use connection::{
-    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Refusal, Reply, Token,
+    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Initiator, Refusal, Reply, Token,
 };
 pub use handshake::{Auth, Secret, TuneRequest, Tuned};
 pub use timer::{Timeouts, Wait};
