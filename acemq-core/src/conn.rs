@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use amqp_codec::{BasicProperties, BasicPublish};
 use bytes::Bytes;
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::amqp::{self, AmqpUrl, ConnectionEvent, TlsConfig};
-use crate::codec::Json;
+use crate::confirm::{await_confirm, outcome_label, settle, SendResult};
+use crate::declaration::Declaration;
 use crate::error::Error;
 use crate::proto::CloseReason;
-use crate::publish::{await_confirm, settle, Publisher, SendResult};
 
 /// What happened to a connection, for [`Config::on_recovery`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +171,7 @@ pub(crate) struct Inner {
     pub(crate) publish_channel: ChannelSlot,
     pub(crate) library_channel: ChannelSlot,
     /// Everything declared through this connection, for recovery to replay.
-    pub(crate) declared: std::sync::Mutex<Vec<crate::topology::Declaration>>,
+    pub(crate) declared: std::sync::Mutex<Vec<Declaration>>,
 }
 
 /// A connection to RabbitMQ (or an in-process acemq-memory broker) for the
@@ -225,12 +224,6 @@ impl Conn {
         })
     }
 
-    /// A publisher of `T` to `exchange` with `routing_key`, JSON-encoded,
-    /// persistent, confirmed (unless the connection is without confirms).
-    pub fn publisher<T: Serialize>(&self, exchange: &str, routing_key: &str) -> Publisher<T, Json> {
-        Publisher::new(self.clone(), exchange, routing_key)
-    }
-
     /// Whether application publishes are confirmed.
     pub fn confirms(&self) -> bool {
         self.inner.confirms
@@ -258,11 +251,11 @@ impl Conn {
 
     /// What has been declared through this connection (by [`crate::Topology`]
     /// and by consumers), in order.
-    pub fn declared(&self) -> Vec<crate::topology::Declaration> {
+    pub fn declared(&self) -> Vec<Declaration> {
         self.inner.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub(crate) fn record_declarations(&self, declarations: &[crate::topology::Declaration]) {
+    pub(crate) fn record_declarations(&self, declarations: &[Declaration]) {
         let mut declared = self.inner.declared.lock().unwrap_or_else(|p| p.into_inner());
         for d in declarations {
             if !declared.contains(d) {
@@ -306,7 +299,7 @@ impl Conn {
             ..Default::default()
         };
         let result = self.publish_library(publish, properties, body, &message_id).await;
-        crate::metrics_names::publish(crate::publish::outcome_label(result.as_ref()));
+        crate::metrics_names::publish(outcome_label(result.as_ref()));
         result.map(|_| ())
     }
 

@@ -71,9 +71,7 @@ impl Consumer {
     /// republished with its attempt advanced), then closes the channel.
     pub async fn close(self) -> Result<(), Error> {
         self.shutdown.send_replace(true);
-        self.done
-            .await
-            .map_err(|e| Error::ConsumerFailed(Arc::new(e)))
+        self.done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))
     }
 
     /// Whether the consumer has stopped (closed, or its queue went away).

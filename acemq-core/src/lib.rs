@@ -35,8 +35,10 @@
 pub mod ack;
 pub mod amqp;
 pub mod codec;
+mod confirm;
 mod conn;
 pub mod consume;
+mod declaration;
 pub mod envelope;
 mod error;
 pub mod io;
@@ -44,14 +46,16 @@ pub mod metrics_names;
 pub mod proto;
 mod publish;
 pub mod retry;
+mod time;
 pub mod topology;
 
 pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
 pub use codec::{Codec, CodecError, Json};
+pub use confirm::SendResult;
 pub use conn::{Config, Conn, OnRecovery, RecoveryEvent};
 pub use consume::{consume, Consumer, ConsumerBuilder, Message};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
-pub use publish::{PendingSend, Publisher, SendResult, Settling};
+pub use publish::{PendingSend, Publisher, Settling};
 pub use retry::{Decision, RetryPolicy};
 pub use topology::Topology;

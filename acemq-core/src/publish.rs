@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,23 +13,20 @@ use amqp_codec::{BasicProperties, BasicPublish, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
+use crate::confirm::{await_confirm, report, settle, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::metrics_names;
 
-/// What the broker said about a send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendResult {
-    /// The broker has the message (false without confirms: nothing was promised).
-    pub confirmed: bool,
-    /// It reached a queue. Meaningful with `mandatory`; always true without
-    /// confirms, because only the confirm proves no return is coming.
-    pub routed: bool,
+impl Conn {
+    /// A publisher of `T` to `exchange` with `routing_key`, JSON-encoded,
+    /// persistent, confirmed (unless the connection is without confirms).
+    pub fn publisher<T: Serialize>(&self, exchange: &str, routing_key: &str) -> Publisher<T, Json> {
+        Publisher::new(self.clone(), exchange, routing_key)
+    }
 }
 
 /// Publishes `T` to one exchange and routing key.
@@ -333,107 +330,5 @@ impl Future for Settling {
             Some(waiting) => waiting.as_mut().poll(cx).map(|result| result.map(|_| ())),
             None => Poll::Ready(Err(Error::PolledAfterCompletion)),
         }
-    }
-}
-
-/// Counts a publish's outcome and logs it.
-fn report(result: Result<&SendResult, &Error>, message_id: &str, exchange: &ShortString, routing_key: &ShortString) {
-    let outcome = outcome_label(result);
-    metrics_names::publish(outcome);
-    match result {
-        Ok(_) => {
-            tracing::debug!(message_id, exchange = %exchange, routing_key = %routing_key, outcome, "published")
-        }
-        Err(err) => {
-            tracing::warn!(message_id, exchange = %exchange, routing_key = %routing_key, outcome, %err, "publish failed")
-        }
-    }
-}
-
-/// The `outcome` label of `acemq_publish_total` for a publish's result.
-pub(crate) fn outcome_label(result: Result<&SendResult, &Error>) -> &'static str {
-    match result {
-        Ok(SendResult { confirmed: false, .. }) => "unconfirmed",
-        Ok(_) => "confirmed",
-        Err(Error::PublishingPaused { .. }) => "refused",
-        Err(Error::Unroutable { .. }) => "unroutable",
-        Err(Error::Nacked { .. }) => "nacked",
-        Err(_) => "failed",
-    }
-}
-
-/// What the broker's confirmation means for the sender: an ack is a
-/// confirmed, routed send; a nack and a return are errors naming the message.
-pub(crate) fn settle(
-    confirmation: Confirmation,
-    message_id: &str,
-    exchange: &ShortString,
-    routing_key: &ShortString,
-) -> Result<SendResult, Error> {
-    match confirmation {
-        Confirmation::Ack => Ok(SendResult {
-            confirmed: true,
-            routed: true,
-        }),
-        Confirmation::Returned(ret) => Err(Error::Unroutable {
-            message_id: message_id.to_string(),
-            exchange: exchange.to_string(),
-            routing_key: routing_key.to_string(),
-            code: ret.reply_code,
-            text: ret.reply_text.to_string(),
-        }),
-        Confirmation::Nack => Err(Error::Nacked {
-            message_id: message_id.to_string(),
-        }),
-        Confirmation::NotRequested => Ok(SendResult {
-            confirmed: false,
-            routed: true,
-        }),
-    }
-}
-
-/// Waits for a confirm; gives up with [`Error::ConnectionBlocked`] once the
-/// connection has been blocked for `blocked_timeout` without a break.
-pub(crate) async fn await_confirm(
-    pending: PublishConfirm,
-    blocked: &mut watch::Receiver<Option<String>>,
-    blocked_timeout: Duration,
-    message_id: &str,
-) -> Result<Confirmation, Error> {
-    let mut pending = pin!(pending);
-    let mut block_started: Option<Instant> = None;
-    loop {
-        let is_blocked = blocked.borrow_and_update().is_some();
-        block_started = match (is_blocked, block_started) {
-            (true, None) => Some(Instant::now()),
-            (true, started) => started,
-            (false, _) => None,
-        };
-        let deadline = block_started.map(|at| at + blocked_timeout);
-        tokio::select! {
-            // The confirm first: usually it is already there, and then the
-            // block watch is never registered with.
-            biased;
-            result = &mut pending => return result.map_err(Error::from),
-            changed = blocked.changed() => {
-                if changed.is_err() {
-                    // The connection is gone; the confirm future says how.
-                    return pending.await.map_err(Error::from);
-                }
-            }
-            _ = sleep_until(deadline) => {
-                return Err(Error::ConnectionBlocked {
-                    message_id: message_id.to_string(),
-                    waited: blocked_timeout,
-                });
-            }
-        }
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

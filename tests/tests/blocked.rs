@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
-use acemq_tests::{brokers, exclusive_queue, unique, Broker};
+use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker};
 use amqp_codec::{BasicProperties, QueueDeclare};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -97,100 +97,136 @@ async fn wait_blocked(conn: &acemq_core::Conn) {
     }
 }
 
-/// DESIGN.md §6 statement 16, and the consumer side keeps acking meanwhile.
-#[tokio::test(flavor = "multi_thread")]
-async fn while_blocked_new_publishes_fail_at_once_and_written_ones_wait_up_to_blocked_timeout() {
-    let _turn = ALARM.lock().await;
-    for b in brokers().await {
-        let conn = b
-            .conn_with(Config {
-                blocked_timeout: Duration::from_secs(2),
-                ..Config::default()
-            })
-            .await;
-        let consume_ch = conn.consuming_connection().channel().await.unwrap();
-        let q = unique("blocked");
-        consume_ch
-            .queue_declare(QueueDeclare {
-                queue: q.as_str().into(),
-                durable: true,
-                ..Default::default()
-            })
-            .await
+/// DESIGN.md §6 statement 16, per broker with its own counters, and the
+/// consumer side keeps acking meanwhile.
+#[test]
+fn statement_16_while_blocked_a_new_publish_is_refused_at_once_and_a_written_one_fails_after_blocked_timeout_each_counted(
+) {
+    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+    for b in all {
+        let kind = b.kind;
+        // A recorder of this broker's run alone: the counts are this broker's.
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
             .unwrap();
-        let publisher = conn.publisher::<String>("", &q);
-        // Ten messages before the alarm, for the consumer to ack during it.
-        for i in 0..10 {
-            publisher.send(&format!("before-{i}")).await.unwrap();
-        }
-
-        let alarm = AlarmGuard::raise(&b);
-        // Written before the block is known: waits for its confirm...
-        let started = Instant::now();
-        let written = publisher.send(&"written".to_string()).await.unwrap_err();
-        // ... for blocked_timeout of continuous block, then fails.
-        assert!(
-            matches!(written, Error::ConnectionBlocked { .. }),
-            "{:?}: {written}",
-            b.kind
-        );
-        assert!(is_blocked(&written));
-        assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
-        assert!(conn.is_blocked());
-
-        // Known blocked: refused at once, never written.
-        let started = Instant::now();
-        let refused = publisher.send(&"refused".to_string()).await.unwrap_err();
-        assert!(
-            matches!(refused, Error::PublishingPaused { ref reason } if reason == "low on memory"),
-            "{refused}"
-        );
-        assert!(is_blocked(&refused));
-        assert!(started.elapsed() < Duration::from_millis(500));
-        // The same for a pipelined send: refused before it is written.
-        let refused = publisher.begin_send(&"refused".to_string()).await.unwrap_err();
-        assert!(matches!(refused, Error::PublishingPaused { .. }), "{refused}");
-
-        // The consuming connection is not blocked: acks flow.
-        consume_ch.qos(100).await.unwrap();
-        let mut consumer = consume_ch.consume(&q).await.unwrap();
-        for _ in 0..10 {
-            let d = tokio::time::timeout(Duration::from_secs(5), consumer.next())
-                .await
-                .expect("deliveries flow during the alarm")
-                .unwrap();
-            assert!(d.body.starts_with(b"\"before-"));
-            d.ack().unwrap();
-        }
-        consumer.cancel().await.unwrap();
-        let depth = acemq_tests::depth(&consume_ch, &q).await;
+        metrics::with_local_recorder(&recorder, || runtime.block_on(blocked_publishes(&b)));
+        let counts = counts_by_outcome(&snapshotter, acemq_core::metrics_names::PUBLISH_TOTAL);
+        let count = |outcome: &str| counts.get(outcome).copied().unwrap_or(0);
         assert_eq!(
-            depth, 0,
-            "{:?}: the acks were taken while publishing was blocked",
-            b.kind
+            count("refused"),
+            2,
+            "{kind:?}: the send and the begin_send made while blocked: {counts:?}"
         );
-        drop(alarm);
-
-        // Unblocked: the refused message never arrives; the written one may.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        while let Some(m) = consume_ch.basic_get(&q, true).await.unwrap() {
-            assert_ne!(&m.body[..], b"\"refused\"", "a refused publish is never delivered");
-        }
-        publisher.send(&"after".to_string()).await.unwrap();
-        consume_ch
-            .queue_delete(amqp_codec::QueueDelete {
-                queue: q.as_str().into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
+        assert_eq!(
+            count("failed"),
+            1,
+            "{kind:?}: the written send that outlived blocked_timeout: {counts:?}"
+        );
+        assert_eq!(
+            count("confirmed"),
+            11,
+            "{kind:?}: ten before the alarm, one after: {counts:?}"
+        );
+        assert_eq!(counts.len(), 3, "{kind:?}: no other outcome: {counts:?}");
     }
+}
+
+/// Statement 16's scenario on one broker: ten confirmed sends, then under
+/// the alarm one written send that fails after `blocked_timeout` and two
+/// refused ones, then one confirmed send after the alarm.
+async fn blocked_publishes(b: &Broker) {
+    let _turn = ALARM.lock().await;
+    let conn = b
+        .conn_with(Config {
+            blocked_timeout: Duration::from_secs(2),
+            ..Config::default()
+        })
+        .await;
+    let consume_ch = conn.consuming_connection().channel().await.unwrap();
+    let q = unique("blocked");
+    consume_ch
+        .queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            durable: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let publisher = conn.publisher::<String>("", &q);
+    // Ten messages before the alarm, for the consumer to ack during it.
+    for i in 0..10 {
+        publisher.send(&format!("before-{i}")).await.unwrap();
+    }
+
+    let alarm = AlarmGuard::raise(b);
+    // Written before the block is known: waits for its confirm...
+    let started = Instant::now();
+    let written = publisher.send(&"written".to_string()).await.unwrap_err();
+    // ... for blocked_timeout of continuous block, then fails.
+    assert!(
+        matches!(written, Error::ConnectionBlocked { .. }),
+        "{:?}: {written}",
+        b.kind
+    );
+    assert!(is_blocked(&written));
+    assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(conn.is_blocked());
+
+    // Known blocked: refused at once, never written.
+    let started = Instant::now();
+    let refused = publisher.send(&"refused".to_string()).await.unwrap_err();
+    assert!(
+        matches!(refused, Error::PublishingPaused { ref reason } if reason == "low on memory"),
+        "{refused}"
+    );
+    assert!(is_blocked(&refused));
+    assert!(started.elapsed() < Duration::from_millis(500));
+    // The same for a pipelined send: refused before it is written.
+    let refused = publisher.begin_send(&"refused".to_string()).await.unwrap_err();
+    assert!(matches!(refused, Error::PublishingPaused { .. }), "{refused}");
+
+    // The consuming connection is not blocked: acks flow.
+    consume_ch.qos(100).await.unwrap();
+    let mut consumer = consume_ch.consume(&q).await.unwrap();
+    for _ in 0..10 {
+        let d = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+            .await
+            .expect("deliveries flow during the alarm")
+            .unwrap();
+        assert!(d.body.starts_with(b"\"before-"));
+        d.ack().unwrap();
+    }
+    consumer.cancel().await.unwrap();
+    let depth = acemq_tests::depth(&consume_ch, &q).await;
+    assert_eq!(
+        depth, 0,
+        "{:?}: the acks were taken while publishing was blocked",
+        b.kind
+    );
+    drop(alarm);
+
+    // Unblocked: the refused message never arrives; the written one may.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Some(m) = consume_ch.basic_get(&q, true).await.unwrap() {
+        assert_ne!(&m.body[..], b"\"refused\"", "a refused publish is never delivered");
+    }
+    publisher.send(&"after".to_string()).await.unwrap();
+    consume_ch
+        .queue_delete(amqp_codec::QueueDelete {
+            queue: q.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
 }
 
 /// A publish caught by a block that lifts in time completes normally.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_publish_in_flight_when_the_block_lifts_completes() {
+async fn statement_16_a_written_publish_unblocked_in_time_completes_normally() {
     let _turn = ALARM.lock().await;
     for b in brokers().await {
         let conn = b.conn().await;

@@ -7,11 +7,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use acemq_core::amqp::Confirmation;
 use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
 use acemq_core::topology::Declaration;
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Error, Message, RetryPolicy, Topology};
-use acemq_tests::{brokers, unique, Broker, Kind};
-use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDelete};
+use acemq_tests::{brokers, counter_total, depth, unique, Broker, Kind};
+use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -94,6 +95,8 @@ struct Call {
     attempt: u32,
     id: String,
     redelivered: bool,
+    /// It carried `x-death`: it came through a broker dead-letter route (a rung).
+    dead_lettered: bool,
     at: Instant,
 }
 
@@ -105,6 +108,7 @@ fn record(calls: &Calls, m: &Message<Order>) -> usize {
         attempt: m.envelope.attempt,
         id: m.envelope.id.clone(),
         redelivered: m.redelivered,
+        dead_lettered: m.envelope.headers.contains_key("x-death"),
         at: Instant::now(),
     });
     calls.len()
@@ -471,24 +475,41 @@ fn statement_08_short_waits_stay_in_the_consumer_and_long_ones_go_to_the_rungs()
 
 // ---- 9 ----
 
+/// Whether `queue` exists on the broker (a passive declare on a channel of its own).
+async fn queue_exists(conn: &Conn, queue: &str) -> bool {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    let passive = QueueDeclare {
+        queue: queue.into(),
+        passive: true,
+        ..Default::default()
+    };
+    match ch.queue_declare(passive).await {
+        Ok(_) => true,
+        Err(err) if err.refusal().map(|r| r.code) == Some(404) => false,
+        Err(err) => panic!("a passive declare of {queue}: {err}"),
+    }
+}
+
 #[test]
 fn statement_09_a_missing_rung_degrades_to_an_in_process_wait_and_is_counted() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
-        for b in all {
-            let scale = if b.kind == Kind::Memory { 1 } else { 100 };
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(b.kind == Kind::Memory)
-                .build()
-                .unwrap();
+    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+    for b in all {
+        let kind = b.kind;
+        let scale = if kind == Kind::Memory { 1 } else { 100 };
+        // A recorder of this broker's run alone: the count is asserted per broker.
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(kind == Kind::Memory)
+            .build()
+            .unwrap();
+        let delay = secs(40, scale);
+        let (calls, rung_there_after) = metrics::with_local_recorder(&recorder, || {
             runtime.block_on(async {
-                let policy = RetryPolicy::fixed(2, secs(40, scale)).wait_in_broker_from(secs(30, scale));
+                let policy = RetryPolicy::fixed(2, delay).wait_in_broker_from(secs(30, scale));
                 let (conn, q) = setup(&b, &policy).await;
-                let rung = acemq_core::retry::rung_name(&q, secs(40, scale));
-                let ch = conn.consuming_connection().channel().await.unwrap();
+                let rung = acemq_core::retry::rung_name(&q, delay);
                 let (consumer, calls) = recording(&conn, &q, policy, |n| {
                     if n == 1 {
                         Ack::retry(Boom("once"))
@@ -498,48 +519,162 @@ fn statement_09_a_missing_rung_degrades_to_an_in_process_wait_and_is_counted() {
                 })
                 .await;
                 // Behind the consumer's back, the rung goes away.
+                let ch = conn.consuming_connection().channel().await.unwrap();
                 ch.queue_delete(QueueDelete {
                     queue: rung.as_str().into(),
                     ..Default::default()
                 })
                 .await
                 .unwrap();
+                assert!(!queue_exists(&conn, &rung).await, "{kind:?}: the rung is gone");
                 conn.publisher::<Order>("", &q).send(&Order { id: 9 }).await.unwrap();
                 eventually(secs(60, scale) + Duration::from_secs(5), || {
                     calls.lock().unwrap().len() == 2
                 })
                 .await;
                 consumer.close().await.unwrap();
-                let calls = calls.lock().unwrap().clone();
-                assert!(calls[1].at - calls[0].at >= secs(40, scale), "it still waited");
-                assert_eq!(calls[1].attempt, 2);
+                let rung_there_after = queue_exists(&conn, &rung).await;
                 cleanup(&conn, &q).await;
-            });
-        }
-    });
-    let missing: u64 = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == acemq_core::metrics_names::RUNG_MISSING_TOTAL)
-        .map(|(_, _, _, value)| match value {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
-    assert!(missing >= 1, "acemq_rung_missing_total counted");
+                let calls = calls.lock().unwrap().clone();
+                (calls, rung_there_after)
+            })
+        });
+        assert_eq!(calls.len(), 2, "{kind:?}: one try and one retry");
+        assert_eq!(calls[1].attempt, 2, "{kind:?}");
+        assert!(
+            calls[1].at - calls[0].at >= delay,
+            "{kind:?}: the retry still waited the rung's {delay:?} ({:?})",
+            calls[1].at - calls[0].at
+        );
+        // The wait was not spent in a rung: no rung was there to hold the
+        // message (none was declared again), and the retry came back without
+        // the x-death a rung's dead-lettering writes.
+        assert!(
+            !rung_there_after,
+            "{kind:?}: the rung was declared again instead of waiting in the process"
+        );
+        assert!(
+            !calls[1].dead_lettered,
+            "{kind:?}: the retry passed through a broker dead-letter route (a rung), not an in-process wait"
+        );
+        assert!(
+            !calls[1].redelivered,
+            "{kind:?}: the retry is a republish, not a requeue"
+        );
+        assert_eq!(
+            counter_total(&snapshotter, acemq_core::metrics_names::RUNG_MISSING_TOTAL),
+            1,
+            "{kind:?}: acemq_rung_missing_total counts this broker's missing rung"
+        );
+    }
 }
 
 // ---- 10 and 11 ----
 
+/// The arguments the broker stores for `queue`: `key=value(type)` pairs on
+/// acemq-memory, `rabbitmqctl list_queues`' arguments column on RabbitMQ.
+fn stored_arguments(b: &Broker, queue: &str) -> String {
+    if let Some(memory) = &b.memory {
+        return describe(&memory.queue_info("/", queue).expect(queue).arguments);
+    }
+    let listing = b.rabbitmqctl(&["list_queues", "name", "arguments"]);
+    let line = listing
+        .lines()
+        .find(|l| l.split('\t').next() == Some(queue))
+        .unwrap_or_else(|| panic!("{queue} not listed in:\n{listing}"));
+    line.split_once('\t')
+        .map(|(_, args)| args.to_string())
+        .unwrap_or_default()
+}
+
 #[test]
-fn statement_10_topology_and_consumer_declare_in_either_order_without_a_406() {
+fn statement_10_the_consumer_declares_topologys_set_asides_and_rungs_in_either_order_never_the_source_queues_dead_letters(
+) {
     on_every_broker(|b, _scale| async move {
+        let kind = b.kind;
         let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::ZERO);
-        // Consumer first (on a queue someone else declared), then Topology.
+        // What a consumer of `q` declares: Topology's dlx, dlq, parked and
+        // rungs for it, with the same arguments, and nothing of `q` itself.
+        let expected = |q: &str| {
+            Topology::new()
+                .dead_letters(q)
+                .retries(q, &policy)
+                .declarations()
+                .unwrap()
+        };
+        let check_declared = |conn: &Conn, q: &str| {
+            let declared = conn.declared();
+            for d in &declared {
+                if let Declaration::Queue { name, arguments, .. } = d {
+                    assert_ne!(name, q, "{kind:?}: the consumer declared its source queue: {d:?}");
+                    assert_ne!(
+                        arguments.get("x-dead-letter-exchange").and_then(FieldValue::as_str),
+                        Some(acemq_core::topology::DLX),
+                        "{kind:?}: only a source queue dead-letters to acemq.dlx: {d:?}"
+                    );
+                }
+            }
+            assert_eq!(declared, expected(q), "{kind:?}");
+        };
+
+        // A source queue another client declared without dead letters (a
+        // plain durable classic queue): the consumer starts on it with no
+        // 406 and leaves its arguments alone.
+        let q = unique("plain-source");
+        let other = b.connect().await;
+        let other_ch = other.channel().await.unwrap();
+        let plain = QueueDeclare {
+            queue: q.as_str().into(),
+            durable: true,
+            ..Default::default()
+        };
+        other_ch.queue_declare(plain.clone()).await.unwrap();
         let conn = b.conn_with(Config::default()).await;
+        let handled: Calls = Arc::default();
+        let seen = handled.clone();
+        let consumer = consume(&conn, &q, move |m: Message<Order>| {
+            record(&seen, &m);
+            async { Ack::accept() }
+        })
+        .retry_with(policy.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{kind:?}: the consumer could not start on a queue without dead letters: {e}"));
+        conn.publisher::<Order>("", &q).send(&Order { id: 10 }).await.unwrap();
+        eventually(Duration::from_secs(10), || handled.lock().unwrap().len() == 1).await;
+        consumer.close().await.unwrap();
+        check_declared(&conn, &q);
+        let stored = stored_arguments(&b, &q);
+        assert!(
+            !stored.contains("x-dead-letter") && !stored.contains("x-queue-type"),
+            "{kind:?}: the source queue's arguments changed: {stored}"
+        );
+        // Its owner's declaration still holds.
+        other_ch
+            .queue_declare(plain)
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: redeclaring the plain queue: {e}"));
+        other_ch
+            .queue_delete(QueueDelete {
+                queue: q.as_str().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        other.close().await.unwrap();
+        cleanup(&conn, &q).await;
+
+        // With Topology on another connection, in either order, no 406.
         let q = unique("order");
-        Topology::new().queue(&q).dead_letters(&q).declare(&conn).await.unwrap();
+        let owner = b.conn_with(Config::default()).await;
+        let conn = b.conn_with(Config::default()).await;
+        // Consumer first (on a queue Topology declared without rungs), then
+        // the whole Topology.
+        Topology::new()
+            .queue(&q)
+            .dead_letters(&q)
+            .declare(&owner)
+            .await
+            .unwrap();
         let consumer = consume(&conn, &q, |_m: Message<Order>| async { Ack::accept() })
             .retry_with(policy.clone())
             .await
@@ -549,26 +684,18 @@ fn statement_10_topology_and_consumer_declare_in_either_order_without_a_406() {
             .queue(&q)
             .dead_letters(&q)
             .retries(&q, &policy)
-            .declare(&conn)
+            .declare(&owner)
             .await
             .unwrap();
         // Topology first, then a consumer: again no refusal.
         let consumer = consume(&conn, &q, |_m: Message<Order>| async { Ack::accept() })
-            .retry_with(policy)
+            .retry_with(policy.clone())
             .await
             .unwrap();
         consumer.close().await.unwrap();
-        // The consumer never declared the source queue's dead-letter arguments.
-        let consumer_declared: Vec<String> = conn
-            .declared()
-            .into_iter()
-            .filter_map(|d| match d {
-                Declaration::Queue { name, .. } => Some(name),
-                _ => None,
-            })
-            .collect();
-        assert!(consumer_declared.contains(&format!("{q}.retry.40s")));
-        cleanup(&conn, &q).await;
+        check_declared(&conn, &q);
+        conn.close().await.unwrap();
+        cleanup(&owner, &q).await;
     });
 }
 
@@ -585,68 +712,151 @@ fn statement_11_dead_letters_and_dead_letter_to_on_one_queue_is_refused() {
 
 // ---- 12 ----
 
+/// The broker's own dead-lettering of `m` on `kind`: its `x-death` reason
+/// and source queue, checked against `x-first-death-*`, routed through
+/// acemq.dlx. An acemq set-aside (which writes `x-acemq-error` and no
+/// `x-death`) fails here.
+fn broker_death(kind: Kind, m: &acemq_core::amqp::GetMessage) -> (String, String) {
+    assert!(
+        header(m, ERROR_HEADER).is_none(),
+        "{kind:?}: an acemq set-aside, not the broker's route: {:?}",
+        m.properties
+    );
+    let deaths = header(m, "x-death")
+        .and_then(FieldValue::as_array)
+        .unwrap_or_else(|| panic!("{kind:?}: no x-death: {:?}", m.properties));
+    let first = deaths.0[0].as_table().expect("an x-death entry is a table");
+    let field = |key: &str| -> String {
+        first
+            .get(key)
+            .and_then(FieldValue::as_str)
+            .unwrap_or_else(|| panic!("{kind:?}: x-death without {key}: {first:?}"))
+            .to_string()
+    };
+    let (reason, queue) = (field("reason"), field("queue"));
+    assert_eq!(
+        header(m, "x-first-death-reason").and_then(FieldValue::as_str),
+        Some(reason.as_str()),
+        "{kind:?}"
+    );
+    assert_eq!(
+        header(m, "x-first-death-queue").and_then(FieldValue::as_str),
+        Some(queue.as_str()),
+        "{kind:?}"
+    );
+    assert_eq!(
+        m.exchange,
+        acemq_core::topology::DLX,
+        "{kind:?}: dead-lettered through acemq.dlx"
+    );
+    (reason, queue)
+}
+
 #[test]
-fn statement_12_expired_dropped_and_rejected_messages_reach_the_dlq_through_the_brokers_route() {
+fn statement_12_messages_expired_by_the_queue_ttl_dropped_by_max_length_or_rejected_by_another_client_reach_the_dlq_through_the_brokers_route(
+) {
     on_every_broker(|b, scale| async move {
+        let kind = b.kind;
         let conn = b.conn_with(Config::default()).await;
-        let q = unique("broker-route");
-        let extra: FieldTable = [
-            ("x-max-length", FieldValue::I32(2)),
-            ("x-overflow", FieldValue::from("drop-head")),
-        ]
-        .into_iter()
-        .collect();
+        let base = unique("broker-route");
+        let expiring = format!("{base}.ttl");
+        let bounded = format!("{base}.max-length");
+        let rejecting = format!("{base}.rejecting");
+        let ttl = secs(100, scale);
+        let ttl_ms = i32::try_from(ttl.as_millis()).unwrap();
+        // acemq's source queues (quorum, dead-lettering to `{queue}.dlq`
+        // through acemq.dlx), with limits of the service's own. No acemq
+        // consumer runs here: only the broker can move these messages.
         Topology::new()
-            .queue_with_arguments(&q, extra)
-            .dead_letters(&q)
+            .queue_with_arguments(
+                &expiring,
+                [("x-message-ttl", FieldValue::I32(ttl_ms))].into_iter().collect(),
+            )
+            .dead_letters(&expiring)
+            .queue_with_arguments(
+                &bounded,
+                [
+                    ("x-max-length", FieldValue::I32(2)),
+                    ("x-overflow", FieldValue::from("drop-head")),
+                ]
+                .into_iter()
+                .collect(),
+            )
+            .dead_letters(&bounded)
+            .queue(&rejecting)
+            .dead_letters(&rejecting)
             .declare(&conn)
             .await
             .unwrap();
-        let dlq = format!("{q}.dlq");
-        let raw = conn.publishing_connection().channel().await.unwrap();
-        raw.confirm_select().await.unwrap();
-        let send = |body: &'static str, expiration: Option<String>| {
+        // Another client: a connection of its own, below the acemq API.
+        let other = b.connect().await;
+        let ch = other.channel().await.unwrap();
+        ch.confirm_select().await.unwrap();
+        let send = |queue: &str, body: &'static str| {
+            // No `expiration`: only the queue's own x-message-ttl applies.
             let props = BasicProperties {
-                expiration: expiration.map(|e| e.as_str().into()),
+                message_id: Some(body.into()),
                 ..Default::default()
             };
-            raw.publish("", &q, false, props, body.into()).unwrap()
+            let confirm = ch.publish("", queue, false, props, body.into()).unwrap();
+            async move {
+                let confirmed = tokio::time::timeout(Duration::from_secs(10), confirm)
+                    .await
+                    .expect("a confirm within 10 s");
+                assert_eq!(confirmed.unwrap(), Confirmation::Ack);
+            }
         };
-        let reason_of = |m: &acemq_core::amqp::GetMessage| -> String {
-            let deaths = header(m, "x-death").and_then(FieldValue::as_array).unwrap();
-            deaths.0[0]
-                .as_table()
-                .unwrap()
-                .get("reason")
-                .and_then(FieldValue::as_str)
-                .unwrap()
-                .to_string()
-        };
-        // Rejected by another client.
-        send("rejected", None).await.unwrap();
-        let ch = conn.consuming_connection().channel().await.unwrap();
-        take_get(&ch, &q).await.reject(false).unwrap();
-        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
-        assert_eq!(&dead.body[..], b"rejected");
-        assert_eq!(reason_of(&dead), "rejected");
+
+        // Rejected (requeue=false) by the other client.
+        send(&rejecting, "rejected").await;
+        take_get(&ch, &rejecting).await.reject(false).unwrap();
+        let dead = take_eventually(&conn, &format!("{rejecting}.dlq"), Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"rejected", "{kind:?}");
+        assert_eq!(
+            broker_death(kind, &dead),
+            ("rejected".to_string(), rejecting.clone()),
+            "{kind:?}"
+        );
+
         // Dropped by x-max-length (drop-head): three into a queue of two.
         for body in ["first", "second", "third"] {
-            send(body, None).await.unwrap();
+            send(&bounded, body).await;
         }
-        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
-        assert_eq!(&dead.body[..], b"first");
-        assert_eq!(reason_of(&dead), "maxlen");
-        while take(&conn, &q).await.is_some() {}
-        // Expired (a per-message TTL), then pushed out by a later message.
-        let ttl_ms = (secs(1, scale)).as_millis().to_string();
-        send("expired", Some(ttl_ms)).await.unwrap();
-        tokio::time::sleep(secs(2, scale)).await;
-        // Reading the queue makes the broker look at the expired head.
-        assert!(take(&conn, &q).await.is_none());
-        let dead = take_eventually(&conn, &dlq, Duration::from_secs(10)).await;
-        assert_eq!(&dead.body[..], b"expired", "{:?}", b.kind);
-        assert_eq!(reason_of(&dead), "expired");
-        cleanup(&conn, &q).await;
+        let dead = take_eventually(&conn, &format!("{bounded}.dlq"), Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"first", "{kind:?}");
+        assert_eq!(
+            broker_death(kind, &dead),
+            ("maxlen".to_string(), bounded.clone()),
+            "{kind:?}"
+        );
+        assert_eq!(depth(&ch, &bounded).await, 2, "{kind:?}: the two newest stay");
+
+        // Expired by the queue's x-message-ttl: held until then, never delivered.
+        send(&expiring, "expired").await;
+        assert_eq!(depth(&ch, &expiring).await, 1, "{kind:?}: it waits out the queue's TTL");
+        tokio::time::sleep(ttl + ttl / 2).await;
+        // Reading the queue makes the broker look at its expired head.
+        let got = ch.basic_get(&expiring, true).await.unwrap();
+        assert!(
+            got.is_none(),
+            "{kind:?}: a message past the queue's TTL was delivered: {:?}",
+            got.map(|m| m.body)
+        );
+        let dead = take_eventually(&conn, &format!("{expiring}.dlq"), Duration::from_secs(10)).await;
+        assert_eq!(&dead.body[..], b"expired", "{kind:?}");
+        assert_eq!(
+            broker_death(kind, &dead),
+            ("expired".to_string(), expiring.clone()),
+            "{kind:?}"
+        );
+        let deaths = header(&dead, "x-death").and_then(FieldValue::as_array).unwrap();
+        assert!(
+            deaths.0[0].as_table().unwrap().get("original-expiration").is_none(),
+            "{kind:?}: the queue's TTL expired it, not a per-message expiration"
+        );
+
+        other.close().await.unwrap();
+        cleanup(&conn, &base).await;
     });
 }
 

@@ -58,7 +58,7 @@ async fn delete(ch: &Channel, queue: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn confirms_are_on_by_default_and_send_returns_once_the_broker_has_the_message() {
+async fn statement_13_confirms_are_on_by_default_and_send_returns_once_the_broker_has_the_message() {
     for b in brokers().await {
         let conn = b.conn().await;
         assert!(conn.confirms());
@@ -86,7 +86,7 @@ async fn confirms_are_on_by_default_and_send_returns_once_the_broker_has_the_mes
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_nack_is_an_error() {
+async fn statement_13_a_nack_is_an_error() {
     for b in brokers().await {
         let conn = b.conn().await;
         let args = full_after_one();
@@ -102,7 +102,7 @@ async fn a_nack_is_an_error() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn without_confirms_nothing_is_promised_and_routed_is_always_true() {
+async fn statement_13_without_confirms_confirmed_is_false_and_routed_is_always_true() {
     for b in brokers().await {
         let conn = b
             .conn_with(Config {
@@ -150,7 +150,7 @@ async fn memory_confirms_off_in_the_url_is_a_connection_without_confirms() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn library_publishes_are_confirmed_even_without_confirms() {
+async fn statement_15_library_publishes_are_confirmed_even_on_a_connection_without_confirms() {
     for b in brokers().await {
         let conn = b
             .conn_with(Config {
@@ -189,7 +189,7 @@ async fn library_publishes_are_confirmed_even_without_confirms() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unroutable_mandatory_message_is_an_error_naming_id_exchange_key_and_312() {
+async fn statement_14_an_unroutable_mandatory_message_is_an_error_naming_id_exchange_key_and_312() {
     for b in brokers().await {
         let conn = b.conn().await;
         let nowhere = unique("nowhere");
@@ -231,7 +231,7 @@ fn uuid_like(s: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn among_many_outstanding_mandatory_publishes_the_error_lands_on_the_unroutable_one() {
+async fn statement_14_among_many_outstanding_mandatory_publishes_the_error_names_the_unroutable_one() {
     for b in brokers().await {
         let conn = b.conn().await;
         let (q, ch) = queue(&conn, FieldTable::new()).await;

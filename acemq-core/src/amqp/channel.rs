@@ -12,9 +12,9 @@ use amqp_codec::*;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use super::message::Command;
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
 use super::{Connection, Error};
-use super::message::Command;
 use crate::proto::Reply;
 
 /// An open channel. Cheap to clone; all clones are the same channel. When
@@ -51,6 +51,16 @@ impl Drop for CloseOnDrop {
             method: crate::proto::goodbye().into(),
             reply,
         });
+    }
+}
+
+impl Connection {
+    /// Opens a channel.
+    pub async fn channel(&self) -> Result<Channel, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::OpenChannel { reply })?;
+        let (id, generation, open) = rx.await.map_err(|_| self.shared.closed_error())??;
+        Ok(Channel::new(self.clone(), id, generation, open))
     }
 }
 

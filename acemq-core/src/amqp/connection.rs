@@ -4,16 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use amqp_codec::{FieldTable, ShortString};
+use amqp_codec::FieldTable;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::channel::Channel;
-use super::message::ReturnedMessage;
+use super::driver::{self, Shared};
+use super::message::{Command, ConnectionEvent};
 use super::url::AmqpUrl;
 use super::Error;
-use super::driver::{self, Shared};
-use super::message::Command;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
 
@@ -52,35 +50,6 @@ impl Default for Config {
             external_auth: false,
         }
     }
-}
-
-/// Something that happened to the connection as a whole.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConnectionEvent {
-    /// The broker blocked publishing (RabbitMQ stops reading the socket).
-    Blocked {
-        /// Why, e.g. `low on memory`.
-        reason: String,
-    },
-    /// The block is lifted.
-    Unblocked,
-    /// The broker cancelled a consumer (its queue went away).
-    ConsumerCancelled {
-        /// The channel.
-        channel: u16,
-        /// The consumer.
-        consumer_tag: ShortString,
-    },
-    /// A returned message that pairs with no confirmed publish (e.g. a
-    /// mandatory publish on a channel without confirms).
-    Returned {
-        /// The channel.
-        channel: u16,
-        /// The message.
-        message: Box<ReturnedMessage>,
-    },
-    /// The connection ended.
-    Closed(CloseReason),
 }
 
 /// An open AMQP connection. Cheap to clone; the connection closes when
@@ -207,14 +176,6 @@ impl Connection {
             Ok(Err(err)) => Err(err),
             Err(_) => Err(shared.closed_error()),
         }
-    }
-
-    /// Opens a channel.
-    pub async fn channel(&self) -> Result<Channel, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::OpenChannel { reply })?;
-        let (id, generation, open) = rx.await.map_err(|_| self.shared.closed_error())??;
-        Ok(Channel::new(self.clone(), id, generation, open))
     }
 
     /// Closes the connection with a normal close and waits for the broker's

@@ -14,9 +14,10 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::message::{Acker, Command, Confirmation, Delivery, Reply1, ReturnedMessage};
-use super::{ConnectionEvent, Error};
+use super::error::Error;
+use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage};
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
+use crate::time::sleep_until;
 
 /// State the handles read without asking the driver.
 #[derive(Debug)]
@@ -145,7 +146,9 @@ pub(crate) async fn run<S>(
                     driver.machine.close();
                 }
             },
-            _ = sleep_until(deadline), if deadline.is_some() => driver.machine.handle_timeout(now()),
+            _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
+                driver.machine.handle_timeout(now())
+            }
         }
     }
     driver.drain_events();
@@ -154,13 +157,6 @@ pub(crate) async fn run<S>(
 
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
-    }
 }
 
 impl Driver {

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Error;
-use crate::proto::Reply;
+use crate::proto::{CloseReason, Reply};
 
 pub(crate) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -57,6 +57,35 @@ pub(crate) enum Command {
     Close {
         reply: Reply1<()>,
     },
+}
+
+/// Something that happened to the connection as a whole.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConnectionEvent {
+    /// The broker blocked publishing (RabbitMQ stops reading the socket).
+    Blocked {
+        /// Why, e.g. `low on memory`.
+        reason: String,
+    },
+    /// The block is lifted.
+    Unblocked,
+    /// The broker cancelled a consumer (its queue went away).
+    ConsumerCancelled {
+        /// The channel.
+        channel: u16,
+        /// The consumer.
+        consumer_tag: ShortString,
+    },
+    /// A returned message that pairs with no confirmed publish (e.g. a
+    /// mandatory publish on a channel without confirms).
+    Returned {
+        /// The channel.
+        channel: u16,
+        /// The message.
+        message: Box<ReturnedMessage>,
+    },
+    /// The connection ended.
+    Closed(CloseReason),
 }
 
 /// Properties as received: validated, as the codec hands them over (they

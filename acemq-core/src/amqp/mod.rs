@@ -27,9 +27,9 @@ pub(crate) mod message;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishConfirm};
-pub use connection::{Config, Connection, ConnectionEvent};
+pub use connection::{Config, Connection};
 pub use error::Error;
-pub use message::{Confirmation, Delivery, GetMessage, Properties, ReturnedMessage};
+pub use message::{Confirmation, ConnectionEvent, Delivery, GetMessage, Properties, ReturnedMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;

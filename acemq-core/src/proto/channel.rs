@@ -8,7 +8,6 @@ use amqp_codec::track::{Confirms, Content, ContentAssembler, Returns};
 use amqp_codec::{class, Method};
 
 use super::settle::Settlements;
-use super::Token;
 
 /// Where a channel is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +19,11 @@ pub(crate) enum Phase {
     /// We sent `channel.close`; everything but `close-ok` is ignored.
     Closing,
 }
+
+/// Identifies a synchronous call; its reply comes back as
+/// [`super::Event::Reply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(pub u64);
 
 /// A synchronous method waiting for its reply.
 #[derive(Debug)]

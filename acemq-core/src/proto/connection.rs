@@ -27,14 +27,10 @@ use amqp_codec::{
 };
 use bytes::BytesMut;
 
-use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase};
+use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase, Token};
 use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
 use super::settle::Settle;
 use super::timer::{ChannelDeadlines, Timeouts, Timer, Wait};
-
-/// Identifies a synchronous call; its reply comes back as [`Event::Reply`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Token(pub u64);
 
 /// A refusal from the broker: the reply code and text of a `channel.close`
 /// or `connection.close`, and the method that caused it.

@@ -12,9 +12,10 @@ mod settle;
 mod tests;
 mod timer;
 
+pub use channel::Token;
 pub(crate) use connection::goodbye;
 pub use connection::{
-    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Initiator, Refusal, Reply, Token,
+    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Initiator, Refusal, Reply,
 };
 pub use handshake::{Auth, Secret, TuneRequest, Tuned};
 pub use timer::{Timeouts, Wait};
