@@ -371,7 +371,11 @@ where
     .await
 }
 
-/// Runs one delivery to its end; returns the outcome's name.
+/// Runs one delivery to its end; returns the outcome's name. Each step is
+/// one function: the properties and the body must decode (or the message
+/// is set aside), a handler slot is taken (or the message goes back to the
+/// broker when closing), the handler runs (a panic is a retry), and its
+/// verdict is carried out.
 async fn handle<T, F, Fut, C>(shared: &Shared<T, F, C>, delivery: &Delivery) -> Result<&'static str, Error>
 where
     T: DeserializeOwned + Send + 'static,
@@ -383,53 +387,32 @@ where
         Ok(p) => p.as_ref(),
         Err(raw) => {
             let reason = format!("the message's properties could not be decoded: {}", raw.error);
-            Box::pin(set_aside(shared, delivery, &BasicProperties::default(), "dlq", &reason)).await?;
-            delivery.ack().map_err(Error::from)?;
-            return Ok("undecodable");
+            return Box::pin(set_aside_undecodable(
+                shared,
+                delivery,
+                &BasicProperties::default(),
+                &reason,
+            ))
+            .await;
         }
     };
-    let mut envelope = Envelope::read_from(properties);
-    envelope.attempt = envelope
-        .attempt
-        .saturating_add(redeliveries(properties, delivery.redelivered));
-    let span = tracing::Span::current();
-    span.record("message_id", envelope.id.as_str());
-    span.record("attempt", envelope.attempt);
+    let envelope = envelope_of(properties, delivery);
     // What a retry needs once the envelope has gone to the handler.
     let facts = RetryFacts {
         id: envelope.id.clone(),
         attempt: envelope.attempt,
         first_seen: envelope.first_seen,
     };
-
     let payload: T = match shared.codec.decode(&delivery.body) {
         Ok(payload) => payload,
         Err(err) => {
             let reason = format!("the body could not be decoded: {err}");
-            Box::pin(set_aside(shared, delivery, properties, "dlq", &reason)).await?;
-            delivery.ack().map_err(Error::from)?;
-            return Ok("undecodable");
+            return Box::pin(set_aside_undecodable(shared, delivery, properties, &reason)).await;
         }
     };
-
-    // A handler slot, unless the consumer is closing first: then the message
-    // goes back to the broker without having run.
-    if *shared.shutdown.borrow() {
+    let Some(permit) = handler_slot(shared).await else {
         delivery.nack(true).map_err(Error::from)?;
         return Ok("returned");
-    }
-    let permit = match shared.handler_slots.try_acquire() {
-        Ok(permit) => Ok(permit),
-        Err(_) => {
-            let mut shutdown = shared.shutdown.clone();
-            tokio::select! {
-                permit = shared.handler_slots.acquire() => permit,
-                _ = shutdown.wait_for(|stop| *stop) => {
-                    delivery.nack(true).map_err(Error::from)?;
-                    return Ok("returned");
-                }
-            }
-        }
     };
     let message = Message {
         payload,
@@ -439,8 +422,57 @@ where
         routing_key: delivery.routing_key.to_string(),
         queue: shared.queue.clone(),
     };
-    // A panic in the handler is caught and becomes a retry.
-    let mut running = std::pin::pin!((shared.handler)(message));
+    let verdict = run_handler(&shared.handler, message).await;
+    drop(permit);
+    carry_out(shared, delivery, properties, &facts, verdict).await
+}
+
+/// The envelope as the handler sees it: the attempt counts redeliveries.
+fn envelope_of(properties: &BasicProperties, delivery: &Delivery) -> Envelope {
+    let mut envelope = Envelope::read_from(properties);
+    envelope.attempt = envelope
+        .attempt
+        .saturating_add(redeliveries(properties, delivery.redelivered));
+    let span = tracing::Span::current();
+    span.record("message_id", envelope.id.as_str());
+    span.record("attempt", envelope.attempt);
+    envelope
+}
+
+/// A message that cannot reach a handler goes to the dlq at once.
+async fn set_aside_undecodable<T, F, C>(
+    shared: &Shared<T, F, C>,
+    delivery: &Delivery,
+    properties: &BasicProperties,
+    reason: &str,
+) -> Result<&'static str, Error> {
+    set_aside(shared, delivery, properties, "dlq", reason).await?;
+    delivery.ack().map_err(Error::from)?;
+    Ok("undecodable")
+}
+
+/// A handler slot, or `None` when the consumer starts closing first.
+async fn handler_slot<T, F, C>(shared: &Shared<T, F, C>) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    if *shared.shutdown.borrow() {
+        return None;
+    }
+    if let Ok(permit) = shared.handler_slots.try_acquire() {
+        return Some(permit);
+    }
+    let mut shutdown = shared.shutdown.clone();
+    tokio::select! {
+        permit = shared.handler_slots.acquire() => permit.ok(),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// Runs the handler; a panic in it is caught and becomes a retry.
+async fn run_handler<T, F, Fut>(handler: &F, message: Message<T>) -> Ack
+where
+    F: Fn(Message<T>) -> Fut,
+    Fut: Future<Output = Ack>,
+{
+    let mut running = std::pin::pin!(handler(message));
     let caught = std::future::poll_fn(|cx| {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.as_mut().poll(cx))) {
             Ok(std::task::Poll::Ready(ack)) => std::task::Poll::Ready(Ok(ack)),
@@ -449,19 +481,24 @@ where
         }
     })
     .await;
-    let verdict = match caught {
-        Ok(ack) => ack,
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
-            Ack::Retry(Box::new(HandlerPanicked(text)))
-        }
-    };
-    drop(permit);
+    caught.unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        Ack::Retry(Box::new(HandlerPanicked(text)))
+    })
+}
 
+/// Carries out the handler's verdict.
+async fn carry_out<T, F, C>(
+    shared: &Shared<T, F, C>,
+    delivery: &Delivery,
+    properties: &BasicProperties,
+    facts: &RetryFacts,
+    verdict: Ack,
+) -> Result<&'static str, Error> {
     match verdict {
         Ack::Accept => {
             delivery.ack().map_err(Error::from)?;
@@ -474,7 +511,7 @@ where
         }
         // Boxed, like the set-asides: the rare paths are kept out of the
         // future every delivery's task carries.
-        Ack::Retry(err) => Box::pin(retry(shared, delivery, properties, &facts, err)).await,
+        Ack::Retry(err) => Box::pin(retry(shared, delivery, properties, facts, err)).await,
     }
 }
 
@@ -564,14 +601,11 @@ fn hop_properties(
 
 /// At most [`MAX_ERROR_TEXT`] bytes, cut at a character boundary.
 fn bounded(text: &str) -> String {
-    if text.len() <= MAX_ERROR_TEXT {
+    let kept = crate::text::prefix_within(text, MAX_ERROR_TEXT);
+    if kept.len() == text.len() {
         return text.to_string();
     }
-    let mut end = MAX_ERROR_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    format!("{kept}…")
 }
 
 /// Republishes to `routing_key` on the default exchange (mandatory, on the

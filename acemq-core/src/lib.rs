@@ -46,6 +46,7 @@ pub mod metrics_names;
 pub mod proto;
 mod publish;
 pub mod retry;
+mod text;
 mod time;
 pub mod topology;
 

@@ -29,64 +29,67 @@ impl Drop for AlarmGuard<'_> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unblocks_it() {
-    let _turn = ALARM.lock().await;
-    for b in brokers().await {
-        let conn = b.connect().await;
-        let mut events = conn.events();
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        let q = exclusive_queue(&ch).await;
-        // RabbitMQ blocks only connections that have published.
-        let first = ch
-            .publish("", &q, false, BasicProperties::default(), "before".into())
-            .unwrap();
-        assert_eq!(first.await.unwrap(), Confirmation::Ack);
+    acemq_tests::deadline(async {
+        let _turn = ALARM.lock().await;
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let mut events = conn.events();
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            // RabbitMQ blocks only connections that have published.
+            let first = ch
+                .publish("", &q, false, BasicProperties::default(), "before".into())
+                .unwrap();
+            assert_eq!(first.await.unwrap(), Confirmation::Ack);
 
-        b.set_memory_alarm(true);
-        // RabbitMQ sends connection.blocked when a connection publishes under the alarm.
-        let during = ch
-            .publish("", &q, false, BasicProperties::default(), "during".into())
-            .unwrap();
-        let blocked = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                match events.recv().await.unwrap() {
-                    ConnectionEvent::Blocked { reason } => break reason,
-                    _ => continue,
+            b.set_memory_alarm(true);
+            // RabbitMQ sends connection.blocked when a connection publishes under the alarm.
+            let during = ch
+                .publish("", &q, false, BasicProperties::default(), "during".into())
+                .unwrap();
+            let blocked = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    match events.recv().await.unwrap() {
+                        ConnectionEvent::Blocked { reason } => break reason,
+                        _ => continue,
+                    }
                 }
-            }
-        })
-        .await;
-        // Clear the alarm before any assertion can fail, so the broker is left usable.
-        let was_blocked = conn.is_blocked();
-        b.set_memory_alarm(false);
+            })
+            .await;
+            // Clear the alarm before any assertion can fail, so the broker is left usable.
+            let was_blocked = conn.is_blocked();
+            b.set_memory_alarm(false);
 
-        assert_eq!(
-            blocked.expect("connection.blocked within 20 s"),
-            "low on memory",
-            "{:?}",
-            b.kind
-        );
-        assert!(was_blocked);
-        let unblocked = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                if let ConnectionEvent::Unblocked = events.recv().await.unwrap() {
-                    break;
+            assert_eq!(
+                blocked.expect("connection.blocked within 20 s"),
+                "low on memory",
+                "{:?}",
+                b.kind
+            );
+            assert!(was_blocked);
+            let unblocked = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    if let ConnectionEvent::Unblocked = events.recv().await.unwrap() {
+                        break;
+                    }
                 }
-            }
-        })
-        .await;
-        assert!(unblocked.is_ok(), "connection.unblocked within 20 s");
-        assert!(!conn.is_blocked());
-        // The publish made while blocked waited in the socket and completes now.
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(20), during)
-                .await
-                .unwrap()
-                .unwrap(),
-            Confirmation::Ack
-        );
-        conn.close().await.unwrap();
-    }
+            })
+            .await;
+            assert!(unblocked.is_ok(), "connection.unblocked within 20 s");
+            assert!(!conn.is_blocked());
+            // The publish made while blocked waited in the socket and completes now.
+            assert_eq!(
+                tokio::time::timeout(Duration::from_secs(20), during)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+                Confirmation::Ack
+            );
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }
 
 async fn wait_blocked(conn: &acemq_core::Conn) {
@@ -102,36 +105,40 @@ async fn wait_blocked(conn: &acemq_core::Conn) {
 #[test]
 fn statement_16_while_blocked_a_new_publish_is_refused_at_once_and_a_written_one_fails_after_blocked_timeout_each_counted(
 ) {
-    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
-    for b in all {
-        let kind = b.kind;
-        // A recorder of this broker's run alone: the counts are this broker's.
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        metrics::with_local_recorder(&recorder, || runtime.block_on(blocked_publishes(&b)));
-        let counts = counts_by_outcome(&snapshotter, acemq_core::metrics_names::PUBLISH_TOTAL);
-        let count = |outcome: &str| counts.get(outcome).copied().unwrap_or(0);
-        assert_eq!(
-            count("refused"),
-            2,
-            "{kind:?}: the send and the begin_send made while blocked: {counts:?}"
-        );
-        assert_eq!(
-            count("failed"),
-            1,
-            "{kind:?}: the written send that outlived blocked_timeout: {counts:?}"
-        );
-        assert_eq!(
-            count("confirmed"),
-            11,
-            "{kind:?}: ten before the alarm, one after: {counts:?}"
-        );
-        assert_eq!(counts.len(), 3, "{kind:?}: no other outcome: {counts:?}");
-    }
+    acemq_tests::deadline_blocking(|| {
+        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+        for b in all {
+            let kind = b.kind;
+            // A recorder of this broker's run alone: the counts are this broker's.
+            let recorder = metrics_util::debugging::DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            metrics::with_local_recorder(&recorder, || {
+                runtime.block_on(acemq_tests::deadline(blocked_publishes(&b)))
+            });
+            let counts = counts_by_outcome(&snapshotter, acemq_core::metrics_names::PUBLISH_TOTAL);
+            let count = |outcome: &str| counts.get(outcome).copied().unwrap_or(0);
+            assert_eq!(
+                count("refused"),
+                2,
+                "{kind:?}: the send and the begin_send made while blocked: {counts:?}"
+            );
+            assert_eq!(
+                count("failed"),
+                1,
+                "{kind:?}: the written send that outlived blocked_timeout: {counts:?}"
+            );
+            assert_eq!(
+                count("confirmed"),
+                11,
+                "{kind:?}: ten before the alarm, one after: {counts:?}"
+            );
+            assert_eq!(counts.len(), 3, "{kind:?}: no other outcome: {counts:?}");
+        }
+    })
 }
 
 /// Statement 16's scenario on one broker: ten confirmed sends, then under
@@ -227,31 +234,34 @@ async fn blocked_publishes(b: &Broker) {
 /// A publish caught by a block that lifts in time completes normally.
 #[tokio::test(flavor = "multi_thread")]
 async fn statement_16_a_written_publish_unblocked_in_time_completes_normally() {
-    let _turn = ALARM.lock().await;
-    for b in brokers().await {
-        let conn = b.conn().await;
-        let ch = conn.consuming_connection().channel().await.unwrap();
-        let q = unique("unblock");
-        ch.queue_declare(QueueDeclare {
-            queue: q.as_str().into(),
-            exclusive: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        let publisher = conn.publisher::<String>("", &q);
-        publisher.send(&"first".to_string()).await.unwrap();
-        let alarm = AlarmGuard::raise(&b);
-        let in_flight = tokio::spawn(async move { publisher.send(&"in flight".to_string()).await });
-        wait_blocked(&conn).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!in_flight.is_finished(), "it waits while blocked");
-        drop(alarm);
-        tokio::time::timeout(Duration::from_secs(20), in_flight)
+    acemq_tests::deadline(async {
+        let _turn = ALARM.lock().await;
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let ch = conn.consuming_connection().channel().await.unwrap();
+            let q = unique("unblock");
+            ch.queue_declare(QueueDeclare {
+                queue: q.as_str().into(),
+                exclusive: true,
+                ..Default::default()
+            })
             .await
-            .expect("completes after the unblock")
-            .unwrap()
             .unwrap();
-        conn.close().await.unwrap();
-    }
+            let publisher = conn.publisher::<String>("", &q);
+            publisher.send(&"first".to_string()).await.unwrap();
+            let alarm = AlarmGuard::raise(&b);
+            let in_flight = tokio::spawn(async move { publisher.send(&"in flight".to_string()).await });
+            wait_blocked(&conn).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!in_flight.is_finished(), "it waits while blocked");
+            drop(alarm);
+            tokio::time::timeout(Duration::from_secs(20), in_flight)
+                .await
+                .expect("completes after the unblock")
+                .unwrap()
+                .unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }

@@ -174,51 +174,21 @@ impl Driver {
         }
     }
 
+    /// Carries out one command from the handles.
     fn apply(&mut self, command: Command) {
         match command {
-            Command::OpenChannel { reply } => match self.machine.open_channel() {
-                Ok((_, token)) => {
-                    self.pending.insert(token, Pending::Open(reply));
-                }
-                Err(err) => {
-                    let _ = reply.send(Err(self.command_error(err)));
-                }
-            },
+            Command::OpenChannel { reply } => self.open_channel(reply),
             Command::Call {
                 channel,
                 generation,
                 method,
                 reply,
-            } => {
-                if self.routes(channel, generation).is_none() {
-                    let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
-                    return;
-                }
-                match self.machine.call(channel, method) {
-                    Ok(Some(token)) => {
-                        self.pending.insert(token, Pending::Call(reply));
-                    }
-                    Ok(None) => {
-                        let _ = reply.send(Ok(None));
-                    }
-                    Err(err) => {
-                        let _ = reply.send(Err(self.command_error(err)));
-                    }
-                }
-            }
+            } => self.call(channel, generation, method, reply),
             Command::Send {
                 channel,
                 generation,
                 method,
-            } => {
-                if self.routes(channel, generation).is_none() {
-                    tracing::debug!(channel, method = method.name(), "dropped: the channel has closed since");
-                    return;
-                }
-                if let Err(err) = self.machine.call(channel, method) {
-                    tracing::debug!(channel, %err, "could not send");
-                }
-            }
+            } => self.send(channel, generation, method),
             Command::Publish {
                 channel,
                 generation,
@@ -226,68 +196,128 @@ impl Driver {
                 properties,
                 body,
                 confirm,
-            } => {
-                if self.routes(channel, generation).is_none() {
-                    if let Some(confirm) = confirm {
-                        let _ = confirm.send(Err(Error::ChannelNotOpen(channel)));
-                    }
-                    return;
-                }
-                match self.machine.publish(channel, &publish, &properties, &body) {
-                    Ok(Some(seq)) => {
-                        if let (Some(confirm), Some(routes)) = (confirm, self.routes(channel, generation)) {
-                            routes.confirms.push_back((seq, confirm));
-                        }
-                    }
-                    Ok(None) => {
-                        if let Some(confirm) = confirm {
-                            let _ = confirm.send(Ok(Confirmation::NotRequested));
-                        }
-                    }
-                    Err(err) => {
-                        if let Some(confirm) = confirm {
-                            let _ = confirm.send(Err(self.command_error(err)));
-                        }
-                    }
-                }
-            }
+            } => self.publish(channel, generation, &publish, &properties, &body, confirm),
             Command::Consume {
                 channel,
                 generation,
                 method,
                 deliveries,
                 reply,
-            } => {
-                if self.routes(channel, generation).is_none() {
-                    let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
-                    return;
-                }
-                let no_wait_tag = method.no_wait.then(|| method.consumer_tag.clone());
-                match self.machine.call(channel, Method::BasicConsume(method)) {
-                    Ok(Some(token)) => {
-                        self.pending.insert(token, Pending::Consume { deliveries, reply });
-                    }
-                    Ok(None) => {
-                        // no-wait: the tag must be ours, and deliveries may follow at once.
-                        let tag = no_wait_tag.unwrap_or_default();
-                        if let Some(routes) = self.routes(channel, generation) {
-                            routes.consumers.insert(tag.clone(), deliveries);
-                        }
-                        let _ = reply.send(Ok(tag));
-                    }
-                    Err(err) => {
-                        let _ = reply.send(Err(self.command_error(err)));
-                    }
+            } => self.consume(channel, generation, method, deliveries, reply),
+            Command::Close { reply } => self.close(reply),
+        }
+    }
+
+    fn open_channel(&mut self, reply: Reply1<(u16, u64, Arc<AtomicBool>)>) {
+        match self.machine.open_channel() {
+            Ok((_, token)) => {
+                self.pending.insert(token, Pending::Open(reply));
+            }
+            Err(err) => {
+                let _ = reply.send(Err(self.command_error(err)));
+            }
+        }
+    }
+
+    fn call(&mut self, channel: u16, generation: u64, method: Method, reply: Reply1<Option<Reply>>) {
+        if self.routes(channel, generation).is_none() {
+            let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
+            return;
+        }
+        match self.machine.call(channel, method) {
+            Ok(Some(token)) => {
+                self.pending.insert(token, Pending::Call(reply));
+            }
+            Ok(None) => {
+                let _ = reply.send(Ok(None));
+            }
+            Err(err) => {
+                let _ = reply.send(Err(self.command_error(err)));
+            }
+        }
+    }
+
+    fn send(&mut self, channel: u16, generation: u64, method: Method) {
+        if self.routes(channel, generation).is_none() {
+            tracing::debug!(channel, method = method.name(), "dropped: the channel has closed since");
+            return;
+        }
+        if let Err(err) = self.machine.call(channel, method) {
+            tracing::debug!(channel, %err, "could not send");
+        }
+    }
+
+    fn publish(
+        &mut self,
+        channel: u16,
+        generation: u64,
+        publish: &amqp_codec::BasicPublish,
+        properties: &amqp_codec::BasicProperties,
+        body: &[u8],
+        confirm: Option<Reply1<Confirmation>>,
+    ) {
+        if self.routes(channel, generation).is_none() {
+            if let Some(confirm) = confirm {
+                let _ = confirm.send(Err(Error::ChannelNotOpen(channel)));
+            }
+            return;
+        }
+        match self.machine.publish(channel, publish, properties, body) {
+            Ok(Some(seq)) => {
+                if let (Some(confirm), Some(routes)) = (confirm, self.routes(channel, generation)) {
+                    routes.confirms.push_back((seq, confirm));
                 }
             }
-            Command::Close { reply } => {
-                if self.machine.is_closed() {
-                    let _ = reply.send(Ok(()));
-                } else {
-                    self.closers.push(reply);
-                    self.machine.close();
+            Ok(None) => {
+                if let Some(confirm) = confirm {
+                    let _ = confirm.send(Ok(Confirmation::NotRequested));
                 }
             }
+            Err(err) => {
+                if let Some(confirm) = confirm {
+                    let _ = confirm.send(Err(self.command_error(err)));
+                }
+            }
+        }
+    }
+
+    fn consume(
+        &mut self,
+        channel: u16,
+        generation: u64,
+        method: amqp_codec::BasicConsume,
+        deliveries: mpsc::UnboundedSender<Delivery>,
+        reply: Reply1<ShortString>,
+    ) {
+        if self.routes(channel, generation).is_none() {
+            let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
+            return;
+        }
+        let no_wait_tag = method.no_wait.then(|| method.consumer_tag.clone());
+        match self.machine.call(channel, Method::BasicConsume(method)) {
+            Ok(Some(token)) => {
+                self.pending.insert(token, Pending::Consume { deliveries, reply });
+            }
+            Ok(None) => {
+                // no-wait: the tag must be ours, and deliveries may follow at once.
+                let tag = no_wait_tag.unwrap_or_default();
+                if let Some(routes) = self.routes(channel, generation) {
+                    routes.consumers.insert(tag.clone(), deliveries);
+                }
+                let _ = reply.send(Ok(tag));
+            }
+            Err(err) => {
+                let _ = reply.send(Err(self.command_error(err)));
+            }
+        }
+    }
+
+    fn close(&mut self, reply: Reply1<()>) {
+        if self.machine.is_closed() {
+            let _ = reply.send(Ok(()));
+        } else {
+            self.closers.push(reply);
+            self.machine.close();
         }
     }
 
@@ -297,123 +327,22 @@ impl Driver {
         }
     }
 
+    /// Routes one event of the machine to the handles that wait for it.
     fn on_event(&mut self, event: Event) {
         match event {
-            Event::Opened => {
-                if let Some(tuned) = self.machine.tuned() {
-                    let _ = self.shared.tuned.set(tuned);
-                }
-                let _ = self
-                    .shared
-                    .server_properties
-                    .set(self.machine.server_properties().clone());
-                if let Some(opened) = self.opened.take() {
-                    let _ = opened.send(Ok(()));
-                }
-            }
+            Event::Opened => self.opened(),
             Event::Reply { channel, token, result } => self.on_reply(channel, token, result),
-            Event::Delivery { channel, content } => {
-                let generation = match self.channels.get(usize::from(channel)).and_then(Option::as_ref) {
-                    Some(routes) => routes.generation,
-                    None => return,
-                };
-                let Method::BasicDeliver(deliver) = content.method else {
-                    return;
-                };
-                let delivery = Delivery {
-                    consumer_tag: deliver.consumer_tag,
-                    delivery_tag: deliver.delivery_tag,
-                    redelivered: deliver.redelivered,
-                    exchange: deliver.exchange,
-                    routing_key: deliver.routing_key,
-                    properties: content.header.map(|h| h.properties),
-                    body: content.body,
-                    acker: Acker {
-                        commands: self.commands_tx.clone(),
-                        channel,
-                        generation,
-                    },
-                };
-                let routes = self.channels[usize::from(channel)].as_mut().expect("checked above");
-                match routes.consumers.get(&delivery.consumer_tag) {
-                    Some(tx) => {
-                        if let Err(mpsc::error::SendError(lost)) = tx.send(delivery) {
-                            tracing::warn!(
-                                channel,
-                                consumer = %lost.consumer_tag,
-                                "delivery for a consumer whose stream was dropped; it stays unacknowledged"
-                            );
-                        }
-                    }
-                    None => {
-                        tracing::warn!(channel, consumer = %delivery.consumer_tag, "delivery for an unknown consumer")
-                    }
-                }
-            }
+            Event::Delivery { channel, content } => self.deliver(channel, content),
             Event::Confirm {
                 channel,
                 seq,
                 outcome,
                 returned,
-            } => {
-                let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
-                    return;
-                };
-                let waiter = if routes.confirms.front().map(|(s, _)| *s) == Some(seq) {
-                    routes.confirms.pop_front()
-                } else {
-                    routes
-                        .confirms
-                        .iter()
-                        .position(|(s, _)| *s == seq)
-                        .and_then(|at| routes.confirms.remove(at))
-                };
-                if let Some((_, tx)) = waiter {
-                    let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
-                        (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
-                        (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
-                        (_, None) => Confirmation::Ack,
-                    };
-                    let _ = tx.send(Ok(confirmation));
-                }
-            }
-            Event::Return { channel, content } => {
-                if let Some(message) = ReturnedMessage::from_content(content) {
-                    tracing::warn!(channel, exchange = %message.exchange, routing_key = %message.routing_key, "returned message matches no publish");
-                    let _ = self.shared.events.send(ConnectionEvent::Returned {
-                        channel,
-                        message: Box::new(message),
-                    });
-                }
-            }
-            Event::ConsumerCancelled { channel, consumer_tag } => {
-                if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
-                    routes.consumers.remove(&consumer_tag);
-                }
-                let _ = self
-                    .shared
-                    .events
-                    .send(ConnectionEvent::ConsumerCancelled { channel, consumer_tag });
-            }
+            } => self.confirm(channel, seq, outcome, returned),
+            Event::Return { channel, content } => self.unmatched_return(channel, content),
+            Event::ConsumerCancelled { channel, consumer_tag } => self.consumer_cancelled(channel, consumer_tag),
             Event::Flow { .. } => {}
-            Event::ChannelClosed {
-                channel,
-                refusal,
-                unconfirmed: _,
-            } => {
-                let routes = self.channels.get_mut(usize::from(channel)).and_then(Option::take);
-                if let Some(routes) = routes {
-                    routes.open.store(false, Ordering::SeqCst);
-                    let error = match &refusal {
-                        Some(r) => Error::ChannelClosed(r.clone()),
-                        None => Error::ChannelNotOpen(channel),
-                    };
-                    for (_, tx) in routes.confirms {
-                        let _ = tx.send(Err(error.clone()));
-                    }
-                    // Dropping the consumers' senders ends their streams.
-                }
-            }
+            Event::ChannelClosed { channel, refusal, .. } => self.channel_closed(channel, refusal),
             Event::Blocked { reason } => {
                 self.shared.blocked.send_replace(Some(reason.clone()));
                 let _ = self.shared.events.send(ConnectionEvent::Blocked { reason });
@@ -422,26 +351,146 @@ impl Driver {
                 self.shared.blocked.send_replace(None);
                 let _ = self.shared.events.send(ConnectionEvent::Unblocked);
             }
-            Event::Closed(reason) => {
-                if let Ok(mut slot) = self.shared.close_reason.lock() {
-                    slot.get_or_insert(reason.clone());
+            Event::Closed(reason) => self.closed(reason),
+        }
+    }
+
+    fn opened(&mut self) {
+        if let Some(tuned) = self.machine.tuned() {
+            let _ = self.shared.tuned.set(tuned);
+        }
+        let _ = self
+            .shared
+            .server_properties
+            .set(self.machine.server_properties().clone());
+        if let Some(opened) = self.opened.take() {
+            let _ = opened.send(Ok(()));
+        }
+    }
+
+    #[inline]
+    fn deliver(&mut self, channel: u16, content: amqp_codec::track::Content) {
+        let generation = match self.channels.get(usize::from(channel)).and_then(Option::as_ref) {
+            Some(routes) => routes.generation,
+            None => return,
+        };
+        let Method::BasicDeliver(deliver) = content.method else {
+            return;
+        };
+        let delivery = Delivery {
+            consumer_tag: deliver.consumer_tag,
+            delivery_tag: deliver.delivery_tag,
+            redelivered: deliver.redelivered,
+            exchange: deliver.exchange,
+            routing_key: deliver.routing_key,
+            properties: content.header.map(|h| h.properties),
+            body: content.body,
+            acker: Acker {
+                commands: self.commands_tx.clone(),
+                channel,
+                generation,
+            },
+        };
+        let routes = self.channels[usize::from(channel)].as_mut().expect("checked above");
+        match routes.consumers.get(&delivery.consumer_tag) {
+            Some(tx) => {
+                if let Err(mpsc::error::SendError(lost)) = tx.send(delivery) {
+                    tracing::warn!(
+                        channel,
+                        consumer = %lost.consumer_tag,
+                        "delivery for a consumer whose stream was dropped; it stays unacknowledged"
+                    );
                 }
-                self.shared.blocked.send_replace(None);
-                let error = Error::ConnectionClosed(reason.clone());
-                if let Some(opened) = self.opened.take() {
-                    let _ = opened.send(Err(error));
-                }
-                let closed = match reason {
-                    CloseReason::TimedOut { waiting_for, after } => Err(Error::NoReply { waiting_for, after }),
-                    _ => Ok(()),
-                };
-                for closer in self.closers.drain(..) {
-                    let _ = closer.send(closed.clone());
-                }
-                let _ = self.shared.events.send(ConnectionEvent::Closed(reason));
-                self.shared.closed.send_replace(true);
+            }
+            None => {
+                tracing::warn!(channel, consumer = %delivery.consumer_tag, "delivery for an unknown consumer")
             }
         }
+    }
+
+    #[inline]
+    fn confirm(
+        &mut self,
+        channel: u16,
+        seq: u64,
+        outcome: amqp_codec::track::Outcome,
+        returned: Option<amqp_codec::track::Content>,
+    ) {
+        let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
+            return;
+        };
+        let waiter = if routes.confirms.front().map(|(s, _)| *s) == Some(seq) {
+            routes.confirms.pop_front()
+        } else {
+            routes
+                .confirms
+                .iter()
+                .position(|(s, _)| *s == seq)
+                .and_then(|at| routes.confirms.remove(at))
+        };
+        if let Some((_, tx)) = waiter {
+            let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
+                (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
+                (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
+                (_, None) => Confirmation::Ack,
+            };
+            let _ = tx.send(Ok(confirmation));
+        }
+    }
+
+    fn unmatched_return(&mut self, channel: u16, content: amqp_codec::track::Content) {
+        if let Some(message) = ReturnedMessage::from_content(content) {
+            tracing::warn!(channel, exchange = %message.exchange, routing_key = %message.routing_key, "returned message matches no publish");
+            let _ = self.shared.events.send(ConnectionEvent::Returned {
+                channel,
+                message: Box::new(message),
+            });
+        }
+    }
+
+    fn consumer_cancelled(&mut self, channel: u16, consumer_tag: ShortString) {
+        if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
+            routes.consumers.remove(&consumer_tag);
+        }
+        let _ = self
+            .shared
+            .events
+            .send(ConnectionEvent::ConsumerCancelled { channel, consumer_tag });
+    }
+
+    fn channel_closed(&mut self, channel: u16, refusal: Option<proto::Refusal>) {
+        let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::take) else {
+            return;
+        };
+        routes.open.store(false, Ordering::SeqCst);
+        let error = match refusal {
+            Some(r) => Error::ChannelClosed(r),
+            None => Error::ChannelNotOpen(channel),
+        };
+        for (_, tx) in routes.confirms {
+            let _ = tx.send(Err(error.clone()));
+        }
+        // Dropping the consumers' senders ends their streams.
+    }
+
+    fn closed(&mut self, reason: CloseReason) {
+        if let Ok(mut slot) = self.shared.close_reason.lock() {
+            slot.get_or_insert(reason.clone());
+        }
+        self.shared.blocked.send_replace(None);
+        let error = Error::ConnectionClosed(reason.clone());
+        if let Some(opened) = self.opened.take() {
+            let _ = opened.send(Err(error));
+        }
+        let closed = match reason {
+            CloseReason::TimedOut { waiting_for, after } => Err(Error::NoReply { waiting_for, after }),
+            _ => Ok(()),
+        };
+        for closer in self.closers.drain(..) {
+            let _ = closer.send(closed.clone());
+        }
+        let _ = self.shared.events.send(ConnectionEvent::Closed(reason));
+        self.shared.closed.send_replace(true);
     }
 
     fn on_reply(&mut self, channel: u16, token: Token, result: Result<Reply, proto::CallError>) {

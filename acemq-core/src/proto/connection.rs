@@ -995,15 +995,8 @@ impl Connection {
                     unconfirmed,
                 });
                 // The close-ok answers our channel.close call, the last one queued.
-                let calls: Vec<PendingCall> = state.calls.drain(..).collect();
-                let (last, earlier) = calls.split_last().map_or((None, &[][..]), |(l, e)| (Some(l), e));
-                for call in earlier {
-                    self.events.push_back(Event::Reply {
-                        channel,
-                        token: call.token,
-                        result: Err(CallError::ChannelClosedByClient { channel }),
-                    });
-                }
+                let last = state.calls.pop_back();
+                fail_calls(&mut self.events, channel, &mut state, CallError::ChannelClosedByClient { channel });
                 if let Some(call) = last {
                     self.events.push_back(Event::Reply {
                         channel,
@@ -1178,19 +1171,13 @@ impl Connection {
             refusal: Some(refusal.clone()),
             unconfirmed,
         });
-        for call in state.calls.drain(..) {
-            self.events.push_back(Event::Reply {
-                channel,
-                token: call.token,
-                result: Err(CallError::ChannelClosed(refusal.clone())),
-            });
-        }
+        fail_calls(&mut self.events, channel, &mut state, CallError::ChannelClosed(refusal));
     }
 
     /// The broker broke the protocol: close the connection with `code`.
     fn protocol_error(&mut self, code: ReplyCode, text: String) {
         tracing::warn!(code = code.code(), %text, "closing the connection: protocol error");
-        let reply_text = ShortString::from(truncate(&text, 255));
+        let reply_text = ShortString::from(crate::text::prefix_within(&text, 255));
         self.close_with(code.code(), reply_text, CloseReason::ProtocolError { code, text });
     }
 
@@ -1224,17 +1211,22 @@ impl Connection {
         self.state = State::Closed;
         for (id, slot) in self.channels.iter_mut().enumerate() {
             let Some(mut state) = slot.take() else { continue };
-            let channel = id as u16;
-            for call in state.calls.drain(..) {
-                self.events.push_back(Event::Reply {
-                    channel,
-                    token: call.token,
-                    result: Err(CallError::ConnectionClosed(reason.clone())),
-                });
-            }
+            let error = CallError::ConnectionClosed(reason.clone());
+            fail_calls(&mut self.events, id as u16, &mut state, error);
         }
         self.blocked.reset();
         self.events.push_back(Event::Closed(reason));
+    }
+}
+
+/// Every call still waiting on `channel` gets `error` as its answer, in order.
+fn fail_calls(events: &mut VecDeque<Event>, channel: u16, state: &mut ChannelState, error: CallError) {
+    for call in state.calls.drain(..) {
+        events.push_back(Event::Reply {
+            channel,
+            token: call.token,
+            result: Err(error.clone()),
+        });
     }
 }
 
@@ -1246,16 +1238,4 @@ pub(crate) fn goodbye() -> ChannelClose {
         class_id: 0,
         method_id: 0,
     }
-}
-
-/// The longest prefix of `text` of at most `max` bytes on a char boundary.
-fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
