@@ -1,5 +1,6 @@
 //! Frames: the protocol header, method, content header, body and heartbeat
-//! frames, the streaming envelope decoder, and the encoders.
+//! frames, the streaming envelope decoder, and the encoders (those for
+//! messages a server passes on, from stored property bytes, in `stored`).
 //!
 //! ```text
 //! frame = type:u8 channel:u16 size:u32 payload[size] 0xCE
@@ -7,11 +8,13 @@
 
 mod envelope;
 mod header;
+mod stored;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub use envelope::{decode_frame, FrameDecoder};
 pub use header::{ContentHeader, UndecodableHeader};
+pub use stored::{encode_content_raw, encode_delivery, DeliverRef};
 
 use crate::error::EncodeError;
 use crate::method::Method;

@@ -1,34 +1,45 @@
-//! Field tables and field arrays.
+//! Field values, field tables and field arrays: the tree of values that
+//! tables and arrays carry, with RabbitMQ's type codes.
+//!
+//! They share one module because they are one recursive type: a table holds
+//! values, and a value may be a table or an array. Their encoders, and the
+//! building of entries from bytes, call each other the same way, so split
+//! into two modules each would import the other.
 //!
 //! A table is a list of (key, value) pairs in wire order, duplicates kept, so
 //! decoding then encoding gives back the same bytes; lookups take the first
-//! match. Both carry a 32-bit byte-length prefix.
+//! match. Both tables and arrays carry a 32-bit byte-length prefix.
 //!
 //! A decoded table is validated but not materialized: decoding walks its
-//! bytes once with nom's complete parsers, without allocating, and enforces
-//! every rule (nesting limit, known type codes, lengths that fit their
-//! container), so a bad table is still an error at decode time. The table
-//! then keeps its wire bytes (a copy in its own allocation if small, else a
-//! zero-copy slice of the frame when there is one to share) and builds its
-//! entries the first time they are asked for. Encoding a table that was
-//! never changed copies its bytes.
-//! Validation recurses only as deep as the nesting limit allows.
+//! bytes once (in `validate.rs`), without allocating, and enforces every rule
+//! (nesting limit, known type codes, lengths that fit their container), so a
+//! bad table is still an error at decode time. The table then keeps its wire
+//! bytes (a copy in its own allocation if small, else a zero-copy slice of
+//! the frame when there is one to share) and builds its entries the first
+//! time they are asked for. Encoding a table that was never changed copies
+//! its bytes. This module must never build entries from bytes that
+//! validation has not accepted, and never be imported by `validate.rs` or
+//! `strings.rs`, which sit below it.
+//!
+//! RabbitMQ's codes differ from the 0-9-1 specification's table (`s` is a
+//! signed 16-bit integer, not a short string; `u`, `i`, `U` and `L` are not
+//! the spec's). This module follows RabbitMQ, which every client that talks
+//! to it follows too. `L` is read as a signed 64-bit integer, as RabbitMQ does,
+//! and kept apart from `l` so that decoding then encoding gives back the same
+//! bytes. Any other code is a decode error.
 
 use std::fmt;
 use std::sync::OnceLock;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use nom::bytes::complete::take;
 use nom::number::complete::be_u8;
 
-use crate::parse::num::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64};
-
-use super::short_string_len;
-use super::value::Decimal;
-use super::{FieldValue, LongString, ShortString};
-use crate::error::{DecodeErrorKind, EncodeError};
-use crate::parse::{fail, PResult};
+use super::strings::{encode_long_bytes, LongString, ShortString};
+use super::validate::{long_bytes, short_string_len, table_body};
+use crate::error::{DecodeErrorKind, EncodeError, Error};
+use crate::wire::num::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64};
+use crate::wire::{kind_of, PResult};
 
 /// One table entry.
 type Entry = (ShortString, FieldValue);
@@ -105,6 +116,37 @@ impl FieldTable {
     /// An empty table.
     pub const fn new() -> Self {
         FieldTable(Repr::Owned(Vec::new()))
+    }
+
+    /// Decodes a table (its 32-bit length prefix included) that must fill
+    /// `input` exactly, allowing `max_depth` levels of tables and arrays.
+    ///
+    /// Every error is found here, but the entries are built only when first
+    /// asked for: until then the table keeps its bytes (a copy if small, a
+    /// zero-copy slice of `input` if not).
+    ///
+    /// ```
+    /// use amqp_codec::{FieldTable, FieldValue};
+    /// let mut table = FieldTable::new();
+    /// table.insert("x-attempt", FieldValue::I32(2));
+    /// let mut buf = bytes::BytesMut::new();
+    /// table.encode(&mut buf).unwrap();
+    /// let back = FieldTable::decode(&buf.freeze(), 64).unwrap();
+    /// assert_eq!(back.get("x-attempt").and_then(FieldValue::as_i64), Some(2));
+    /// ```
+    pub fn decode(input: &Bytes, max_depth: usize) -> Result<FieldTable, Error> {
+        let malformed = |kind| Error::Malformed {
+            context: "field table",
+            kind,
+        };
+        if max_depth == 0 {
+            return Err(malformed(DecodeErrorKind::NestingTooDeep(0)));
+        }
+        let (rest, body) = table_body(max_depth, 1, input).map_err(|err| malformed(kind_of(err)))?;
+        if !rest.is_empty() {
+            return Err(malformed(DecodeErrorKind::TrailingBytes(rest.len())));
+        }
+        Ok(FieldTable::from_validated(body, Some(input)))
     }
 
     /// A table over a body that [`table_body`] accepted, which
@@ -237,7 +279,7 @@ impl FieldTable {
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let entries = match &self.0 {
             Repr::Owned(entries) => entries,
-            Repr::Wire(wire) => return super::strings::encode_long_bytes(wire.raw.as_slice(), dst),
+            Repr::Wire(wire) => return encode_long_bytes(wire.raw.as_slice(), dst),
         };
         with_length_prefix(dst, |dst| {
             for (key, value) in entries {
@@ -315,7 +357,213 @@ impl<V: Into<FieldValue>> FromIterator<V> for FieldArray {
     }
 }
 
+/// A decimal: `value / 10^scale`, carried as a scale octet and a 32-bit value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Decimal {
+    /// The number of decimal digits after the point.
+    pub scale: u8,
+    /// The unscaled value.
+    pub value: u32,
+}
+
+/// A value in a field table or array, tagged with RabbitMQ's type code.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue {
+    /// `t`: a boolean (any non-zero octet reads as true).
+    Bool(bool),
+    /// `b`: a signed 8-bit integer.
+    I8(i8),
+    /// `B`: an unsigned 8-bit integer.
+    U8(u8),
+    /// `s`: a signed 16-bit integer.
+    I16(i16),
+    /// `u`: an unsigned 16-bit integer.
+    U16(u16),
+    /// `I`: a signed 32-bit integer, what Java, .NET, Python and Go write for a small int.
+    I32(i32),
+    /// `i`: an unsigned 32-bit integer.
+    U32(u32),
+    /// `l`: a signed 64-bit integer.
+    I64(i64),
+    /// `L`: read as a signed 64-bit integer as RabbitMQ does; kept apart from
+    /// `l` so re-encoding is byte-identical.
+    I64L(i64),
+    /// `f`: a 32-bit float.
+    F32(f32),
+    /// `d`: a 64-bit float.
+    F64(f64),
+    /// `D`: a decimal.
+    Decimal(Decimal),
+    /// `S`: a long string.
+    LongString(LongString),
+    /// `A`: an array of values.
+    Array(FieldArray),
+    /// `T`: a timestamp, seconds since the Unix epoch.
+    Timestamp(u64),
+    /// `F`: a nested table.
+    Table(FieldTable),
+    /// `V`: no value.
+    Void,
+    /// `x`: a byte array.
+    ByteArray(Bytes),
+}
+
+impl FieldValue {
+    /// The type code on the wire.
+    pub fn type_code(&self) -> u8 {
+        match self {
+            FieldValue::Bool(_) => b't',
+            FieldValue::I8(_) => b'b',
+            FieldValue::U8(_) => b'B',
+            FieldValue::I16(_) => b's',
+            FieldValue::U16(_) => b'u',
+            FieldValue::I32(_) => b'I',
+            FieldValue::U32(_) => b'i',
+            FieldValue::I64(_) => b'l',
+            FieldValue::I64L(_) => b'L',
+            FieldValue::F32(_) => b'f',
+            FieldValue::F64(_) => b'd',
+            FieldValue::Decimal(_) => b'D',
+            FieldValue::LongString(_) => b'S',
+            FieldValue::Array(_) => b'A',
+            FieldValue::Timestamp(_) => b'T',
+            FieldValue::Table(_) => b'F',
+            FieldValue::Void => b'V',
+            FieldValue::ByteArray(_) => b'x',
+        }
+    }
+
+    /// The value as an `i64` if it is an integer of any width (including a
+    /// timestamp); readers of integers accept every width, as RabbitMQ does
+    /// when it compares arguments.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            FieldValue::I8(v) => Some(v.into()),
+            FieldValue::U8(v) => Some(v.into()),
+            FieldValue::I16(v) => Some(v.into()),
+            FieldValue::U16(v) => Some(v.into()),
+            FieldValue::I32(v) => Some(v.into()),
+            FieldValue::U32(v) => Some(v.into()),
+            FieldValue::I64(v) | FieldValue::I64L(v) => Some(v),
+            FieldValue::Timestamp(v) => i64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as text if it is a long string holding UTF-8.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            FieldValue::LongString(s) => s.as_str(),
+            _ => None,
+        }
+    }
+
+    /// The value as a table, if it is one.
+    pub fn as_table(&self) -> Option<&FieldTable> {
+        match self {
+            FieldValue::Table(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The value as an array, if it is one.
+    pub fn as_array(&self) -> Option<&FieldArray> {
+        match self {
+            FieldValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The value as a boolean, if it is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            FieldValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Appends the type code and the value.
+    pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        dst.put_u8(self.type_code());
+        match self {
+            FieldValue::Bool(v) => dst.put_u8(u8::from(*v)),
+            FieldValue::I8(v) => dst.put_i8(*v),
+            FieldValue::U8(v) => dst.put_u8(*v),
+            FieldValue::I16(v) => dst.put_i16(*v),
+            FieldValue::U16(v) => dst.put_u16(*v),
+            FieldValue::I32(v) => dst.put_i32(*v),
+            FieldValue::U32(v) => dst.put_u32(*v),
+            FieldValue::I64(v) | FieldValue::I64L(v) => dst.put_i64(*v),
+            FieldValue::F32(v) => dst.put_f32(*v),
+            FieldValue::F64(v) => dst.put_f64(*v),
+            FieldValue::Decimal(d) => {
+                dst.put_u8(d.scale);
+                dst.put_u32(d.value);
+            }
+            FieldValue::LongString(s) => s.encode(dst)?,
+            FieldValue::Array(a) => a.encode(dst)?,
+            FieldValue::Timestamp(v) => dst.put_u64(*v),
+            FieldValue::Table(t) => t.encode(dst)?,
+            FieldValue::Void => {}
+            FieldValue::ByteArray(b) => encode_long_bytes(b, dst)?,
+        }
+        Ok(())
+    }
+}
+
+impl From<bool> for FieldValue {
+    fn from(v: bool) -> Self {
+        FieldValue::Bool(v)
+    }
+}
+
+impl From<i32> for FieldValue {
+    fn from(v: i32) -> Self {
+        FieldValue::I32(v)
+    }
+}
+
+impl From<i64> for FieldValue {
+    fn from(v: i64) -> Self {
+        FieldValue::I64(v)
+    }
+}
+
+impl From<&str> for FieldValue {
+    fn from(v: &str) -> Self {
+        FieldValue::LongString(v.into())
+    }
+}
+
+impl From<String> for FieldValue {
+    fn from(v: String) -> Self {
+        FieldValue::LongString(v.into())
+    }
+}
+
+impl From<LongString> for FieldValue {
+    fn from(v: LongString) -> Self {
+        FieldValue::LongString(v)
+    }
+}
+
+impl From<FieldTable> for FieldValue {
+    fn from(v: FieldTable) -> Self {
+        FieldValue::Table(v)
+    }
+}
+
+impl From<FieldArray> for FieldValue {
+    fn from(v: FieldArray) -> Self {
+        FieldValue::Array(v)
+    }
+}
+
 /// Writes a 32-bit length placeholder, the body, then patches the length.
+// Each instance has one caller, but it sits in the encoders' recursion
+// (value, table, value), which LLVM does not inline into by itself now that
+// they share a module: out of line, every table encode pays for a call.
+#[inline(always)]
 fn with_length_prefix(
     dst: &mut BytesMut,
     body: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
@@ -327,95 +575,6 @@ fn with_length_prefix(
     let len32 = u32::try_from(len).map_err(|_| EncodeError::TooLong(len))?;
     dst[at..at + 4].copy_from_slice(&len32.to_be_bytes());
     Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// Validation: one pass over the bytes with nom's complete parsers, no
-// allocation.
-// ---------------------------------------------------------------------------
-
-/// `long-uint *OCTET`: a 32-bit length and the bytes it covers. A length
-/// past the end of the container is `BadLength`, not `Truncated`, because it
-/// is the length that lies.
-#[inline]
-pub(crate) fn long_bytes(i: &[u8]) -> PResult<'_, &[u8]> {
-    let (i, len) = be_u32(i)?;
-    if len as usize > i.len() {
-        return fail(DecodeErrorKind::BadLength(len.into()));
-    }
-    take(len)(i)
-}
-
-/// `field-table = long-uint *field-value-pair` at nesting level `depth` (the
-/// outermost table is level 1): the body, checked.
-#[inline]
-pub(crate) fn table_body(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, &[u8]> {
-    let (rest, body) = long_bytes(i)?;
-    validate_table_body(max_depth, depth, body)?;
-    Ok((rest, body))
-}
-
-/// Checks the body of a table (what follows its length prefix) at nesting
-/// level `depth`: every `field-value-pair = field-name field-value`, its
-/// key, type code and length, and the nesting limit.
-#[inline]
-fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
-    while !body.is_empty() {
-        let (i, _key_len) = short_string_len(body)?;
-        body = skip_value(max_depth, depth, i)?.0;
-    }
-    Ok((body, ()))
-}
-
-/// Checks the body of an array at nesting level `depth`.
-fn validate_array_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
-    while !body.is_empty() {
-        body = skip_value(max_depth, depth, body)?.0;
-    }
-    Ok((body, ()))
-}
-
-/// Checks one `field-value = type-code value` held by a container at level
-/// `depth`. The scalar cases are inlined into the loops above; tables and
-/// arrays, which recurse, are not.
-#[inline(always)]
-fn skip_value(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, ()> {
-    let (i, code) = be_u8(i)?;
-    let width: u8 = match code {
-        b't' | b'b' | b'B' => 1,
-        b's' | b'u' => 2,
-        b'I' | b'i' | b'f' => 4,
-        b'D' => 5,
-        b'l' | b'L' | b'd' | b'T' => 8,
-        b'V' => 0,
-        b'S' | b'x' => return long_bytes(i).map(|(rest, _)| (rest, ())),
-        b'F' | b'A' => return skip_container(max_depth, depth, code, i),
-        other => return fail(DecodeErrorKind::UnknownFieldType(other)),
-    };
-    take(width)(i).map(|(rest, _)| (rest, ()))
-}
-
-/// Checks a nested table (`F`) or array (`A`) held at level `depth`.
-#[inline(never)]
-fn skip_container(max_depth: usize, depth: usize, code: u8, i: &[u8]) -> PResult<'_, ()> {
-    let depth = nested(max_depth, depth).or_else(fail)?;
-    if code == b'F' {
-        return table_body(max_depth, depth, i).map(|(rest, _)| (rest, ()));
-    }
-    let (rest, body) = long_bytes(i)?;
-    validate_array_body(max_depth, depth, body)?;
-    Ok((rest, ()))
-}
-
-/// The level of a table or array nested at `depth`, or an error past the limit.
-#[inline]
-fn nested(max_depth: usize, depth: usize) -> Result<usize, DecodeErrorKind> {
-    let next = depth + 1;
-    if next > max_depth {
-        Err(DecodeErrorKind::NestingTooDeep(max_depth))
-    } else {
-        Ok(next)
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -515,7 +674,7 @@ impl<'a> Reader<'a> {
                 while inner.at < inner.end {
                     values.push(inner.value()?);
                 }
-                FieldValue::Array(super::FieldArray(values))
+                FieldValue::Array(FieldArray(values))
             }
             _ => return None,
         })
