@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use nom::bytes::complete::take;
 use nom::number::{complete, streaming};
 
-use super::header::{check_content_header, PROPERTIES_AT};
+use super::header::{check_content_header, CheckedHeader, PROPERTIES_AT};
 use super::{
     Frame, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_OVERHEAD,
 };
@@ -116,7 +116,7 @@ impl FrameDecoder {
                 }
             };
             let raw = split_frame(buf, total, 7 + PROPERTIES_AT);
-            return Ok(Some(checked.into_frame(channel, raw)));
+            return Ok(Some(header_frame(checked, channel, raw)));
         }
         // The ids are looked for within the payload only: a method frame too
         // short to hold them (even an empty one at the end of `buf`) takes
@@ -369,7 +369,7 @@ impl FrameDecoder {
                     Some(source) => source.slice_ref(properties),
                     None => Bytes::copy_from_slice(properties),
                 };
-                Ok(checked.into_frame(channel, raw))
+                Ok(header_frame(checked, channel, raw))
             }
             FRAME_HEARTBEAT if channel == 0 && payload.is_empty() => Ok(Frame::Heartbeat),
             FRAME_HEARTBEAT => Err(Error::Malformed {
@@ -472,4 +472,14 @@ fn check_end(buf: &[u8], total: usize) -> Result<(), Error> {
 /// nesting limit; see [`FrameDecoder::decode_slice`].
 pub fn decode_frame(input: &Bytes, frame_max: u32) -> Result<(Frame, usize), Error> {
     FrameDecoder::new(frame_max).decode_slice(input)
+}
+
+/// A checked header as the frame it makes on `channel`: [`Frame::Header`],
+/// or [`Frame::UndecodableHeader`] when its properties cannot be decoded.
+#[inline]
+fn header_frame(checked: CheckedHeader, channel: u16, raw: Bytes) -> Frame {
+    match checked.into_header(raw) {
+        Ok(header) => Frame::Header(channel, header),
+        Err(header) => Frame::UndecodableHeader(channel, header),
+    }
 }

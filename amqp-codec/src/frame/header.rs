@@ -12,7 +12,6 @@ use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
 use crate::parse::{kind_of, Ctx, PError};
 use crate::properties::{BasicProperties, Properties};
-use crate::Frame;
 
 /// A decoded content header.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -139,16 +138,6 @@ impl CheckedHeader {
                 raw_properties: raw,
                 error,
             }),
-        }
-    }
-
-    /// The header as the frame it makes on `channel`: [`Frame::Header`], or
-    /// [`Frame::UndecodableHeader`] when its properties cannot be decoded.
-    #[inline]
-    pub(crate) fn into_frame(self, channel: u16, raw: Bytes) -> Frame {
-        match self.into_header(raw) {
-            Ok(header) => Frame::Header(channel, header),
-            Err(header) => Frame::UndecodableHeader(channel, header),
         }
     }
 }
