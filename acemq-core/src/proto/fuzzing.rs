@@ -2,13 +2,13 @@
 //! (`fuzz/fuzz_targets/connection.rs`): the client connection machine
 //! ([`Connection`]) between a scripted application and a scripted broker.
 //! Public so that `acemq-core/tests/fuzz_corpus.rs` replays the committed
-//! corpus through the same code on stable; not part of the API, and it
-//! changes with the target.
+//! corpus through the same code on stable. Not part of the API: it changes
+//! with the target, and nothing in the engine may call it.
 //!
-//! An input is a three-byte [header](Setup) and a script. The header picks
+//! An input is a three-byte header (`Setup`) and a script. The header picks
 //! what the broker's `connection.tune` offers and the client asks for, how
 //! far the handshake goes, how the client logs in, and how the broker's bytes
-//! are cut into reads. Each script step is an opcode byte ([`Op`]) and its
+//! are cut into reads. Each script step is an opcode byte (`Op`) and its
 //! operands: broker frames (built with amqp-codec's encoders, some broken on
 //! purpose, or bytes taken straight from the input), application commands
 //! (`open_channel`, calls, publishes, acks, `close`) and the driver's inputs
@@ -66,7 +66,7 @@ pub fn client_connection(data: &[u8]) {
 
 /// The committed seeds of the `connection` target, by file name: each a
 /// header and a script. `tests/fuzz_corpus.rs` checks that
-/// `fuzz/corpus/connection/` holds exactly these (and writes them).
+/// `fuzz/corpus/connection/` holds these (and writes them).
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     seeds::all()
 }
@@ -108,7 +108,7 @@ impl<'a> Reader<'a> {
 ///
 /// - byte 0: bits 0-1 the broker's heartbeat, bits 2-4 its `frame_max`,
 ///   bits 5-6 its `channel_max`, bit 7 whether the broker answers every call
-///   at once after each step (otherwise only at [`Op::Answer`]);
+///   at once after each step (otherwise only at `Op::Answer`);
 /// - byte 1: bits 0-1 the handshake (full; none; start only; start and tune),
 ///   bits 2-4 the size of the reads the broker's bytes arrive in, bits 5-6
 ///   the client's mechanism, bit 7 whether the broker offers EXTERNAL;
@@ -173,6 +173,7 @@ impl Setup {
                     channel_max: WANTED_CHANNEL_MAXES[pick(wanted, 4, 3)],
                 },
                 connection_name: (pick(setup, 5, 3) == 3).then(|| "fuzz".into()),
+                ..ConnectionParams::default()
             },
             mechanisms: if setup & 0x80 != 0 {
                 "PLAIN AMQPLAIN EXTERNAL"
@@ -197,7 +198,7 @@ enum Op {
     Heartbeat,
     /// `n`: the broker's next `1 + n % 4` answers to the client's calls.
     Answer,
-    /// `channel, tag, size`: a `basic.deliver` with a body of `size * 67` bytes.
+    /// `channel, tag, size`: a `basic.deliver` with a body of `body_size(size)` bytes.
     Deliver,
     /// `channel, tag, flags`: a `basic.ack` (flags bit 1: `basic.nack`;
     /// bit 0: multiple) of a tag chosen from what the client published.
@@ -207,9 +208,10 @@ enum Op {
     Return,
     /// `channel, tag, size`: a `basic.get-ok` with its message.
     GetOk,
-    /// `channel, code`: the broker closes a channel.
+    /// `channel, code`: the broker closes a channel (instead of answering
+    /// what it asked).
     ChannelClose,
-    /// `code`: the broker closes the connection.
+    /// `code`: the broker closes the connection (and answers nothing more).
     ConnectionClose,
     /// `flags`: `connection.blocked` (bit 0 clear) or `unblocked`.
     Blocked,
@@ -228,7 +230,7 @@ enum Op {
     OpenChannel,
     /// `channel, which, flags`: `connection.call(channel, method)`.
     Call,
-    /// `channel, flags, size`: a publish with a body of `size * 67` bytes
+    /// `channel, flags, size`: a publish with a body of `body_size(size)` bytes
     /// (flags bit 0: mandatory, bit 1: to exchange "x", bit 2: routing key
     /// "none", bit 3: no message id).
     Publish,
@@ -298,9 +300,13 @@ fn channel_of(b: u8) -> u16 {
     }
 }
 
-/// A body size named by one byte: up to 17 KB, across every `frame_max`.
+/// A body size named by one byte: below 128 that many bytes, above up to
+/// 17 KB, across every `frame_max`.
 fn body_size(b: u8) -> usize {
-    usize::from(b) * 67
+    match b {
+        0..=127 => usize::from(b),
+        _ => usize::from(b - 127) * 135,
+    }
 }
 
 fn encoded(channel: u16, method: impl Into<Method>) -> BytesMut {
@@ -357,7 +363,10 @@ impl Harness {
             return;
         }
         self.answer(1);
-        let offered = setup.mechanisms.split_whitespace().any(|m| m == setup.params.auth.mechanism());
+        let offered = setup
+            .mechanisms
+            .split_whitespace()
+            .any(|m| m == setup.params.auth.mechanism());
         let usable = self.conn.tuned().is_some_and(|t| t.frame_max >= FRAME_MIN_SIZE);
         if offered && usable {
             assert!(self.app.opened, "a valid handshake did not open the connection");
@@ -393,7 +402,7 @@ impl Harness {
     /// Sends the broker's next `n` answers to what the client wrote.
     fn answer(&mut self, n: usize) {
         for _ in 0..n {
-            let Some(bytes) = self.broker.answers.pop_front() else {
+            let Some((_, bytes)) = self.broker.answers.pop_front() else {
                 return;
             };
             self.feed(&bytes);
@@ -439,9 +448,18 @@ impl Harness {
         }
     }
 
+    /// What a step may write when every channel may have something to say
+    /// (a held ack before a close, a `channel.close` when a wait times out).
+    fn per_channel_allowance(&self) -> usize {
+        SLACK + 64 * self.app.live.len()
+    }
+
     /// The frame_max the broker encodes content with.
     fn broker_frame_max(&self) -> u32 {
-        self.conn.tuned().map_or(FRAME_MIN_SIZE, |t| t.frame_max).max(FRAME_MIN_SIZE)
+        self.conn
+            .tuned()
+            .map_or(FRAME_MIN_SIZE, |t| t.frame_max)
+            .max(FRAME_MIN_SIZE)
     }
 
     fn step(&mut self, op: Op, r: &mut Reader) {
@@ -540,8 +558,15 @@ impl Harness {
                     ..Default::default()
                 };
                 let mut out = BytesMut::new();
-                encode_content(channel, &ret.into(), &properties, b"r", self.broker_frame_max(), &mut out)
-                    .expect("a return encodes");
+                encode_content(
+                    channel,
+                    &ret.into(),
+                    &properties,
+                    b"r",
+                    self.broker_frame_max(),
+                    &mut out,
+                )
+                .expect("a return encodes");
                 self.feed(&out);
             }
             Op::ChannelClose => {
@@ -553,6 +578,8 @@ impl Harness {
                     class_id: 50,
                     method_id: 10,
                 };
+                // The close is the broker's answer to what the channel asked.
+                self.broker.answers.retain(|(on, _)| *on != channel);
                 self.feed(&encoded(channel, close));
             }
             Op::ConnectionClose => {
@@ -563,6 +590,7 @@ impl Harness {
                     class_id: 0,
                     method_id: 0,
                 };
+                self.broker.answers.clear();
                 self.feed(&encoded(0, close));
             }
             Op::Blocked => {
@@ -725,7 +753,7 @@ impl Harness {
             }
             Op::Close => {
                 self.conn.close();
-                self.drain(SLACK, 1, "close");
+                self.drain(self.per_channel_allowance(), 1, "close");
             }
             Op::Advance => {
                 let t = r.byte();
@@ -737,15 +765,12 @@ impl Harness {
                     _ => Duration::from_secs(60 * n),
                 };
                 self.conn.handle_timeout(self.now);
-                self.drain(SLACK, 1, "handle_timeout");
+                self.drain(self.per_channel_allowance(), 1, "handle_timeout");
             }
             Op::AdvanceToDeadline => {
-                self.now = self
-                    .conn
-                    .poll_timeout()
-                    .unwrap_or(self.now + Duration::from_secs(3600));
+                self.now = self.conn.poll_timeout().unwrap_or(self.now + Duration::from_secs(3600));
                 self.conn.handle_timeout(self.now);
-                self.drain(SLACK, 1, "handle_timeout at the deadline");
+                self.drain(self.per_channel_allowance(), 1, "handle_timeout at the deadline");
             }
             Op::Eof => {
                 self.conn.handle_eof();
@@ -755,8 +780,10 @@ impl Harness {
     }
 
     /// A frame broken on purpose, or in the wrong place:
-    /// 0 bad frame end; 1 unknown frame type; 2 larger than `frame_max`
-    /// (only its first `7 + n` bytes sent: the size alone must refuse it);
+    /// 0 bad frame end; 1 unknown frame type; 2 a body frame whose size
+    /// field says one byte more than `frame_max` allows (the size alone must
+    /// refuse it), or with `n` >= 128 exactly `frame_max` (it must wait for
+    /// the rest, holding no more than one frame);
     /// 3 a delivery cut after `n` bytes (what follows is read as its rest);
     /// 4 a content header on channel 0; 5 a header without a method;
     /// 6 a body without a header; 7 a header announcing 2^64-1 bytes;
@@ -792,10 +819,16 @@ impl Harness {
                 out[0] = [0, 4, 5, 6, 7, 9, 0x41, 0xFF][usize::from(n % 8)];
             }
             2 => {
-                let frame_max = self.conn.tuned().map_or(DEFAULT_FRAME_MAX, |t| t.frame_max) as usize;
-                let body = vec![0u8; (frame_max + 1).saturating_sub(FRAME_OVERHEAD)];
-                encode_body(channel, &body, &mut out).expect("a body encodes");
-                out.truncate(7 + usize::from(n));
+                let frame_max = self.conn.tuned().map_or(DEFAULT_FRAME_MAX, |t| t.frame_max);
+                let total = if n >= 128 {
+                    frame_max
+                } else {
+                    frame_max.saturating_add(1)
+                };
+                encode_body(channel, &vec![0; usize::from(n % 128)], &mut out).expect("a body encodes");
+                // The frame as encoded, its size field overstated.
+                let size = total.saturating_sub(FRAME_OVERHEAD as u32);
+                out[3..7].copy_from_slice(&size.to_be_bytes());
             }
             3 => {
                 let properties = BasicProperties::default();
@@ -803,16 +836,22 @@ impl Harness {
                     .expect("a delivery encodes");
                 out.truncate(usize::from(n) % out.len());
             }
-            4 => frame(Frame::Header(0, ContentHeader::basic(0, BasicProperties::default())), &mut out),
+            4 => frame(
+                Frame::Header(0, ContentHeader::basic(0, BasicProperties::default())),
+                &mut out,
+            ),
             5 => {
-                frame(Frame::Header(channel, ContentHeader::basic(1, BasicProperties::default())), &mut out);
+                frame(
+                    Frame::Header(channel, ContentHeader::basic(1, BasicProperties::default())),
+                    &mut out,
+                );
                 frame(Frame::Body(channel, "x".into()), &mut out);
             }
             6 => {
                 frame(Frame::Method(channel, deliver().into()), &mut out);
                 frame(Frame::Body(channel, "x".into()), &mut out);
             }
-            7 | 8 | 9 => {
+            7..=9 => {
                 let mut header = ContentHeader::basic(1, BasicProperties::default());
                 match kind % 10 {
                     7 => header.body_size = u64::MAX,
@@ -821,7 +860,10 @@ impl Harness {
                 }
                 frame(Frame::Method(channel, deliver().into()), &mut out);
                 frame(Frame::Header(channel, header), &mut out);
-                frame(Frame::Body(channel, vec![b'x'; 1 + usize::from(n % 4)].into()), &mut out);
+                frame(
+                    Frame::Body(channel, vec![b'x'; 1 + usize::from(n % 4)].into()),
+                    &mut out,
+                );
             }
             _ => unreachable!("kind % 10"),
         }
@@ -896,16 +938,12 @@ impl Harness {
         };
         let refused = which % 16 >= 14;
         let was_open = self.conn.is_open();
-        let result = self.conn.call(channel, method);
-        match result {
-            Ok(token) => {
-                assert!(was_open, "a call succeeded on a connection that is not open");
-                assert!(!refused, "call() sent a method it must refuse");
-                if let Some(token) = token {
-                    self.app.issued(token);
-                }
+        if let Ok(token) = self.conn.call(channel, method) {
+            assert!(was_open, "a call succeeded on a connection that is not open");
+            assert!(!refused, "call() sent a method it must refuse");
+            if let Some(token) = token {
+                self.app.issued(token);
             }
-            Err(_) => {}
         }
         self.drain(SLACK, 0, "a call");
     }
@@ -961,7 +999,8 @@ struct Broker {
     decoder: FrameDecoder,
     unread: BytesMut,
     header_seen: bool,
-    answers: VecDeque<BytesMut>,
+    /// Answers not sent yet, with their channel.
+    answers: VecDeque<(u16, BytesMut)>,
     /// The last delivery tag given out on each channel.
     tags: BTreeMap<u16, u64>,
     gets: u64,
@@ -1066,7 +1105,7 @@ impl Broker {
                     let properties = BasicProperties::default();
                     encode_content(channel, &get_ok.into(), &properties, b"got", 0, &mut out)
                         .expect("a get-ok encodes");
-                    self.answers.push_back(out);
+                    self.answers.push_back((channel, out));
                     return;
                 }
             }
@@ -1084,7 +1123,7 @@ impl Broker {
             Method::TxRollback(_) => TxRollbackOk {}.into(),
             _ => return,
         };
-        self.answers.push_back(encoded(channel, reply));
+        self.answers.push_back((channel, encoded(channel, reply)));
     }
 }
 
@@ -1096,6 +1135,7 @@ impl Broker {
 #[derive(Default)]
 struct App {
     waiting: BTreeSet<Token>,
+    answered: BTreeSet<Token>,
     /// Channels handed out by `open_channel` and not reported closed.
     live: BTreeSet<u16>,
     /// Publish sequence numbers not yet confirmed, by channel.
@@ -1112,7 +1152,10 @@ struct App {
 
 impl App {
     fn issued(&mut self, token: Token) {
-        assert!(self.waiting.insert(token), "token {token:?} handed out twice");
+        assert!(
+            !self.answered.contains(&token) && self.waiting.insert(token),
+            "token {token:?} handed out twice"
+        );
     }
 
     fn published(&mut self, channel: u16, seq: u64) {
@@ -1156,7 +1199,11 @@ impl App {
                 true
             }
             Event::Reply { channel, token, result } => {
-                assert!(self.waiting.remove(&token), "a reply to {token:?}, which waits for none");
+                // A token the application never saw is one of the machine's
+                // own calls (the channel.close after a channel.open timed
+                // out); every token is answered once at most.
+                assert!(self.answered.insert(token), "a second reply to {token:?}");
+                self.waiting.remove(&token);
                 if let Ok(Reply::Content(content)) = &result {
                     self.delivery(channel, &content.method);
                 }
@@ -1173,10 +1220,16 @@ impl App {
             Event::ChannelClosed {
                 channel, unconfirmed, ..
             } => {
-                assert!(self.live.remove(&channel), "ChannelClosed for {channel}, which is not open");
+                assert!(
+                    self.live.remove(&channel),
+                    "ChannelClosed for {channel}, which is not open"
+                );
                 let mut left = self.outstanding.remove(&channel).unwrap_or_default();
                 for seq in unconfirmed {
-                    assert!(left.remove(&seq), "channel {channel} closed with {seq} unconfirmed twice");
+                    assert!(
+                        left.remove(&seq),
+                        "channel {channel} closed with {seq} unconfirmed twice"
+                    );
                 }
                 assert!(
                     left.is_empty(),
@@ -1216,9 +1269,7 @@ impl App {
 mod seeds {
     //! The seed scripts, written with the same opcodes the harness reads.
 
-    use amqp_codec::{
-        encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, ChannelClose, Frame, Method,
-    };
+    use amqp_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, Frame, Method};
     use bytes::BytesMut;
 
     use super::Op;
@@ -1332,8 +1383,15 @@ mod seeds {
             routing_key: "q".into(),
         };
         let mut out = BytesMut::new();
-        encode_content(channel, &deliver.into(), &BasicProperties::default(), body, 131_072, &mut out)
-            .expect("a seed delivery encodes");
+        encode_content(
+            channel,
+            &deliver.into(),
+            &BasicProperties::default(),
+            body,
+            131_072,
+            &mut out,
+        )
+        .expect("a seed delivery encodes");
         out.to_vec()
     }
 
@@ -1361,11 +1419,17 @@ mod seeds {
             ),
             (
                 "seed-handshake-none-then-start",
-                Script::new(partial(1)).op(ConnectionMethod, &[0]).op(Answer, &[1]).op(OpenChannel, &[]),
+                Script::new(partial(1))
+                    .op(ConnectionMethod, &[0])
+                    .op(Answer, &[1])
+                    .op(OpenChannel, &[]),
             ),
             (
                 "seed-handshake-start-only",
-                Script::new(partial(2)).op(OpenChannel, &[]).op(Heartbeat, &[]).op(Answer, &[1]),
+                Script::new(partial(2))
+                    .op(OpenChannel, &[])
+                    .op(Heartbeat, &[])
+                    .op(Answer, &[1]),
             ),
             (
                 "seed-handshake-start-tune",
@@ -1603,6 +1667,35 @@ mod seeds {
                 .op(Advance, &[0x80 | 6]),
             ),
             (
+                "seed-channel-open-times-out",
+                Script::new(Header {
+                    heartbeat: 1,
+                    wanted: 1,
+                    ..Header::default()
+                })
+                .op(OpenChannel, &[])
+                .op(OpenChannel, &[])
+                .op(AdvanceToDeadline, &[])
+                .op(Answer, &[3])
+                .op(OpenChannel, &[])
+                .op(Answer, &[0])
+                .op(AdvanceToDeadline, &[]),
+            ),
+            (
+                "seed-close-oks-time-out",
+                consumer_and_publisher(Header {
+                    heartbeat: 1,
+                    wanted: 1,
+                    ..Header::default()
+                })
+                .op(Call, &[CH1, CHANNEL_CLOSE, 0])
+                .op(Blocked, &[0])
+                .op(AdvanceToDeadline, &[])
+                .op(Blocked, &[1])
+                .op(AdvanceToDeadline, &[])
+                .op(AdvanceToDeadline, &[]),
+            ),
+            (
                 "seed-oversized-frame",
                 consumer_and_publisher(Header::default()).op(Mangled, &[2, CH1, 4]),
             ),
@@ -1614,6 +1707,13 @@ mod seeds {
                     ..Header::default()
                 })
                 .op(Mangled, &[2, 0, 9]),
+            ),
+            (
+                "seed-frame-of-exactly-frame-max-held",
+                consumer_and_publisher(Header::default())
+                    .op(Mangled, &[2, CH1, 0x80 | 4])
+                    .op(Deliver, &[CH1, 1, 255])
+                    .op(Heartbeat, &[]),
             ),
             (
                 "seed-bad-frame-end",
@@ -1707,7 +1807,7 @@ mod seeds {
                             delivery(1, 2, &[7; 300]),
                             method(
                                 1,
-                                ChannelClose {
+                                amqp_codec::ChannelClose {
                                     reply_code: 406,
                                     reply_text: "PRECONDITION_FAILED - unknown delivery tag 9".into(),
                                     class_id: 60,

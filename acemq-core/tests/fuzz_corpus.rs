@@ -1,0 +1,84 @@
+//! Replays the `connection` fuzz target's committed seeds
+//! (`fuzz/corpus/connection/`) and saved crash inputs
+//! (`fuzz/regressions/connection/`) through the entry point the target calls,
+//! on stable, in every `cargo test`. A missing or empty corpus is a failure,
+//! so this cannot silently check nothing.
+//!
+//! The seeds are written by `acemq_core::proto::fuzzing::seeds()`:
+//! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-core --test fuzz_corpus` rewrites
+//! them after the input format changes.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use acemq_core::proto::fuzzing;
+
+fn dir(kind: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz")
+        .join(kind)
+        .join("connection")
+}
+
+/// The files of `dir`, dotfiles (`.gitkeep`) left out; panics if it is missing.
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|err| panic!("cannot read {}: {err}", dir.display()));
+    let mut files: Vec<PathBuf> = entries
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.is_file() && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs every file through the entry point; panics listing those that panicked.
+fn replay(files: &[PathBuf]) {
+    eprintln!("replaying {} inputs", files.len());
+    let failed: Vec<String> = files
+        .iter()
+        .filter(|path| {
+            let data = std::fs::read(path).expect("a readable input");
+            catch_unwind(AssertUnwindSafe(|| fuzzing::client_connection(&data))).is_err()
+        })
+        .map(|path| path.display().to_string())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "inputs that panicked (see above):\n{}",
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn the_corpus_replays_without_panics() {
+    let files = inputs(&dir("corpus"));
+    assert!(!files.is_empty(), "the corpus {} is empty", dir("corpus").display());
+    replay(&files);
+}
+
+#[test]
+fn the_regressions_replay_without_panics() {
+    // Committed with a .gitkeep: it may be empty, never missing.
+    replay(&inputs(&dir("regressions")));
+}
+
+#[test]
+fn the_committed_seeds_are_the_generators() {
+    let corpus = dir("corpus");
+    let write = std::env::var_os("ACEMQ_WRITE_SEEDS").is_some();
+    for (name, bytes) in fuzzing::seeds() {
+        let path = corpus.join(name);
+        if write {
+            std::fs::create_dir_all(&corpus).expect("the corpus directory");
+            std::fs::write(&path, &bytes).expect("a written seed");
+        } else {
+            let committed = std::fs::read(&path).ok();
+            assert_eq!(
+                committed.as_deref(),
+                Some(&bytes[..]),
+                "{} is not what fuzzing::seeds() writes; rerun with ACEMQ_WRITE_SEEDS=1",
+                path.display()
+            );
+        }
+    }
+}
