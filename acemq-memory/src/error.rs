@@ -4,7 +4,7 @@
 
 use std::fmt::Display;
 
-use amqp_codec::{ErrorScope, Method, ReplyCode, ShortString};
+use amqp_codec::{ChannelClose, ConnectionClose, ErrorScope, Method, ReplyCode, ShortString};
 
 /// An AMQP error as the broker reports it in `channel.close` or
 /// `connection.close`.
@@ -41,6 +41,30 @@ impl AmqpError {
     /// Whether it closes the whole connection.
     pub fn is_hard(&self) -> bool {
         self.code.scope() != Some(ErrorScope::Channel)
+    }
+
+    /// The method that reports it: `channel.close` on channel `channel`, or
+    /// `connection.close` when `channel` is 0.
+    pub fn close_method(&self, channel: u16) -> Method {
+        let (reply_code, reply_text) = (self.code.code(), self.text.as_str().into());
+        let (class_id, method_id) = (self.class_id, self.method_id);
+        if channel == 0 {
+            ConnectionClose {
+                reply_code,
+                reply_text,
+                class_id,
+                method_id,
+            }
+            .into()
+        } else {
+            ChannelClose {
+                reply_code,
+                reply_text,
+                class_id,
+                method_id,
+            }
+            .into()
+        }
     }
 
     pub fn not_found(detail: impl Display) -> Self {

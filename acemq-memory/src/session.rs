@@ -1,7 +1,8 @@
 //! One client connection, sans-IO: the protocol header, the
 //! `start`/`tune`/`open` handshake, channel lifecycles, heartbeats, the
 //! close handshakes, and blocking a publisher during a memory alarm. Frames
-//! on open channels go to the [`BrokerMachine`].
+//! on open channels go to the [`BrokerMachine`]; a publish is put together
+//! from its frames by the channel's `amqp_codec::track::ContentAssembler`.
 //!
 //! ```text
 //! ExpectProtocolHeader --AMQP0091--> ExpectStartOk --start-ok--> ExpectTuneOk
@@ -9,18 +10,20 @@
 //! ```
 //!
 //! It never panics on input: every byte sequence ends in a frame, a close, or
-//! a dropped socket.
+//! a dropped socket. It never reads or writes a frame's bytes itself: frames
+//! come from amqp-codec's decoder and replies go out through its encoders.
 
 use std::time::{Duration, Instant};
 
+use amqp_codec::track::{AssembleError, Assembly, Content, ContentError, Decoded};
 use amqp_codec::{
-    check_protocol_header, ChannelClose, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionClose,
-    ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked,
-    ConnectionUpdateSecretOk, FieldTable, FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
+    check_protocol_header, BasicPublish, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionCloseOk,
+    ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked, ConnectionUpdateSecretOk, FieldTable,
+    FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
 };
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 
-use crate::broker::{BrokerMachine, Capabilities, ConnId, Fault, Header};
+use crate::broker::{BrokerMachine, Capabilities, ConnId, Fault, Header, Publication};
 use crate::error::AmqpError;
 
 /// What the session waits for.
@@ -188,18 +191,86 @@ impl Session {
                 }
                 continue;
             }
-            match self.decoder.decode(buf) {
-                Ok(None) => break,
-                Ok(Some(frame)) => self.handle_frame(machine, frame, now),
-                Err(err) => {
-                    buf.clear();
-                    let error = AmqpError::new(err.reply_code(), &err);
-                    self.connection_error(machine, error, now);
-                }
+            if !self.next_frame(machine, buf, now) {
+                break;
             }
             machine.process_dead_letters(now);
         }
         machine.flush_confirms(self.id);
+    }
+
+    /// Takes the next whole frame off `buf` and handles it; `false` if
+    /// there is none yet. Once the connection is open, the header and body
+    /// frames of a publish in progress go straight into the channel's
+    /// assembler ([`FrameDecoder::decode_assembled`]: no frame is built and
+    /// the finished message is moved once); every other frame is decoded
+    /// whole, so a publish starts, and is refused, as any method would be.
+    #[inline(always)]
+    fn next_frame(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) -> bool {
+        if self.state == State::Open {
+            let id = self.id;
+            let conns = &mut machine.conns;
+            let decoded = self.decoder.decode_assembled(buf, |ch| {
+                let channel = conns.get_mut(&id)?.channel_mut(ch)?;
+                // A channel being closed has had its assembler reset.
+                channel.assembler.in_progress().then_some(&mut channel.assembler)
+            });
+            match decoded {
+                Ok(Decoded::NeedMore) => return false,
+                Ok(Decoded::Partial(_)) => return true,
+                Ok(Decoded::Complete(ch)) => {
+                    let content = machine
+                        .conns
+                        .get_mut(&self.id)
+                        .and_then(|c| c.channel_mut(ch))
+                        .and_then(|c| c.assembler.take_complete());
+                    if let Some(content) = content {
+                        let result = self.publish_content(machine, ch, content, now);
+                        self.refuse_if_err(machine, ch, result, now);
+                    }
+                    return true;
+                }
+                Ok(Decoded::Other) => {}
+                Err(AssembleError::Content { channel, error }) => {
+                    self.refuse_if_err(machine, channel, Err(refused_content(&error)), now);
+                    return true;
+                }
+                Err(AssembleError::Decode(err)) => {
+                    self.undecodable(machine, buf, err.reply_code(), err, now);
+                    return true;
+                }
+                // `AssembleError` may grow; whatever it is, the stream is suspect.
+                Err(err) => {
+                    self.undecodable(machine, buf, ReplyCode::FrameError, err, now);
+                    return true;
+                }
+            }
+        }
+        match self.decoder.decode(buf) {
+            Ok(None) => false,
+            Ok(Some(frame)) => {
+                self.handle_frame(machine, frame, now);
+                true
+            }
+            Err(err) => {
+                self.undecodable(machine, buf, err.reply_code(), err, now);
+                true
+            }
+        }
+    }
+
+    /// The client sent bytes that do not decode: nothing after them can be
+    /// trusted, so they are dropped and the connection closed.
+    fn undecodable(
+        &mut self,
+        machine: &mut BrokerMachine,
+        buf: &mut BytesMut,
+        code: ReplyCode,
+        err: impl std::fmt::Display,
+        now: Instant,
+    ) {
+        buf.clear();
+        self.connection_error(machine, AmqpError::new(code, err), now);
     }
 
     /// Faults from the test handle and alarm changes.
@@ -425,244 +496,228 @@ impl Session {
         self.last_send = now;
     }
 
+    /// A frame once the connection is open: channel 0 is the connection's,
+    /// every other channel's frames go by where that channel is in its
+    /// lifecycle.
     #[inline(always)]
     fn open_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
         let ch = frame.channel();
         if ch == 0 {
-            let error = match frame {
-                Frame::Method(_, Method::ConnectionClose(_)) => {
-                    machine.send(self.id, 0, ConnectionCloseOk {});
-                    machine.release_conn(self.id, now);
-                    self.fate = Fate::Close;
-                    return;
-                }
-                Frame::Method(_, Method::ConnectionUpdateSecret(_)) => {
-                    machine.send(self.id, 0, ConnectionUpdateSecretOk {});
-                    return;
-                }
-                Frame::Method(_, Method::ConnectionCloseOk(_)) => return,
-                Frame::Method(_, method) => {
-                    AmqpError::command_invalid(format!("unexpected method on channel 0: {}", method.name()))
-                        .caused_by(&method)
-                }
-                other => AmqpError::new(
-                    ReplyCode::UnexpectedFrame,
-                    format!("expected method frame, got {} on channel 0", frame_kind(&other)),
-                ),
-            };
+            return self.connection_frame(machine, frame, now);
+        }
+        let Some(conn) = machine.conns.get(&self.id) else {
+            return;
+        };
+        match conn.channel(ch).map(|c| c.closing) {
+            None => self.unopened_channel_frame(machine, ch, frame, now),
+            Some(true) => self.closing_channel_frame(machine, ch, frame, now),
+            Some(false) => self.channel_frame(machine, ch, frame, now),
+        }
+    }
+
+    /// A frame on channel 0 of an open connection: its close handshake,
+    /// `update-secret`; anything else closes the connection.
+    fn connection_frame(&mut self, machine: &mut BrokerMachine, frame: Frame, now: Instant) {
+        let error = match frame {
+            Frame::Method(_, Method::ConnectionClose(_)) => {
+                machine.send(self.id, 0, ConnectionCloseOk {});
+                machine.release_conn(self.id, now);
+                self.fate = Fate::Close;
+                return;
+            }
+            Frame::Method(_, Method::ConnectionUpdateSecret(_)) => {
+                machine.send(self.id, 0, ConnectionUpdateSecretOk {});
+                return;
+            }
+            Frame::Method(_, Method::ConnectionCloseOk(_)) => return,
+            Frame::Method(_, method) => {
+                AmqpError::command_invalid(format!("unexpected method on channel 0: {}", method.name()))
+                    .caused_by(&method)
+            }
+            other => AmqpError::new(
+                ReplyCode::UnexpectedFrame,
+                format!("expected method frame, got {} on channel 0", frame_kind(&other)),
+            ),
+        };
+        self.connection_error(machine, error, now)
+    }
+
+    /// A frame on a channel that is not open: `channel.open` opens it, a
+    /// late `close-ok` is dropped, anything else closes the connection.
+    fn unopened_channel_frame(&mut self, machine: &mut BrokerMachine, ch: u16, frame: Frame, now: Instant) {
+        match frame {
+            Frame::Method(_, Method::ChannelOpen(_)) => self.open_channel(machine, ch, now),
+            Frame::Method(_, Method::ChannelCloseOk(_)) => {}
+            _ => {
+                let error = AmqpError::channel_error("expected 'channel.open'");
+                self.connection_error(machine, error, now);
+            }
+        }
+    }
+
+    /// `channel.open`, within the negotiated `channel_max`.
+    fn open_channel(&mut self, machine: &mut BrokerMachine, ch: u16, now: Instant) {
+        let channel_max = machine.conns.get(&self.id).map_or(0, |c| c.channel_max);
+        if ch > channel_max && channel_max != 0 {
+            let error = AmqpError::channel_error(format!(
+                "channel number {ch} exceeds the negotiated channel_max ({channel_max})"
+            ));
             return self.connection_error(machine, error, now);
         }
-        let Some(conn) = machine.conns.get_mut(&self.id) else {
-            return;
-        };
-        let Some(channel) = conn.channel_mut(ch) else {
-            match frame {
-                Frame::Method(_, Method::ChannelOpen(_)) => {
-                    if ch > conn.channel_max && conn.channel_max != 0 {
-                        let error = AmqpError::channel_error(format!(
-                            "channel number {ch} exceeds the negotiated channel_max ({})",
-                            conn.channel_max
-                        ));
-                        return self.connection_error(machine, error, now);
-                    }
-                    match machine.open_channel(self.id, ch) {
-                        Ok(()) => machine.send(self.id, ch, ChannelOpenOk::default()),
-                        Err(error) => self.connection_error(machine, error, now),
-                    }
-                }
-                Frame::Method(_, Method::ChannelCloseOk(_)) => {}
-                _ => {
-                    let error = AmqpError::channel_error("expected 'channel.open'");
-                    self.connection_error(machine, error, now);
-                }
-            }
-            return;
-        };
-        if channel.closing {
-            match frame {
-                Frame::Method(_, Method::ChannelCloseOk(_)) => machine.drop_channel(self.id, ch, now),
-                Frame::Method(_, Method::ChannelClose(_)) => machine.send(self.id, ch, ChannelCloseOk {}),
-                _ => {}
-            }
-            return;
+        match machine.open_channel(self.id, ch) {
+            Ok(()) => machine.send(self.id, ch, ChannelOpenOk::default()),
+            Err(error) => self.connection_error(machine, error, now),
         }
+    }
+
+    /// A frame on a channel the broker closed: only the close handshake
+    /// counts until the client's `close-ok`.
+    fn closing_channel_frame(&mut self, machine: &mut BrokerMachine, ch: u16, frame: Frame, now: Instant) {
         match frame {
+            Frame::Method(_, Method::ChannelCloseOk(_)) => machine.drop_channel(self.id, ch, now),
+            Frame::Method(_, Method::ChannelClose(_)) => machine.send(self.id, ch, ChannelCloseOk {}),
+            _ => {}
+        }
+    }
+
+    /// A frame on an open channel: its close handshake, a frame of a
+    /// publish, or a method for the broker. A refusal closes the channel or,
+    /// if it is a hard error, the connection.
+    #[inline(always)]
+    fn channel_frame(&mut self, machine: &mut BrokerMachine, ch: u16, frame: Frame, now: Instant) {
+        let result = match frame {
             Frame::Method(_, Method::ChannelClose(_)) => {
                 machine.drop_channel(self.id, ch, now);
                 machine.send(self.id, ch, ChannelCloseOk {});
                 return;
             }
             Frame::Method(_, Method::ChannelCloseOk(_)) => return,
-            _ => {}
-        }
-        let result = self.assemble(machine, ch, frame, now);
-        let content_method = matches!(result, Ok(true));
+            Frame::Method(_, Method::BasicPublish(_))
+            | Frame::Header(..)
+            | Frame::UndecodableHeader(..)
+            | Frame::Body(..) => self.content_frame(machine, ch, frame, now),
+            Frame::Method(_, method) => self.method_frame(machine, ch, method, now),
+            // Heartbeats are on channel 0.
+            Frame::Heartbeat => Ok(()),
+        };
+        self.refuse_if_err(machine, ch, result, now);
+    }
+
+    /// A refusal closes the channel or, if it is a hard error, the
+    /// connection.
+    #[inline(always)]
+    fn refuse_if_err(&mut self, machine: &mut BrokerMachine, ch: u16, result: Result<(), AmqpError>, now: Instant) {
         if let Err(error) = result {
             if error.is_hard() {
                 self.connection_error(machine, error, now);
             } else {
                 self.channel_error(machine, ch, error, now);
             }
-            return;
-        }
-        if content_method && machine.alarm {
-            self.blocked = true;
-            let notify = machine.conns.get(&self.id).is_some_and(|c| c.caps.connection_blocked);
-            if notify && !self.blocked_sent {
-                self.blocked_sent = true;
-                machine.send(
-                    self.id,
-                    0,
-                    ConnectionBlocked {
-                        reason: BLOCKED_REASON.into(),
-                    },
-                );
-            }
         }
     }
 
-    /// Feeds a frame of an open channel: methods go to the machine, a publish
-    /// is assembled in place from its method, header and body frames.
-    /// `Ok(true)` when the frame started a publish.
+    /// `basic.publish`, or a content header or body frame while no publish
+    /// is in progress (which the assembler refuses): fed to the channel's
+    /// [`amqp_codec::track::ContentAssembler`]. Starting a publish during a
+    /// memory alarm blocks the connection.
     #[inline(always)]
-    fn assemble(
+    fn content_frame(
         &mut self,
         machine: &mut BrokerMachine,
         ch: u16,
         frame: Frame,
         now: Instant,
-    ) -> Result<bool, AmqpError> {
+    ) -> Result<(), AmqpError> {
+        let starts_publish = matches!(frame, Frame::Method(..));
         let Some(channel) = machine.conns.get_mut(&self.id).and_then(|c| c.channel_mut(ch)) else {
-            return Ok(false);
+            return Ok(());
         };
-        let max_body = channel.max_body;
-        let incoming = &mut channel.incoming;
-        let complete = match frame {
-            Frame::Method(_, method) => {
-                if incoming.publish.is_some() {
-                    return Err(content_error(
-                        ReplyCode::UnexpectedFrame,
-                        "expected content header for class 60, got non content header frame instead",
-                    ));
-                }
-                return match method {
-                    Method::BasicPublish(publish) => {
-                        incoming.publish = Some(publish);
-                        Ok(true)
-                    }
-                    method => {
-                        let blame = MethodIds::of(&method);
-                        machine
-                            .channel_method(self.id, ch, method, now)
-                            .map_err(|e| blame.apply(e))?;
-                        Ok(false)
-                    }
-                };
-            }
-            Frame::Header(_, header) => {
-                let (class_id, body_size) = (header.class_id, header.body_size);
-                self.accept_header(
-                    incoming,
-                    class_id,
-                    body_size,
-                    max_body,
-                    Header::Decoded(header.properties),
-                )?
-            }
-            Frame::UndecodableHeader(_, header) => {
-                let (class_id, body_size) = (header.class_id, header.body_size);
-                self.accept_header(incoming, class_id, body_size, max_body, Header::Raw(header))?
-            }
-            Frame::Body(_, part) => {
-                if incoming.header.is_none() {
-                    let expected = if incoming.publish.is_some() {
-                        "content header"
-                    } else {
-                        "method"
-                    };
-                    return Err(content_error(
-                        ReplyCode::UnexpectedFrame,
-                        format!("expected {expected} frame, got content body frame instead"),
-                    ));
-                }
-                let received = incoming.received() + part.len() as u64;
-                if received > incoming.body_size {
-                    return Err(content_error(
-                        ReplyCode::UnexpectedFrame,
-                        format!(
-                            "content body of {received} bytes exceeds the announced {}",
-                            incoming.body_size
-                        ),
-                    ));
-                }
-                match incoming.first {
-                    None => incoming.first = Some(part),
-                    Some(_) => incoming.rest.extend_from_slice(&part),
-                }
-                received == incoming.body_size
-            }
-            Frame::Heartbeat => false,
-        };
-        if complete {
-            if let Some(publication) = incoming.take() {
-                machine
-                    .publish(self.id, ch, publication, now)
-                    .map_err(|e| MethodIds(60, 40).apply(e))?;
-            }
+        match channel.assembler.push(frame) {
+            Ok(Assembly::Complete(content)) => return self.publish_content(machine, ch, content, now),
+            Ok(Assembly::Partial | Assembly::Method(_)) => {}
+            Err(error) => return Err(refused_content(&error)),
         }
-        Ok(false)
+        if starts_publish && machine.alarm {
+            self.block(machine);
+        }
+        Ok(())
     }
 
-    fn accept_header(
-        &self,
-        incoming: &mut crate::broker::Incoming,
-        class_id: u16,
-        body_size: u64,
-        max_body: u64,
-        header: Header,
-    ) -> Result<bool, AmqpError> {
-        if incoming.publish.is_none() || incoming.header.is_some() {
-            let expected = if incoming.publish.is_none() {
-                "method"
-            } else {
-                "content body"
-            };
-            return Err(content_error(
-                ReplyCode::UnexpectedFrame,
-                format!("expected {expected} frame, got content header frame instead"),
-            ));
+    /// A whole message from the channel's assembler, published.
+    #[inline(always)]
+    fn publish_content(
+        &mut self,
+        machine: &mut BrokerMachine,
+        ch: u16,
+        content: Content,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        let Method::BasicPublish(publish) = content.method else {
+            // Only `basic.publish` starts content here.
+            return Ok(());
+        };
+        let header = match content.header {
+            Ok(header) => Header::Decoded(header.properties),
+            Err(raw) => Header::Raw(raw),
+        };
+        let publication = Publication {
+            publish,
+            header,
+            body: content.body,
+        };
+        machine
+            .publish(self.id, ch, publication, now)
+            .map_err(|e| MethodIds(BasicPublish::CLASS_ID, BasicPublish::METHOD_ID).apply(e))
+    }
+
+    /// A method without content, for the broker; none may come between a
+    /// publish and the end of its content.
+    #[inline(always)]
+    fn method_frame(
+        &mut self,
+        machine: &mut BrokerMachine,
+        ch: u16,
+        method: Method,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        let publishing = machine
+            .conns
+            .get(&self.id)
+            .and_then(|c| c.channel(ch))
+            .is_some_and(|c| c.assembler.in_progress());
+        if publishing {
+            return Err(refused_content(&ContentError::UnexpectedFrame {
+                expected: "content header",
+                got: "method",
+            }));
         }
-        if class_id != 60 {
-            return Err(content_error(
-                ReplyCode::CommandInvalid,
-                format!("content header for class {class_id} after a class 60 method"),
-            ));
+        let blame = MethodIds::of(&method);
+        machine
+            .channel_method(self.id, ch, method, now)
+            .map_err(|e| blame.apply(e))
+    }
+
+    /// A memory alarm: reading stops, and a client that advertised
+    /// `connection.blocked` is told why, once.
+    fn block(&mut self, machine: &mut BrokerMachine) {
+        self.blocked = true;
+        let notify = machine.conns.get(&self.id).is_some_and(|c| c.caps.connection_blocked);
+        if notify && !self.blocked_sent {
+            self.blocked_sent = true;
+            machine.send(
+                self.id,
+                0,
+                ConnectionBlocked {
+                    reason: BLOCKED_REASON.into(),
+                },
+            );
         }
-        if body_size > max_body {
-            incoming.reset();
-            return Err(content_error(
-                ReplyCode::PreconditionFailed,
-                format!("message size {body_size} is larger than configured max size {max_body}"),
-            ));
-        }
-        incoming.header = Some(header);
-        incoming.body_size = body_size;
-        Ok(body_size == 0)
     }
 
     /// A soft error: `channel.close`, and the channel ignores everything until `close-ok`.
     fn channel_error(&mut self, machine: &mut BrokerMachine, ch: u16, error: AmqpError, now: Instant) {
         tracing::debug!(conn = self.id, ch, text = %error.text, "channel error");
-        machine.send(
-            self.id,
-            ch,
-            ChannelClose {
-                reply_code: error.code.code(),
-                reply_text: error.text.as_str().into(),
-                class_id: error.class_id,
-                method_id: error.method_id,
-            },
-        );
+        machine.send(self.id, ch, error.close_method(ch));
         machine.release_channel(self.id, ch, now);
     }
 
@@ -672,16 +727,7 @@ impl Session {
             return self.handshake_error(machine, error);
         }
         tracing::debug!(conn = self.id, text = %error.text, "connection error");
-        machine.send(
-            self.id,
-            0,
-            ConnectionClose {
-                reply_code: error.code.code(),
-                reply_text: error.text.as_str().into(),
-                class_id: error.class_id,
-                method_id: error.method_id,
-            },
-        );
+        machine.send(self.id, 0, error.close_method(0));
         machine.release_conn(self.id, now);
         self.state = State::Closing;
         self.deadline = now.checked_add(machine.config().close_timeout);
@@ -690,25 +736,31 @@ impl Session {
     /// An error before the connection is open: `connection.close`, then the socket goes.
     fn handshake_error(&mut self, machine: &mut BrokerMachine, error: AmqpError) {
         tracing::debug!(conn = self.id, text = %error.text, "handshake error");
-        machine.send(
-            self.id,
-            0,
-            ConnectionClose {
-                reply_code: error.code.code(),
-                reply_text: error.text.as_str().into(),
-                class_id: error.class_id,
-                method_id: error.method_id,
-            },
-        );
+        machine.send(self.id, 0, error.close_method(0));
         self.fate = Fate::Close;
     }
 }
 
-fn content_error(code: ReplyCode, detail: impl std::fmt::Display) -> AmqpError {
-    let mut error = AmqpError::new(code, detail);
-    error.class_id = 60;
-    error.method_id = 40;
-    error
+/// A frame that broke the content sequence of a publish, refused as
+/// RabbitMQ words it and blamed on `basic.publish`.
+fn refused_content(error: &ContentError) -> AmqpError {
+    let detail = match error {
+        ContentError::UnexpectedFrame { got: "method", .. } => {
+            "expected content header for class 60, got non content header frame instead".to_owned()
+        }
+        ContentError::UnexpectedFrame { expected, got } => {
+            format!("expected {expected} frame, got {got} frame instead")
+        }
+        ContentError::TooLarge { body_size, max } => {
+            format!("message size {body_size} is larger than configured max size {max}")
+        }
+        ContentError::BodyOverrun { body_size, received } => {
+            format!("content body of {received} bytes exceeds the announced {body_size}")
+        }
+        // The class mismatch, in the assembler's words, which are RabbitMQ's.
+        other => other.to_string(),
+    };
+    MethodIds(BasicPublish::CLASS_ID, BasicPublish::METHOD_ID).apply(AmqpError::new(error.reply_code(), detail))
 }
 
 /// The class and method a reply blames.
@@ -772,10 +824,7 @@ fn plain_credentials(response: &[u8]) -> Option<(String, String)> {
 
 /// AMQPLAIN: a field table without its length prefix, with `LOGIN` and `PASSWORD`.
 fn amqplain_credentials(response: &[u8]) -> Option<(String, String)> {
-    let mut framed = BytesMut::with_capacity(response.len() + 4);
-    framed.put_u32(u32::try_from(response.len()).ok()?);
-    framed.put_slice(response);
-    let table = FieldTable::decode(&Bytes::from(framed), 8).ok()?;
+    let table = amqp_codec::sasl::decode_amqplain(response, 8).ok()?;
     let text = |key: &str| match table.get(key)? {
         FieldValue::LongString(s) => s.as_str().map(str::to_owned),
         _ => None,
@@ -887,5 +936,113 @@ mod tests {
         session.handle_timeout(&mut machine, now + Duration::from_secs(3));
         assert_eq!(session.fate(), Fate::Sever);
         assert!(frames(&mut machine, session.id()).is_empty());
+    }
+
+    /// The close a session answers `input` with, after the handshake.
+    fn close_for(input: impl FnOnce(&mut BytesMut)) -> (u16, String, u16, u16) {
+        let (mut machine, mut session, now) = open(0);
+        let mut bytes = BytesMut::new();
+        input(&mut bytes);
+        session.handle_input(&mut machine, &mut bytes, now);
+        let closes: Vec<_> = frames(&mut machine, session.id())
+            .into_iter()
+            .filter_map(|f| match f {
+                Frame::Method(_, Method::ConnectionClose(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        let [close] = &closes[..] else {
+            panic!("one connection.close, got {closes:?}")
+        };
+        (
+            close.reply_code,
+            close.reply_text.to_string(),
+            close.class_id,
+            close.method_id,
+        )
+    }
+
+    fn publish(out: &mut BytesMut) {
+        encode_method(1, &amqp_codec::BasicPublish::default().into(), out).unwrap();
+    }
+
+    fn header(out: &mut BytesMut, body_size: u64) {
+        let header = amqp_codec::ContentHeader::basic(body_size, amqp_codec::BasicProperties::default());
+        Frame::Header(1, header).encode(out).unwrap();
+    }
+
+    #[test]
+    fn content_out_of_sequence_is_refused_in_rabbitmqs_words() {
+        let unexpected = |text: &str| (505, format!("UNEXPECTED_FRAME - {text}"), 60, 40);
+        assert_eq!(
+            close_for(|out| header(out, 1)),
+            unexpected("expected method frame, got content header frame instead")
+        );
+        assert_eq!(
+            close_for(|out| amqp_codec::encode_body(1, b"x", out).unwrap()),
+            unexpected("expected method frame, got content body frame instead")
+        );
+        assert_eq!(
+            close_for(|out| {
+                publish(out);
+                encode_method(1, &amqp_codec::BasicQos::default().into(), out).unwrap();
+            }),
+            unexpected("expected content header for class 60, got non content header frame instead")
+        );
+        assert_eq!(
+            close_for(|out| {
+                publish(out);
+                publish(out);
+            }),
+            unexpected("expected content header for class 60, got non content header frame instead")
+        );
+        assert_eq!(
+            close_for(|out| {
+                publish(out);
+                amqp_codec::encode_body(1, b"x", out).unwrap();
+            }),
+            unexpected("expected content header frame, got content body frame instead")
+        );
+        assert_eq!(
+            close_for(|out| {
+                publish(out);
+                header(out, 1);
+                header(out, 1);
+            }),
+            unexpected("expected content body frame, got content header frame instead")
+        );
+        assert_eq!(
+            close_for(|out| {
+                publish(out);
+                header(out, 1);
+                amqp_codec::encode_body(1, b"xy", out).unwrap();
+            }),
+            unexpected("content body of 2 bytes exceeds the announced 1")
+        );
+    }
+
+    #[test]
+    fn a_body_above_the_limit_closes_only_the_channel() {
+        let (mut machine, mut session, now) = open(0);
+        let max = machine.config().max_message_size;
+        let mut bytes = BytesMut::new();
+        publish(&mut bytes);
+        header(&mut bytes, max + 1);
+        session.handle_input(&mut machine, &mut bytes, now);
+        let close = frames(&mut machine, session.id()).into_iter().find_map(|f| match f {
+            Frame::Method(1, Method::ChannelClose(c)) => Some(c),
+            _ => None,
+        });
+        let close = close.expect("channel.close");
+        assert_eq!(close.reply_code, 406);
+        assert_eq!(
+            close.reply_text.to_string(),
+            format!(
+                "PRECONDITION_FAILED - message size {} is larger than configured max size {max}",
+                max + 1
+            )
+        );
+        assert_eq!((close.class_id, close.method_id), (60, 40));
+        assert_eq!(session.fate(), Fate::Running);
     }
 }

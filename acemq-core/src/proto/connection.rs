@@ -192,7 +192,9 @@ pub enum CallError {
 pub enum Event {
     /// The handshake is done; see [`Connection::tuned`].
     Opened,
-    /// The reply to a synchronous call.
+    /// The reply to a synchronous call. A token the application was never
+    /// given belongs to a call the machine made itself (the `channel.close`
+    /// after a `channel.open` timed out) and can be ignored.
     Reply {
         /// The channel.
         channel: u16,
@@ -1176,6 +1178,10 @@ impl Connection {
 
     /// The broker broke the protocol: close the connection with `code`.
     fn protocol_error(&mut self, code: ReplyCode, text: String) {
+        if matches!(self.state, State::Closing(_) | State::Closed) {
+            // Already leaving: one warning per connection is enough.
+            return;
+        }
         tracing::warn!(code = code.code(), %text, "closing the connection: protocol error");
         let reply_text = ShortString::from(crate::text::prefix_within(&text, 255));
         self.close_with(code.code(), reply_text, CloseReason::ProtocolError { code, text });

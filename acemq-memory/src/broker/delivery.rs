@@ -1,13 +1,15 @@
 //! Publishing, routing, delivery to consumers, settlement, and the
 //! dead-letter loop. The hot path: no lock, no thread hop, bodies shared as
-//! `Bytes`, one `Arc` per published message.
+//! `Bytes`, one `Arc` per published message, and a delivery written from the
+//! property bytes the message came with (never decoded and encoded again
+//! unless the broker changes a property).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use amqp_codec::{
-    BasicAck, BasicDeliver, BasicGetEmpty, BasicGetOk, BasicNack, BasicReturn, FieldTable, FieldValue, Method,
-    ReplyCode, ShortString,
+    BasicAck, BasicGetEmpty, BasicGetOk, BasicNack, BasicReturn, DeliverRef, FieldTable, FieldValue, ReplyCode,
+    ShortString,
 };
 
 use super::dead_letter::{dead_lettered, is_death_cycle};
@@ -15,7 +17,8 @@ use super::exchange::Destination;
 use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Queued};
 use super::Publication;
 use super::{
-    wake_conn, write_content, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind, Unacked, VHost,
+    wake_conn, write_content, write_delivery, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind,
+    Unacked, VHost,
 };
 use crate::error::AmqpError;
 
@@ -553,11 +556,13 @@ impl BrokerMachine {
 
 /// RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers
 /// carry more routing keys; `BCC` is removed before the message is stored.
+/// Only that removal changes the properties: a message without `BCC` keeps
+/// the property bytes it came with.
 fn sender_selected_keys(header: &mut Header) -> Vec<ShortString> {
     let Header::Decoded(props) = header else {
         return Vec::new();
     };
-    let Some(headers) = props.headers.as_mut() else {
+    let Some(headers) = props.headers.as_ref() else {
         return Vec::new();
     };
     let mut keys = Vec::new();
@@ -573,7 +578,9 @@ fn sender_selected_keys(header: &mut Header) -> Vec<ShortString> {
         }
     }
     if headers.contains_key("BCC") {
-        headers.remove("BCC");
+        if let Some(headers) = props.headers.as_mut() {
+            headers.remove("BCC");
+        }
     }
     keys
 }
@@ -629,16 +636,14 @@ fn try_deliver(
     if !no_ack {
         consumer.in_flight += 1;
     }
-    write_deliver(
-        out,
-        cref.channel,
-        &cref.tag,
-        tag,
-        m.redelivered,
-        &m.msg,
-        frame_max,
-        extra,
-    );
+    let deliver = DeliverRef {
+        consumer_tag: &cref.tag,
+        delivery_tag: tag,
+        redelivered: m.redelivered,
+        exchange: &m.msg.exchange,
+        routing_key: &m.msg.routing_key,
+    };
+    write_delivery(out, cref.channel, &deliver, &m.msg, frame_max, extra);
     wake_conn(cref.conn, conn, woken);
     if no_ack {
         Attempt::Settled
@@ -657,45 +662,6 @@ fn track(conns: &mut super::FastMap<ConnId, Conn>, cref: &ConsumerRef, qname: &S
             queued: Some(m),
         });
     }
-}
-
-/// Writes `basic.deliver` and the message, encoding the method by hand so
-/// that no string is cloned per delivery.
-#[allow(clippy::too_many_arguments)]
-fn write_deliver(
-    out: &mut bytes::BytesMut,
-    channel: u16,
-    consumer_tag: &ShortString,
-    delivery_tag: u64,
-    redelivered: bool,
-    msg: &Message,
-    frame_max: u32,
-    extra: Option<(&str, FieldValue)>,
-) {
-    use bytes::BufMut;
-    let fits = consumer_tag.len() <= 255 && msg.exchange.len() <= 255 && msg.routing_key.len() <= 255;
-    if !fits {
-        return;
-    }
-    let start = out.len();
-    out.reserve(64 + consumer_tag.len() + msg.exchange.len() + msg.routing_key.len() + msg.body.len());
-    out.put_u8(amqp_codec::FRAME_METHOD);
-    out.put_u16(channel);
-    out.put_u32(0);
-    out.put_u16(BasicDeliver::CLASS_ID);
-    out.put_u16(BasicDeliver::METHOD_ID);
-    out.put_u8(consumer_tag.len() as u8);
-    out.put_slice(consumer_tag.as_bytes());
-    out.put_u64(delivery_tag);
-    out.put_u8(u8::from(redelivered));
-    out.put_u8(msg.exchange.len() as u8);
-    out.put_slice(msg.exchange.as_bytes());
-    out.put_u8(msg.routing_key.len() as u8);
-    out.put_slice(msg.routing_key.as_bytes());
-    let size = (out.len() - start - 7) as u32;
-    out[start + 3..start + 7].copy_from_slice(&size.to_be_bytes());
-    out.put_u8(amqp_codec::FRAME_END);
-    super::write_content_after_method(out, start, channel, msg, frame_max, extra);
 }
 
 /// Streams: every consumer reads the log from its own offset, as far as
@@ -732,22 +698,15 @@ fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnI
                 let Some(entry) = q.log.get(offset as usize) else { break };
                 let tag = channel.next_tag;
                 channel.next_tag += 1;
-                let deliver = BasicDeliver {
-                    consumer_tag: cref.tag.clone(),
+                let deliver = DeliverRef {
+                    consumer_tag: &cref.tag,
                     delivery_tag: tag,
                     redelivered: false,
-                    exchange: entry.msg.exchange.clone(),
-                    routing_key: entry.msg.routing_key.clone(),
+                    exchange: &entry.msg.exchange,
+                    routing_key: &entry.msg.routing_key,
                 };
                 let extra = Some(("x-stream-offset", FieldValue::I64(offset as i64)));
-                write_content(
-                    out,
-                    cref.channel,
-                    &Method::BasicDeliver(deliver),
-                    &entry.msg,
-                    frame_max,
-                    extra,
-                );
+                write_delivery(out, cref.channel, &deliver, &entry.msg, frame_max, extra);
                 channel.unacked.push_back(Unacked {
                     tag,
                     queue: q.name.clone(),

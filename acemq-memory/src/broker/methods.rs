@@ -1,15 +1,18 @@
 //! The methods a client sends on an open channel, answered as RabbitMQ 3.10
 //! answers them: declares and their equivalence checks, bindings, purge and
-//! delete, qos, consume and cancel, settlements, confirm and tx modes.
+//! delete, qos, consume and cancel, settlements, confirm and tx modes: one
+//! handler per method, dispatched from one table (`channel_method`).
 //! Must never write a reply for a `no_wait` method.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use amqp_codec::{
-    BasicCancelOk, BasicConsumeOk, BasicQosOk, BasicRecoverOk, ChannelFlowOk, ConfirmSelectOk, ExchangeBindOk,
-    ExchangeDeclare, ExchangeDeclareOk, ExchangeDeleteOk, ExchangeUnbindOk, FieldTable, FieldValue, Method,
-    QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDeleteOk, QueuePurgeOk, QueueUnbindOk, ShortString, TxCommitOk,
-    TxRollbackOk, TxSelectOk,
+    BasicCancel, BasicCancelOk, BasicConsume, BasicConsumeOk, BasicGet, BasicQos, BasicQosOk, BasicRecoverOk,
+    ChannelFlow, ChannelFlowOk, ConfirmSelect, ConfirmSelectOk, ExchangeBind, ExchangeBindOk, ExchangeDeclare,
+    ExchangeDeclareOk, ExchangeDelete, ExchangeDeleteOk, ExchangeUnbind, ExchangeUnbindOk, FieldTable, FieldValue,
+    Method, QueueBind, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete, QueueDeleteOk, QueuePurge, QueuePurgeOk,
+    QueueUnbind, QueueUnbindOk, ShortString, TxCommitOk, TxRollbackOk, TxSelectOk,
 };
 
 use super::args::{self, assert_field_equivalence, assert_queue_args_equivalence, queue_settings, QueueKind};
@@ -109,7 +112,9 @@ impl BrokerMachine {
         self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch))
     }
 
-    /// Handles a method without content on an open channel.
+    /// Handles a method without content on an open channel: one handler per
+    /// method, as RabbitMQ's `rabbit_channel` has one `handle_method` clause
+    /// per method.
     pub(crate) fn channel_method(
         &mut self,
         id: ConnId,
@@ -118,302 +123,46 @@ impl BrokerMachine {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let Some(conn) = self.conns.get(&id) else { return Ok(()) };
-        let vhost = conn.vhost.clone();
+        let from = &Origin {
+            id,
+            ch,
+            vhost: conn.vhost.clone(),
+            now,
+        };
         match method {
-            Method::ExchangeDeclare(m) => self.exchange_declare(id, ch, &vhost, m),
-            Method::ExchangeDelete(m) => {
-                if m.exchange.is_empty() {
-                    return Err(default_exchange_refused());
-                }
-                if let Some(x) = self.vhosts.get(&*vhost).and_then(|v| v.exchanges.get(&m.exchange)) {
-                    if m.if_unused && !x.bindings.is_empty() {
-                        return Err(AmqpError::precondition(format!(
-                            "{} in use",
-                            rs_exchange(&m.exchange, &vhost)
-                        )));
-                    }
-                    self.delete_exchange_internal(&vhost, &m.exchange);
-                }
-                if !m.no_wait {
-                    self.send(id, ch, ExchangeDeleteOk {});
-                }
-                Ok(())
-            }
-            Method::ExchangeBind(m) => {
-                self.bind(
-                    &vhost,
-                    &m.source,
-                    Destination::Exchange(m.destination.clone()),
-                    &m.routing_key,
-                    &m.arguments,
-                    true,
-                )?;
-                if !m.no_wait {
-                    self.send(id, ch, ExchangeBindOk {});
-                }
-                Ok(())
-            }
-            Method::ExchangeUnbind(m) => {
-                self.bind(
-                    &vhost,
-                    &m.source,
-                    Destination::Exchange(m.destination.clone()),
-                    &m.routing_key,
-                    &m.arguments,
-                    false,
-                )?;
-                if !m.no_wait {
-                    self.send(id, ch, ExchangeUnbindOk {});
-                }
-                Ok(())
-            }
-            Method::QueueDeclare(m) => self.queue_declare(id, ch, &vhost, m, now),
-            Method::QueueBind(m) => {
-                let queue = self.expand_queue(id, ch, &m.queue)?;
-                let key = if m.queue.is_empty() && m.routing_key.is_empty() {
-                    queue.clone()
-                } else {
-                    m.routing_key.clone()
-                };
-                if m.exchange.is_empty() {
-                    return Err(default_exchange_refused());
-                }
-                if !self.exchange_exists(&vhost, &m.exchange.to_string_lossy()) {
-                    return Err(AmqpError::no_exchange(&m.exchange, &vhost));
-                }
-                self.queue_for_use(id, &vhost, &queue)?;
-                self.bind(&vhost, &m.exchange, Destination::Queue(queue), &key, &m.arguments, true)?;
-                if !m.no_wait {
-                    self.send(id, ch, QueueBindOk {});
-                }
-                Ok(())
-            }
-            Method::QueueUnbind(m) => {
-                let queue = self.expand_queue(id, ch, &m.queue)?;
-                let key = if m.queue.is_empty() && m.routing_key.is_empty() {
-                    queue.clone()
-                } else {
-                    m.routing_key.clone()
-                };
-                if m.exchange.is_empty() {
-                    return Err(default_exchange_refused());
-                }
-                self.queue_for_use(id, &vhost, &queue)?;
-                self.bind(
-                    &vhost,
-                    &m.exchange,
-                    Destination::Queue(queue),
-                    &key,
-                    &m.arguments,
-                    false,
-                )?;
-                self.send(id, ch, QueueUnbindOk {});
-                Ok(())
-            }
-            Method::QueuePurge(m) => {
-                let queue = self.expand_queue(id, ch, &m.queue)?;
-                let q = self.queue_for_use(id, &vhost, &queue)?;
-                let n = if q.is_stream() { 0 } else { q.purge() };
-                if !m.no_wait {
-                    self.send(
-                        id,
-                        ch,
-                        QueuePurgeOk {
-                            message_count: n as u32,
-                        },
-                    );
-                }
-                Ok(())
-            }
-            Method::QueueDelete(m) => {
-                let queue = self.expand_queue(id, ch, &m.queue)?;
-                let exists = self.vhosts.get(&*vhost).is_some_and(|v| v.queues.contains_key(&queue));
-                let mut count = 0;
-                if exists {
-                    let q = self.queue_for_use(id, &vhost, &queue)?;
-                    if m.if_unused && !q.consumers.is_empty() {
-                        return Err(AmqpError::precondition(format!("{} in use", rs_queue(&queue, &vhost))));
-                    }
-                    if m.if_empty && q.message_count() > 0 {
-                        return Err(AmqpError::precondition(format!(
-                            "{} not empty",
-                            rs_queue(&queue, &vhost)
-                        )));
-                    }
-                    count = self.delete_queue_internal(&vhost, &queue).unwrap_or(0);
-                }
-                if !m.no_wait {
-                    self.send(
-                        id,
-                        ch,
-                        QueueDeleteOk {
-                            message_count: count as u32,
-                        },
-                    );
-                }
-                Ok(())
-            }
-            Method::BasicQos(m) => {
-                if m.prefetch_size != 0 {
-                    return Err(AmqpError::not_implemented(format!(
-                        "prefetch_size!=0 ({})",
-                        m.prefetch_size
-                    )));
-                }
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                if m.global {
-                    channel.global_prefetch = m.prefetch_count;
-                } else {
-                    channel.prefetch = m.prefetch_count;
-                }
-                let queues: Vec<ShortString> = channel.consumers.iter().map(|c| c.queue.clone()).collect();
-                self.send(id, ch, BasicQosOk {});
-                for q in queues {
-                    self.dispatch(&vhost, &q, now);
-                }
-                Ok(())
-            }
-            Method::BasicConsume(m) => self.consume(id, ch, &vhost, m, now),
-            Method::BasicCancel(m) => {
-                let removed = self.channel(id, ch).and_then(|channel| {
-                    let at = channel.consumers.iter().position(|c| c.tag == m.consumer_tag)?;
-                    Some(channel.consumers.remove(at))
-                });
-                if let Some(consumer) = removed {
-                    self.detach_consumer(&vhost, id, ch, &consumer.tag, &consumer.queue, now);
-                }
-                if !m.no_wait {
-                    self.send(
-                        id,
-                        ch,
-                        BasicCancelOk {
-                            consumer_tag: m.consumer_tag,
-                        },
-                    );
-                }
-                Ok(())
-            }
-            Method::BasicGet(m) => {
-                let queue = self.expand_queue(id, ch, &m.queue)?;
-                self.get(id, ch, &queue, m.no_ack, now)
-            }
+            Method::ExchangeDeclare(m) => self.exchange_declare(from, m),
+            Method::ExchangeDelete(m) => self.exchange_delete(from, m),
+            Method::ExchangeBind(m) => self.exchange_bind(from, m),
+            Method::ExchangeUnbind(m) => self.exchange_unbind(from, m),
+            Method::QueueDeclare(m) => self.queue_declare(from, m),
+            Method::QueueBind(m) => self.queue_bind(from, m),
+            Method::QueueUnbind(m) => self.queue_unbind(from, m),
+            Method::QueuePurge(m) => self.queue_purge(from, m),
+            Method::QueueDelete(m) => self.queue_delete(from, m),
+            Method::BasicQos(m) => self.basic_qos(from, m),
+            Method::BasicConsume(m) => self.basic_consume(from, m),
+            Method::BasicCancel(m) => self.basic_cancel(from, m),
+            Method::BasicGet(m) => self.basic_get(from, m),
             method @ (Method::BasicAck(_) | Method::BasicReject(_) | Method::BasicNack(_)) => {
-                if let Some(tx) = self.channel(id, ch).and_then(|c| c.tx.as_mut()) {
-                    tx.push(TxOp::Settle(method));
-                    return Ok(());
-                }
-                self.settle_method(id, ch, method, now)
+                self.basic_settle(from, method)
             }
-            Method::BasicRecover(m) => {
-                if !m.requeue {
-                    return Err(AmqpError::not_implemented("requeue=false"));
-                }
-                self.recover(id, ch, now);
-                self.send(id, ch, BasicRecoverOk {});
-                Ok(())
-            }
-            Method::BasicRecoverAsync(m) => {
-                if !m.requeue {
-                    return Err(AmqpError::not_implemented("requeue=false"));
-                }
-                self.recover(id, ch, now);
-                Ok(())
-            }
-            Method::ConfirmSelect(m) => {
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                if channel.tx.is_some() {
-                    return Err(AmqpError::precondition("cannot switch from tx to confirm mode"));
-                }
-                if channel.confirm.is_none() {
-                    channel.confirm = Some(Confirms::default());
-                }
-                if !m.no_wait {
-                    self.send(id, ch, ConfirmSelectOk {});
-                }
-                Ok(())
-            }
-            Method::TxSelect(_) => {
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                if channel.confirm.is_some() {
-                    return Err(AmqpError::precondition("cannot switch from confirm to tx mode"));
-                }
-                if channel.tx.is_none() {
-                    channel.tx = Some(Vec::new());
-                }
-                self.send(id, ch, TxSelectOk {});
-                Ok(())
-            }
-            Method::TxCommit(_) => {
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                let Some(tx) = channel.tx.as_mut() else {
-                    return Err(AmqpError::precondition("channel is not transactional"));
-                };
-                let ops = std::mem::take(tx);
-                for op in ops {
-                    match op {
-                        TxOp::Publish(content) => self.route_and_enqueue(id, ch, &vhost, *content, None, now),
-                        TxOp::Settle(method) => self.settle_method(id, ch, method, now)?,
-                    }
-                }
-                self.send(id, ch, TxCommitOk {});
-                Ok(())
-            }
-            Method::TxRollback(_) => {
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                let Some(tx) = channel.tx.as_mut() else {
-                    return Err(AmqpError::precondition("channel is not transactional"));
-                };
-                tx.clear();
-                self.send(id, ch, TxRollbackOk {});
-                Ok(())
-            }
-            Method::ChannelFlow(m) => {
-                let Some(channel) = self.channel(id, ch) else {
-                    return Ok(());
-                };
-                channel.flow = m.active;
-                let queues: Vec<ShortString> = channel.consumers.iter().map(|c| c.queue.clone()).collect();
-                self.send(id, ch, ChannelFlowOk { active: m.active });
-                for q in queues {
-                    self.dispatch(&vhost, &q, now);
-                }
-                Ok(())
-            }
+            Method::BasicRecover(m) => self.basic_recover(from, m.requeue, true),
+            Method::BasicRecoverAsync(m) => self.basic_recover(from, m.requeue, false),
+            Method::ConfirmSelect(m) => self.confirm_select(from, m),
+            Method::TxSelect(_) => self.tx_select(from),
+            Method::TxCommit(_) => self.tx_commit(from),
+            Method::TxRollback(_) => self.tx_rollback(from),
+            Method::ChannelFlow(m) => self.channel_flow(from, m),
             Method::ChannelFlowOk(_) => Ok(()),
             Method::ChannelOpen(_) => Err(AmqpError::channel_error("second 'channel.open' seen")),
             _ => Err(AmqpError::command_invalid("unimplemented method")),
         }
     }
 
-    fn settle_method(&mut self, id: ConnId, ch: u16, method: Method, now: Instant) -> Result<(), AmqpError> {
-        let (tag, multiple, how) = match method {
-            Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
-            Method::BasicReject(m) => (
-                m.delivery_tag,
-                false,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            Method::BasicNack(m) => (
-                m.delivery_tag,
-                m.multiple,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            _ => return Ok(()),
-        };
-        self.settle(id, ch, tag, multiple, how, now)
-    }
+    // ---- exchange -------------------------------------------------------
 
-    fn exchange_declare(&mut self, id: ConnId, ch: u16, vhost: &str, m: ExchangeDeclare) -> Result<(), AmqpError> {
+    fn exchange_declare(&mut self, from: &Origin, m: ExchangeDeclare) -> Result<(), AmqpError> {
+        let vhost = &*from.vhost;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(());
         };
@@ -456,9 +205,39 @@ impl BrokerMachine {
                 }
             }
         }
-        if !m.no_wait {
-            self.send(id, ch, ExchangeDeclareOk {});
+        self.reply(from, m.no_wait, ExchangeDeclareOk {});
+        Ok(())
+    }
+
+    fn exchange_delete(&mut self, from: &Origin, m: ExchangeDelete) -> Result<(), AmqpError> {
+        let vhost = &*from.vhost;
+        if m.exchange.is_empty() {
+            return Err(default_exchange_refused());
         }
+        if let Some(x) = self.vhosts.get(vhost).and_then(|v| v.exchanges.get(&m.exchange)) {
+            if m.if_unused && !x.bindings.is_empty() {
+                return Err(AmqpError::precondition(format!(
+                    "{} in use",
+                    rs_exchange(&m.exchange, vhost)
+                )));
+            }
+            self.delete_exchange_internal(vhost, &m.exchange);
+        }
+        self.reply(from, m.no_wait, ExchangeDeleteOk {});
+        Ok(())
+    }
+
+    fn exchange_bind(&mut self, from: &Origin, m: ExchangeBind) -> Result<(), AmqpError> {
+        let destination = Destination::Exchange(m.destination.clone());
+        self.bind(&from.vhost, &m.source, destination, &m.routing_key, &m.arguments, true)?;
+        self.reply(from, m.no_wait, ExchangeBindOk {});
+        Ok(())
+    }
+
+    fn exchange_unbind(&mut self, from: &Origin, m: ExchangeUnbind) -> Result<(), AmqpError> {
+        let destination = Destination::Exchange(m.destination.clone());
+        self.bind(&from.vhost, &m.source, destination, &m.routing_key, &m.arguments, false)?;
+        self.reply(from, m.no_wait, ExchangeUnbindOk {});
         Ok(())
     }
 
@@ -514,107 +293,183 @@ impl BrokerMachine {
         Ok(())
     }
 
-    fn queue_declare(
-        &mut self,
-        id: ConnId,
-        ch: u16,
-        vhost: &str,
-        m: QueueDeclare,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
+    // ---- queue ----------------------------------------------------------
+
+    /// `queue.declare`: a passive one reports on the queue, any other
+    /// creates it or checks that it is equivalent to the one there.
+    fn queue_declare(&mut self, from: &Origin, m: QueueDeclare) -> Result<(), AmqpError> {
         let name = if m.queue.is_empty() && !m.passive {
             generated_name("amq.gen-")
         } else {
             m.queue.clone()
         };
-        let (messages, consumers) = if m.passive {
-            let q = self.queue_for_use(id, vhost, &name)?;
-            q.last_used = now;
-            (q.message_count(), q.consumers.len())
+        let counts = if m.passive {
+            Some(self.queue_counts(from, &name)?)
         } else {
-            if name.as_bytes().starts_with(b"amq.") && !m.queue.is_empty() {
-                return Err(AmqpError::access_refused(format!(
-                    "queue name '{name}' contains reserved prefix 'amq.*'"
-                )));
-            }
-            let settings = queue_settings(&m.arguments, &name, vhost, self.config.quorum_default_delivery_limit)?;
-            let Some(vh) = self.vhosts.get_mut(vhost) else {
-                return Ok(());
-            };
-            match vh.queues.get_mut(&name) {
-                Some(q) => {
-                    let locked = match q.exclusive_owner {
-                        Some(owner) => owner != id,
-                        None => m.exclusive,
-                    };
-                    if locked {
-                        return Err(AmqpError::queue_locked(&name, vhost));
-                    }
-                    let what = rs_queue(&name, vhost);
-                    assert_field_equivalence(q.durable, m.durable, &what, "durable")?;
-                    assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
-                    assert_queue_args_equivalence(&q.arguments, &m.arguments, &name, vhost)?;
-                    q.last_used = now;
-                    (q.message_count(), q.consumers.len())
-                }
-                None => {
-                    if matches!(settings.kind, QueueKind::Quorum | QueueKind::Stream) {
-                        let what = rs_queue(&name, vhost);
-                        let refused = if !m.durable {
-                            Some("non-durable")
-                        } else if m.exclusive {
-                            Some("exclusive-declare")
-                        } else if m.auto_delete {
-                            Some("auto-delete")
-                        } else {
-                            None
-                        };
-                        if let Some(property) = refused {
-                            return Err(AmqpError::precondition(format!(
-                                "invalid property '{property}' for {what}"
-                            )));
-                        }
-                    }
-                    let owner = m.exclusive.then_some(id);
-                    let q = Queue::new(
-                        name.clone(),
-                        m.durable,
-                        m.auto_delete,
-                        owner,
-                        m.arguments.clone(),
-                        settings,
-                        now,
-                    );
-                    vh.queues.insert(name.clone(), q);
-                    (0, 0)
-                }
-            }
+            self.declare_queue(from, &m, &name)?
         };
-        if let Some(channel) = self.channel(id, ch) {
+        let Some((messages, consumers)) = counts else {
+            return Ok(());
+        };
+        if let Some(channel) = self.channel(from.id, from.ch) {
             channel.last_queue = Some(name.clone());
         }
-        if !m.no_wait {
-            self.send(
-                id,
-                ch,
-                QueueDeclareOk {
-                    queue: name,
-                    message_count: messages as u32,
-                    consumer_count: consumers as u32,
-                },
-            );
+        let ok = QueueDeclareOk {
+            queue: name,
+            message_count: messages as u32,
+            consumer_count: consumers as u32,
+        };
+        self.reply(from, m.no_wait, ok);
+        Ok(())
+    }
+
+    /// A passive declare: the message and consumer counts of a queue this
+    /// connection may use.
+    fn queue_counts(&mut self, from: &Origin, name: &ShortString) -> Result<(usize, usize), AmqpError> {
+        let q = self.queue_for_use(from.id, &from.vhost, name)?;
+        q.last_used = from.now;
+        Ok((q.message_count(), q.consumers.len()))
+    }
+
+    /// Creates the queue, or checks a redeclaration; its counts, or `None`
+    /// if the virtual host is gone.
+    fn declare_queue(
+        &mut self,
+        from: &Origin,
+        m: &QueueDeclare,
+        name: &ShortString,
+    ) -> Result<Option<(usize, usize)>, AmqpError> {
+        let vhost = &*from.vhost;
+        if name.as_bytes().starts_with(b"amq.") && !m.queue.is_empty() {
+            return Err(AmqpError::access_refused(format!(
+                "queue name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
+        let Some(vh) = self.vhosts.get_mut(vhost) else {
+            return Ok(None);
+        };
+        if let Some(q) = vh.queues.get_mut(name) {
+            return redeclared(q, from, m, name).map(Some);
+        }
+        if matches!(settings.kind, QueueKind::Quorum | QueueKind::Stream) {
+            check_replicated_queue(m, name, vhost)?;
+        }
+        let owner = m.exclusive.then_some(from.id);
+        let q = Queue::new(
+            name.clone(),
+            m.durable,
+            m.auto_delete,
+            owner,
+            m.arguments.clone(),
+            settings,
+            from.now,
+        );
+        vh.queues.insert(name.clone(), q);
+        Ok(Some((0, 0)))
+    }
+
+    fn queue_bind(&mut self, from: &Origin, m: QueueBind) -> Result<(), AmqpError> {
+        let vhost = &*from.vhost;
+        let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
+        let key = if m.queue.is_empty() && m.routing_key.is_empty() {
+            queue.clone()
+        } else {
+            m.routing_key.clone()
+        };
+        if m.exchange.is_empty() {
+            return Err(default_exchange_refused());
+        }
+        if !self.exchange_exists(vhost, &m.exchange.to_string_lossy()) {
+            return Err(AmqpError::no_exchange(&m.exchange, vhost));
+        }
+        self.queue_for_use(from.id, vhost, &queue)?;
+        self.bind(vhost, &m.exchange, Destination::Queue(queue), &key, &m.arguments, true)?;
+        self.reply(from, m.no_wait, QueueBindOk {});
+        Ok(())
+    }
+
+    fn queue_unbind(&mut self, from: &Origin, m: QueueUnbind) -> Result<(), AmqpError> {
+        let vhost = &*from.vhost;
+        let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
+        let key = if m.queue.is_empty() && m.routing_key.is_empty() {
+            queue.clone()
+        } else {
+            m.routing_key.clone()
+        };
+        if m.exchange.is_empty() {
+            return Err(default_exchange_refused());
+        }
+        self.queue_for_use(from.id, vhost, &queue)?;
+        self.bind(vhost, &m.exchange, Destination::Queue(queue), &key, &m.arguments, false)?;
+        // queue.unbind has no `no_wait`.
+        self.reply(from, false, QueueUnbindOk {});
+        Ok(())
+    }
+
+    fn queue_purge(&mut self, from: &Origin, m: QueuePurge) -> Result<(), AmqpError> {
+        let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
+        let q = self.queue_for_use(from.id, &from.vhost, &queue)?;
+        let n = if q.is_stream() { 0 } else { q.purge() };
+        let ok = QueuePurgeOk {
+            message_count: n as u32,
+        };
+        self.reply(from, m.no_wait, ok);
+        Ok(())
+    }
+
+    fn queue_delete(&mut self, from: &Origin, m: QueueDelete) -> Result<(), AmqpError> {
+        let vhost = &*from.vhost;
+        let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
+        let exists = self.vhosts.get(vhost).is_some_and(|v| v.queues.contains_key(&queue));
+        let mut count = 0;
+        if exists {
+            let q = self.queue_for_use(from.id, vhost, &queue)?;
+            if m.if_unused && !q.consumers.is_empty() {
+                return Err(AmqpError::precondition(format!("{} in use", rs_queue(&queue, vhost))));
+            }
+            if m.if_empty && q.message_count() > 0 {
+                return Err(AmqpError::precondition(format!(
+                    "{} not empty",
+                    rs_queue(&queue, vhost)
+                )));
+            }
+            count = self.delete_queue_internal(vhost, &queue).unwrap_or(0);
+        }
+        let ok = QueueDeleteOk {
+            message_count: count as u32,
+        };
+        self.reply(from, m.no_wait, ok);
+        Ok(())
+    }
+
+    // ---- basic ----------------------------------------------------------
+
+    fn basic_qos(&mut self, from: &Origin, m: BasicQos) -> Result<(), AmqpError> {
+        if m.prefetch_size != 0 {
+            return Err(AmqpError::not_implemented(format!(
+                "prefetch_size!=0 ({})",
+                m.prefetch_size
+            )));
+        }
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        if m.global {
+            channel.global_prefetch = m.prefetch_count;
+        } else {
+            channel.prefetch = m.prefetch_count;
+        }
+        let queues: Vec<ShortString> = channel.consumers.iter().map(|c| c.queue.clone()).collect();
+        self.reply(from, false, BasicQosOk {});
+        for q in queues {
+            self.dispatch(&from.vhost, &q, from.now);
         }
         Ok(())
     }
 
-    fn consume(
-        &mut self,
-        id: ConnId,
-        ch: u16,
-        vhost: &str,
-        m: amqp_codec::BasicConsume,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
+    fn basic_consume(&mut self, from: &Origin, m: BasicConsume) -> Result<(), AmqpError> {
+        let (id, ch, vhost, now) = (from.id, from.ch, &*from.vhost, from.now);
         let queue = self.expand_queue(id, ch, &m.queue)?;
         let tag = if m.consumer_tag.is_empty() {
             generated_name("amq.ctag-")
@@ -670,11 +525,199 @@ impl BrokerMachine {
             in_flight: 0,
             stream_next,
         });
-        if !m.no_wait {
-            self.send(id, ch, BasicConsumeOk { consumer_tag: tag });
-        }
+        self.reply(from, m.no_wait, BasicConsumeOk { consumer_tag: tag });
         self.dispatch(vhost, &queue, now);
         Ok(())
+    }
+
+    fn basic_cancel(&mut self, from: &Origin, m: BasicCancel) -> Result<(), AmqpError> {
+        let removed = self.channel(from.id, from.ch).and_then(|channel| {
+            let at = channel.consumers.iter().position(|c| c.tag == m.consumer_tag)?;
+            Some(channel.consumers.remove(at))
+        });
+        if let Some(consumer) = removed {
+            self.detach_consumer(&from.vhost, from.id, from.ch, &consumer.tag, &consumer.queue, from.now);
+        }
+        let ok = BasicCancelOk {
+            consumer_tag: m.consumer_tag,
+        };
+        self.reply(from, m.no_wait, ok);
+        Ok(())
+    }
+
+    fn basic_get(&mut self, from: &Origin, m: BasicGet) -> Result<(), AmqpError> {
+        let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
+        self.get(from.id, from.ch, &queue, m.no_ack, from.now)
+    }
+
+    /// `basic.ack`, `basic.reject`, `basic.nack`: settled now, or at commit
+    /// in a transaction.
+    fn basic_settle(&mut self, from: &Origin, method: Method) -> Result<(), AmqpError> {
+        if let Some(tx) = self.channel(from.id, from.ch).and_then(|c| c.tx.as_mut()) {
+            tx.push(TxOp::Settle(method));
+            return Ok(());
+        }
+        self.settle_method(from.id, from.ch, method, from.now)
+    }
+
+    fn settle_method(&mut self, id: ConnId, ch: u16, method: Method, now: Instant) -> Result<(), AmqpError> {
+        let (tag, multiple, how) = match method {
+            Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
+            Method::BasicReject(m) => (
+                m.delivery_tag,
+                false,
+                if m.requeue { Settle::Requeue } else { Settle::Discard },
+            ),
+            Method::BasicNack(m) => (
+                m.delivery_tag,
+                m.multiple,
+                if m.requeue { Settle::Requeue } else { Settle::Discard },
+            ),
+            _ => return Ok(()),
+        };
+        self.settle(id, ch, tag, multiple, how, now)
+    }
+
+    /// `basic.recover` (answered with `recover-ok`) and `basic.recover-async`
+    /// (not answered): only with `requeue`.
+    fn basic_recover(&mut self, from: &Origin, requeue: bool, answer: bool) -> Result<(), AmqpError> {
+        if !requeue {
+            return Err(AmqpError::not_implemented("requeue=false"));
+        }
+        self.recover(from.id, from.ch, from.now);
+        self.reply(from, !answer, BasicRecoverOk {});
+        Ok(())
+    }
+
+    // ---- confirm, tx, flow ----------------------------------------------
+
+    fn confirm_select(&mut self, from: &Origin, m: ConfirmSelect) -> Result<(), AmqpError> {
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        if channel.tx.is_some() {
+            return Err(AmqpError::precondition("cannot switch from tx to confirm mode"));
+        }
+        if channel.confirm.is_none() {
+            channel.confirm = Some(Confirms::default());
+        }
+        self.reply(from, m.no_wait, ConfirmSelectOk {});
+        Ok(())
+    }
+
+    fn tx_select(&mut self, from: &Origin) -> Result<(), AmqpError> {
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        if channel.confirm.is_some() {
+            return Err(AmqpError::precondition("cannot switch from confirm to tx mode"));
+        }
+        if channel.tx.is_none() {
+            channel.tx = Some(Vec::new());
+        }
+        self.reply(from, false, TxSelectOk {});
+        Ok(())
+    }
+
+    fn tx_commit(&mut self, from: &Origin) -> Result<(), AmqpError> {
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        let Some(tx) = channel.tx.as_mut() else {
+            return Err(AmqpError::precondition("channel is not transactional"));
+        };
+        let ops = std::mem::take(tx);
+        for op in ops {
+            match op {
+                TxOp::Publish(content) => {
+                    self.route_and_enqueue(from.id, from.ch, &from.vhost, *content, None, from.now)
+                }
+                TxOp::Settle(method) => self.settle_method(from.id, from.ch, method, from.now)?,
+            }
+        }
+        self.reply(from, false, TxCommitOk {});
+        Ok(())
+    }
+
+    fn tx_rollback(&mut self, from: &Origin) -> Result<(), AmqpError> {
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        let Some(tx) = channel.tx.as_mut() else {
+            return Err(AmqpError::precondition("channel is not transactional"));
+        };
+        tx.clear();
+        self.reply(from, false, TxRollbackOk {});
+        Ok(())
+    }
+
+    fn channel_flow(&mut self, from: &Origin, m: ChannelFlow) -> Result<(), AmqpError> {
+        let Some(channel) = self.channel(from.id, from.ch) else {
+            return Ok(());
+        };
+        channel.flow = m.active;
+        let queues: Vec<ShortString> = channel.consumers.iter().map(|c| c.queue.clone()).collect();
+        self.reply(from, false, ChannelFlowOk { active: m.active });
+        for q in queues {
+            self.dispatch(&from.vhost, &q, from.now);
+        }
+        Ok(())
+    }
+
+    /// Answers the method from `from`, unless it asked for no answer.
+    fn reply(&mut self, from: &Origin, no_wait: bool, ok: impl Into<Method>) {
+        if !no_wait {
+            self.send(from.id, from.ch, ok);
+        }
+    }
+}
+
+/// Where a method came from: the connection, the channel, the connection's
+/// virtual host; and when it arrived.
+struct Origin {
+    id: ConnId,
+    ch: u16,
+    vhost: Arc<str>,
+    now: Instant,
+}
+
+/// A redeclaration of queue `q`: by its owner if it is exclusive, with
+/// equivalent properties and arguments. Its counts.
+fn redeclared(q: &mut Queue, from: &Origin, m: &QueueDeclare, name: &ShortString) -> Result<(usize, usize), AmqpError> {
+    let vhost = &*from.vhost;
+    let locked = match q.exclusive_owner {
+        Some(owner) => owner != from.id,
+        None => m.exclusive,
+    };
+    if locked {
+        return Err(AmqpError::queue_locked(name, vhost));
+    }
+    let what = rs_queue(name, vhost);
+    assert_field_equivalence(q.durable, m.durable, &what, "durable")?;
+    assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
+    assert_queue_args_equivalence(&q.arguments, &m.arguments, name, vhost)?;
+    q.last_used = from.now;
+    Ok((q.message_count(), q.consumers.len()))
+}
+
+/// Quorum queues and streams are durable, never exclusive, never
+/// auto-delete.
+fn check_replicated_queue(m: &QueueDeclare, name: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let refused = if !m.durable {
+        Some("non-durable")
+    } else if m.exclusive {
+        Some("exclusive-declare")
+    } else if m.auto_delete {
+        Some("auto-delete")
+    } else {
+        None
+    };
+    match refused {
+        Some(property) => Err(AmqpError::precondition(format!(
+            "invalid property '{property}' for {}",
+            rs_queue(name, vhost)
+        ))),
+        None => Ok(()),
     }
 }
 

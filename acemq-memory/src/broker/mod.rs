@@ -3,9 +3,11 @@
 //! delivery, dead-lettering, timers and faults.
 //!
 //! It is sans-IO: every input takes `now`, output is bytes appended to each
-//! connection's outbox, and the driver asks [`BrokerMachine::poll_timeout`]
-//! when to call [`BrokerMachine::handle_timeout`]. It never sleeps, spawns or
-//! touches a socket, and nothing a client sends may make it panic.
+//! connection's outbox by amqp-codec's encoders, and the driver asks
+//! [`BrokerMachine::poll_timeout`] when to call
+//! [`BrokerMachine::handle_timeout`]. It never sleeps, spawns or touches a
+//! socket, never lays out a frame by hand, and nothing a client sends may
+//! make it panic.
 
 mod args;
 mod dead_letter;
@@ -19,11 +21,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use amqp_codec::track::ContentAssembler;
 use amqp_codec::{
-    encode_body, encode_method, BasicCancel, BasicProperties, ConnectionClose, FieldValue, Method, ReplyCode,
-    ShortString, FRAME_HEADER, FRAME_OVERHEAD,
+    encode_content_raw, encode_delivery, encode_method, BasicCancel, DeliverRef, FieldValue, Method, ReplyCode,
+    ShortString,
 };
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
 pub(crate) use args::QueueKind;
 use exchange::{Destination, Exchange, ExchangeKind};
@@ -102,59 +105,12 @@ pub(crate) struct Publication {
     pub body: bytes::Bytes,
 }
 
-/// A publish being assembled from its frames, in place: the hot path moves
-/// no large value per frame.
-#[derive(Debug, Default)]
-pub(crate) struct Incoming {
-    pub publish: Option<amqp_codec::BasicPublish>,
-    pub header: Option<Header>,
-    pub body_size: u64,
-    pub first: Option<bytes::Bytes>,
-    pub rest: BytesMut,
-}
-
-impl Incoming {
-    pub fn reset(&mut self) {
-        self.publish = None;
-        self.header = None;
-        self.body_size = 0;
-        self.first = None;
-        self.rest.clear();
-    }
-
-    pub fn received(&self) -> u64 {
-        match &self.first {
-            None => 0,
-            Some(first) => (first.len() + self.rest.len()) as u64,
-        }
-    }
-
-    /// Takes the finished publication.
-    pub fn take(&mut self) -> Option<Publication> {
-        let publish = self.publish.take()?;
-        let header = self.header.take()?;
-        let body = match self.first.take() {
-            None => bytes::Bytes::new(),
-            Some(first) if self.rest.is_empty() => first,
-            Some(first) => {
-                let mut all = BytesMut::with_capacity(first.len() + self.rest.len());
-                all.extend_from_slice(&first);
-                all.extend_from_slice(&self.rest);
-                self.rest = BytesMut::new();
-                all.freeze()
-            }
-        };
-        self.body_size = 0;
-        Some(Publication { publish, header, body })
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Channel {
     /// The broker sent `channel.close` and ignores everything until `close-ok`.
     pub closing: bool,
-    pub incoming: Incoming,
-    pub max_body: u64,
+    /// The publish being assembled from its method, header and body frames.
+    pub assembler: ContentAssembler,
     pub next_tag: u64,
     pub unacked: VecDeque<Unacked>,
     pub consumers: Vec<Consumer>,
@@ -171,8 +127,7 @@ impl Channel {
     fn new(max_body: u64) -> Self {
         Channel {
             closing: false,
-            incoming: Incoming::default(),
-            max_body,
+            assembler: ContentAssembler::with_max_body(max_body),
             next_tag: 1,
             unacked: VecDeque::new(),
             consumers: Vec::new(),
@@ -205,6 +160,10 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    pub fn channel(&self, ch: u16) -> Option<&Channel> {
+        self.channels.get(usize::from(ch)).and_then(Option::as_ref)
+    }
+
     pub fn channel_mut(&mut self, ch: u16) -> Option<&mut Channel> {
         self.channels.get_mut(usize::from(ch)).and_then(Option::as_mut)
     }
@@ -426,7 +385,7 @@ impl BrokerMachine {
         let vhost = conn.vhost.clone();
         let Some(channel) = conn.channel_mut(ch) else { return };
         channel.closing = true;
-        channel.incoming.reset();
+        channel.assembler.reset();
         channel.tx = None;
         let consumers = std::mem::take(&mut channel.consumers);
         let unacked = std::mem::take(&mut channel.unacked);
@@ -601,13 +560,11 @@ impl BrokerMachine {
                 continue;
             }
             if conn.open {
-                let close = ConnectionClose {
-                    reply_code: ReplyCode::ConnectionForced.code(),
-                    reply_text: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'".into(),
-                    class_id: 0,
-                    method_id: 0,
-                };
-                write_method(&mut conn.out, 0, &close.into());
+                let shutdown = AmqpError::new(
+                    ReplyCode::ConnectionForced,
+                    "broker forced connection closure with reason 'shutdown'",
+                );
+                write_method(&mut conn.out, 0, &shutdown.close_method(0));
             }
             conn.fault = Some(Fault::FlushAndDrop);
             conn.dead = true;
@@ -735,9 +692,9 @@ pub(crate) fn write_method(out: &mut BytesMut, channel: u16, method: &Method) {
     }
 }
 
-/// Appends a content-bearing method, the message's header (with `extra`
-/// set in its headers table, as RabbitMQ's `add_header` does) and its body
-/// split to `frame_max`.
+/// Appends a content-bearing method (`basic.return`, `basic.get-ok`), the
+/// message's header (with `extra` set in its headers table, as RabbitMQ's
+/// `add_header` does) and its body split to `frame_max`.
 pub(crate) fn write_content(
     out: &mut BytesMut,
     channel: u16,
@@ -746,59 +703,30 @@ pub(crate) fn write_content(
     frame_max: u32,
     extra: Option<(&str, FieldValue)>,
 ) {
-    let start = out.len();
-    write_method(out, channel, method);
-    write_content_after_method(out, start, channel, msg, frame_max, extra);
+    let mut scratch = BytesMut::new();
+    let Some(properties) = msg.outgoing_properties(extra, &mut scratch) else {
+        return;
+    };
+    if let Err(err) = encode_content_raw(channel, method, properties, &msg.body, frame_max, out) {
+        tracing::error!(%err, method = method.name(), "broker holds a message it cannot encode");
+    }
 }
 
-/// The header and body frames of a message whose method frame starts at
-/// `start` in `out` (everything from `start` is dropped if one cannot be
-/// encoded).
-pub(crate) fn write_content_after_method(
+/// Appends a `basic.deliver` of the message, as [`write_content`] does for
+/// other methods, from the names it borrows.
+pub(crate) fn write_delivery(
     out: &mut BytesMut,
-    start: usize,
     channel: u16,
+    deliver: &DeliverRef<'_>,
     msg: &Message,
     frame_max: u32,
     extra: Option<(&str, FieldValue)>,
 ) {
-    let header_start = out.len();
-    out.put_u8(FRAME_HEADER);
-    out.put_u16(channel);
-    out.put_u32(0);
-    out.put_u16(60);
-    out.put_u16(0);
-    out.put_u64(msg.body.len() as u64);
-    let encoded = match (&msg.header, extra) {
-        (Header::Decoded(props), None) => props.encode(out),
-        (Header::Decoded(props), Some((key, value))) => {
-            let mut props: BasicProperties = BasicProperties::clone(props);
-            let mut headers = props.headers.take().unwrap_or_default();
-            args::set_table_value(&mut headers, key, value);
-            props.headers = Some(headers);
-            props.encode(out)
-        }
-        (Header::Raw(raw), _) => {
-            out.put_slice(&raw.raw_properties);
-            Ok(())
-        }
-    };
-    if encoded.is_err() {
-        out.truncate(start);
+    let mut scratch = BytesMut::new();
+    let Some(properties) = msg.outgoing_properties(extra, &mut scratch) else {
         return;
-    }
-    let size = (out.len() - header_start - 7) as u32;
-    out[header_start + 3..header_start + 7].copy_from_slice(&size.to_be_bytes());
-    out.put_u8(amqp_codec::FRAME_END);
-    let max_body = if frame_max == 0 {
-        usize::MAX
-    } else {
-        (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1)
     };
-    for chunk in msg.body.chunks(max_body) {
-        if encode_body(channel, chunk, out).is_err() {
-            out.truncate(start);
-            return;
-        }
+    if let Err(err) = encode_delivery(channel, deliver, properties, &msg.body, frame_max, out) {
+        tracing::error!(%err, "broker holds a message it cannot deliver");
     }
 }

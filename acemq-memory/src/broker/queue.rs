@@ -2,14 +2,15 @@
 //! max-length, requeue in original order), and the append-only log of
 //! streams. A queue never talks to consumers itself; the broker does that.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amqp_codec::{BasicProperties, FieldTable, Properties, ShortString, UndecodableHeader};
-use bytes::Bytes;
+use amqp_codec::{BasicProperties, FieldTable, FieldValue, Properties, ShortString, UndecodableHeader};
+use bytes::{Bytes, BytesMut};
 
-use super::args::{Overflow, QueueKind, QueueSettings};
+use super::args::{set_table_value, Overflow, QueueKind, QueueSettings};
 use super::ConnId;
 
 /// A message's properties: decoded, or kept raw when the codec could not
@@ -24,7 +25,8 @@ pub(crate) enum Header {
 }
 
 /// A published message. Shared between queues with `Arc`; the body is a
-/// zero-copy slice of the publisher's read buffer.
+/// zero-copy slice of the publisher's read buffer, and so are the property
+/// bytes while the broker has changed no property.
 #[derive(Debug, Clone)]
 pub(crate) struct Message {
     pub exchange: ShortString,
@@ -34,6 +36,37 @@ pub(crate) struct Message {
 }
 
 impl Message {
+    /// The property flag word and list a delivery of this message carries
+    /// (empty for none), with `extra` set in its headers table if given
+    /// (RabbitMQ's `add_header`; a header that was not decoded goes out as
+    /// it came): the bytes received, unless the broker changed a property
+    /// (the headers of a dead letter) or `extra` is given; those are
+    /// encoded into `scratch`. `None` if they do not encode.
+    #[inline]
+    pub fn outgoing_properties<'a>(
+        &'a self,
+        extra: Option<(&str, FieldValue)>,
+        scratch: &'a mut BytesMut,
+    ) -> Option<&'a [u8]> {
+        let props = match (&self.header, extra) {
+            (Header::Raw(raw), _) => return Some(&raw.raw_properties),
+            (Header::Decoded(props), None) => match props.wire_bytes() {
+                Some(received) => return Some(received),
+                None if props.flags() == 0 => return Some(&[]),
+                None => Cow::Borrowed(&**props),
+            },
+            (Header::Decoded(props), Some((key, value))) => {
+                let mut props = BasicProperties::clone(props);
+                let mut headers = props.headers.take().unwrap_or_default();
+                set_table_value(&mut headers, key, value);
+                props.headers = Some(headers);
+                Cow::Owned(props)
+            }
+        };
+        props.encode(scratch).ok()?;
+        Some(&scratch[..])
+    }
+
     pub fn properties(&self) -> Option<&BasicProperties> {
         match &self.header {
             Header::Decoded(p) => Some(p),
