@@ -88,6 +88,8 @@ mod error;
 pub mod fuzzing;
 mod server;
 mod session;
+#[cfg(test)]
+mod session_tests;
 
 pub use broker::{BrokerMachine, ConnId, QueueInfo};
 pub use config::{BrokerConfig, User};

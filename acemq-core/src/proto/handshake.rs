@@ -78,17 +78,16 @@ impl Auth {
                 LongString::from(out)
             }
             Auth::AmqPlain { username, password } => {
-                // The body of a field table, without its length prefix.
                 let mut table = FieldTable::new();
                 table.insert("LOGIN", FieldValue::from(username.as_str()));
                 table.insert("PASSWORD", FieldValue::from(password.0.as_str()));
                 let mut buf = bytes::BytesMut::new();
                 // Keys are short and values are strings: encoding cannot fail
                 // unless a credential is longer than 4 GiB.
-                if table.encode(&mut buf).is_err() {
+                if amqp_codec::sasl::encode_amqplain(&table, &mut buf).is_err() {
                     return LongString::new();
                 }
-                LongString::from(buf.split_off(4).freeze())
+                LongString::from(buf.freeze())
             }
             Auth::External => LongString::new(),
         }

@@ -14,6 +14,7 @@ mod dead_letter;
 mod delivery;
 mod exchange;
 mod fast_hash;
+mod ids;
 mod methods;
 mod queue;
 
@@ -38,8 +39,7 @@ use queue::{DeathReason, Message, Queue, Queued};
 use crate::config::BrokerConfig;
 use crate::error::AmqpError;
 
-/// Identifies one connection inside a broker machine.
-pub type ConnId = u64;
+pub use ids::ConnId;
 
 /// What the client said it can handle, from `client_properties.capabilities`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use amqp_codec::{BasicProperties, FieldTable, FieldValue, Properties, ShortStrin
 use bytes::{Bytes, BytesMut};
 
 use super::args::{set_table_value, Overflow, QueueKind, QueueSettings};
-use super::ConnId;
+use super::ids::ConnId;
 
 /// A message's properties: decoded, or kept raw when the codec could not
 /// decode them (RabbitMQ passes such a header through untouched).

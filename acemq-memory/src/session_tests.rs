@@ -1,0 +1,216 @@
+//! The session driven without tokio: bytes in, frames out, a virtual clock.
+
+use std::time::{Duration, Instant};
+
+use amqp_codec::{encode_method, ConnectionTuneOk, Frame, FrameDecoder, Method, PROTOCOL_HEADER};
+use bytes::BytesMut;
+
+use crate::broker::{BrokerMachine, ConnId};
+use crate::session::{Fate, Session};
+use crate::BrokerConfig;
+
+fn frames(machine: &mut BrokerMachine, id: ConnId) -> Vec<Frame> {
+    let mut out = machine.take_output(id);
+    let decoder = FrameDecoder::new(0);
+    let mut frames = Vec::new();
+    while let Ok(Some(frame)) = decoder.decode(&mut out) {
+        frames.push(frame);
+    }
+    frames
+}
+
+fn open(heartbeat: u16) -> (BrokerMachine, Session, Instant) {
+    let now = Instant::now();
+    let mut machine = BrokerMachine::new(BrokerConfig::default(), now);
+    let mut session = Session::new(&mut machine, now);
+    let mut input = crate::fuzzing::handshake(heartbeat);
+    session.handle_input(&mut machine, &mut input, now);
+    assert!(input.is_empty());
+    let names: Vec<&str> = frames(&mut machine, session.id())
+        .iter()
+        .map(|f| match f {
+            Frame::Method(_, m) => m.name(),
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "connection.start",
+            "connection.tune",
+            "connection.open-ok",
+            "channel.open-ok",
+            "channel.open-ok",
+            "confirm.select-ok"
+        ]
+    );
+    (machine, session, now)
+}
+
+#[test]
+fn the_handshake_needs_no_runtime() {
+    let (machine, session, _) = open(0);
+    assert_eq!(session.fate(), Fate::Running);
+    assert_eq!(machine.connection_count(), 1);
+    assert_eq!(session.poll_timeout(), None);
+}
+
+#[test]
+fn heartbeat_deadlines_follow_the_negotiated_interval() {
+    let (mut machine, mut session, start) = open(4);
+    assert_eq!(session.poll_timeout(), Some(start + Duration::from_secs(2)));
+    session.handle_timeout(&mut machine, start + Duration::from_secs(2));
+    assert_eq!(frames(&mut machine, session.id()), [Frame::Heartbeat]);
+    session.transmitted(start + Duration::from_secs(2));
+    session.handle_timeout(&mut machine, start + Duration::from_secs(8));
+    assert_eq!(
+        session.fate(),
+        Fate::Sever,
+        "two intervals without a byte from the client"
+    );
+}
+
+#[test]
+fn a_refused_tune_ok_waits_then_drops_without_a_frame() {
+    let now = Instant::now();
+    let mut machine = BrokerMachine::new(BrokerConfig::default(), now);
+    let mut session = Session::new(&mut machine, now);
+    session.handle_input(&mut machine, &mut BytesMut::from(&PROTOCOL_HEADER[..]), now);
+    let mut tune = BytesMut::new();
+    encode_method(
+        0,
+        &amqp_codec::ConnectionStartOk {
+            mechanism: "PLAIN".into(),
+            response: b"\0guest\0guest".as_slice().into(),
+            ..Default::default()
+        }
+        .into(),
+        &mut tune,
+    )
+    .unwrap();
+    encode_method(
+        0,
+        &ConnectionTuneOk {
+            channel_max: 10,
+            frame_max: 1024,
+            heartbeat: 0,
+        }
+        .into(),
+        &mut tune,
+    )
+    .unwrap();
+    session.handle_input(&mut machine, &mut tune, now);
+    let _ = frames(&mut machine, session.id());
+    assert_eq!(session.poll_timeout(), Some(now + Duration::from_secs(3)));
+    session.handle_timeout(&mut machine, now + Duration::from_secs(3));
+    assert_eq!(session.fate(), Fate::Sever);
+    assert!(frames(&mut machine, session.id()).is_empty());
+}
+
+/// The close a session answers `input` with, after the handshake.
+fn close_for(input: impl FnOnce(&mut BytesMut)) -> (u16, String, u16, u16) {
+    let (mut machine, mut session, now) = open(0);
+    let mut bytes = BytesMut::new();
+    input(&mut bytes);
+    session.handle_input(&mut machine, &mut bytes, now);
+    let closes: Vec<_> = frames(&mut machine, session.id())
+        .into_iter()
+        .filter_map(|f| match f {
+            Frame::Method(_, Method::ConnectionClose(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let [close] = &closes[..] else {
+        panic!("one connection.close, got {closes:?}")
+    };
+    (
+        close.reply_code,
+        close.reply_text.to_string(),
+        close.class_id,
+        close.method_id,
+    )
+}
+
+fn publish(out: &mut BytesMut) {
+    encode_method(1, &amqp_codec::BasicPublish::default().into(), out).unwrap();
+}
+
+fn header(out: &mut BytesMut, body_size: u64) {
+    let header = amqp_codec::ContentHeader::basic(body_size, amqp_codec::BasicProperties::default());
+    Frame::Header(1, header).encode(out).unwrap();
+}
+
+#[test]
+fn content_out_of_sequence_is_refused_in_rabbitmqs_words() {
+    let unexpected = |text: &str| (505, format!("UNEXPECTED_FRAME - {text}"), 60, 40);
+    assert_eq!(
+        close_for(|out| header(out, 1)),
+        unexpected("expected method frame, got content header frame instead")
+    );
+    assert_eq!(
+        close_for(|out| amqp_codec::encode_body(1, b"x", out).unwrap()),
+        unexpected("expected method frame, got content body frame instead")
+    );
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            encode_method(1, &amqp_codec::BasicQos::default().into(), out).unwrap();
+        }),
+        unexpected("expected content header for class 60, got non content header frame instead")
+    );
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            publish(out);
+        }),
+        unexpected("expected content header for class 60, got non content header frame instead")
+    );
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            amqp_codec::encode_body(1, b"x", out).unwrap();
+        }),
+        unexpected("expected content header frame, got content body frame instead")
+    );
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            header(out, 1);
+            header(out, 1);
+        }),
+        unexpected("expected content body frame, got content header frame instead")
+    );
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            header(out, 1);
+            amqp_codec::encode_body(1, b"xy", out).unwrap();
+        }),
+        unexpected("content body of 2 bytes exceeds the announced 1")
+    );
+}
+
+#[test]
+fn a_body_above_the_limit_closes_only_the_channel() {
+    let (mut machine, mut session, now) = open(0);
+    let max = machine.config().max_message_size;
+    let mut bytes = BytesMut::new();
+    publish(&mut bytes);
+    header(&mut bytes, max + 1);
+    session.handle_input(&mut machine, &mut bytes, now);
+    let close = frames(&mut machine, session.id()).into_iter().find_map(|f| match f {
+        Frame::Method(1, Method::ChannelClose(c)) => Some(c),
+        _ => None,
+    });
+    let close = close.expect("channel.close");
+    assert_eq!(close.reply_code, 406);
+    assert_eq!(
+        close.reply_text.to_string(),
+        format!(
+            "PRECONDITION_FAILED - message size {} is larger than configured max size {max}",
+            max + 1
+        )
+    );
+    assert_eq!((close.class_id, close.method_id), (60, 40));
+    assert_eq!(session.fate(), Fate::Running);
+}
