@@ -134,7 +134,8 @@ async fn main() -> Result<(), Error> {
             .and_then(|v| v.as_str())
             .unwrap_or("?")
             .to_string();
-        let order: OrderPlaced = serde_json::from_slice(&dead.body).map_err(|e| Error::Decode(acemq_core::CodecError(e.to_string())))?;
+        let order: OrderPlaced =
+            serde_json::from_slice(&dead.body).map_err(|e| Error::Decode(acemq_core::CodecError(e.to_string())))?;
         println!("orders: dead letter: order {} ({reason})", order.order_id);
         dead.ack()?;
     }

@@ -998,7 +998,12 @@ impl Connection {
                 });
                 // The close-ok answers our channel.close call, the last one queued.
                 let last = state.calls.pop_back();
-                fail_calls(&mut self.events, channel, &mut state, CallError::ChannelClosedByClient { channel });
+                fail_calls(
+                    &mut self.events,
+                    channel,
+                    &mut state,
+                    CallError::ChannelClosedByClient { channel },
+                );
                 if let Some(call) = last {
                     self.events.push_back(Event::Reply {
                         channel,
