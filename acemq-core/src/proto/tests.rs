@@ -577,23 +577,26 @@ fn closed_reason(events: &[Event]) -> Option<&CloseReason> {
     })
 }
 
+/// The connection is still up just before `after`, and closed at `after`
+/// with a timeout naming `waiting_for`.
+fn ends_exactly_after(p: &mut Peer, after: Duration, waiting_for: Wait) {
+    p.advance(after - Duration::from_millis(1));
+    assert!(!p.conn.is_closed());
+    p.advance(Duration::from_millis(1));
+    assert!(p.conn.is_closed());
+    assert_eq!(
+        closed_reason(&p.events()),
+        Some(&CloseReason::TimedOut { waiting_for, after })
+    );
+}
+
 #[test]
 fn a_broker_that_never_starts_the_handshake_times_it_out_without_heartbeats() {
     let mut p = Peer::new();
     p.take_raw(8);
     let handshake = Timeouts::default().handshake;
     assert_eq!(p.conn.poll_timeout(), Some(p.now + handshake));
-    p.advance(handshake - Duration::from_millis(1));
-    assert!(!p.conn.is_closed());
-    p.advance(Duration::from_millis(1));
-    assert!(p.conn.is_closed());
-    assert_eq!(
-        closed_reason(&p.events()),
-        Some(&CloseReason::TimedOut {
-            waiting_for: Wait::Handshake,
-            after: handshake
-        })
-    );
+    ends_exactly_after(&mut p, handshake, Wait::Handshake);
     assert_eq!(p.conn.poll_timeout(), None);
 }
 
@@ -692,18 +695,7 @@ fn a_close_the_broker_never_answers_ends_after_the_close_timeout() {
     let mut p = Peer::open_without_heartbeats();
     p.conn.close();
     assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 200));
-    let close = Timeouts::default().close;
-    p.advance(close - Duration::from_millis(1));
-    assert!(!p.conn.is_closed());
-    p.advance(Duration::from_millis(1));
-    assert!(p.conn.is_closed());
-    assert_eq!(
-        closed_reason(&p.events()),
-        Some(&CloseReason::TimedOut {
-            waiting_for: Wait::ConnectionCloseOk,
-            after: close
-        })
-    );
+    ends_exactly_after(&mut p, Timeouts::default().close, Wait::ConnectionCloseOk);
 }
 
 #[test]
