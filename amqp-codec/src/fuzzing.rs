@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use crate::track::{
     Assembly, Blocked, ConfirmError, Confirms, ContentAssembler, Outcome, ReturnKey, ReturnMatch, Returns,
 };
-use crate::{FieldTable, Frame, FrameDecoder, Method};
+use crate::{BasicProperties, ContentHeader, FieldTable, Frame, FrameDecoder, Method};
 
 /// The `frame_max` and nesting limit a fuzz input asks for, from its first byte.
 fn limits(selector: u8) -> (u32, usize) {
@@ -174,6 +174,7 @@ fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> V
 /// Decodes each frame, encodes it, decodes that again: the second decode must
 /// succeed, and encoding it again must give the same bytes (decode → encode is
 /// stable after one pass; field values such as `t` normalise on the first).
+/// A content header's properties are salvaged too (see `salvage_agrees`).
 pub fn roundtrip(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
@@ -194,6 +195,7 @@ pub fn roundtrip(data: &[u8]) {
                 "properties built from validated bytes encode differently"
             );
         }
+        salvage_agrees(&decoder, &frame);
         let (again, used_again) = decoder
             .decode_slice(&first)
             .unwrap_or_else(|err| panic!("re-encoded {frame:?} does not decode: {err}"));
@@ -204,6 +206,43 @@ pub fn roundtrip(data: &[u8]) {
             "encode(decode(encode(frame))) differs from encode(frame)"
         );
         buf = buf.slice(used..);
+    }
+}
+
+/// Salvaging a header's properties gives what the decoder gave and loses
+/// nothing when they decoded; when they did not, what it salvages is a
+/// sound property list.
+fn salvage_agrees(decoder: &FrameDecoder, frame: &Frame) {
+    match frame {
+        Frame::Header(_, header) => {
+            let Some(raw) = header.properties.wire_bytes() else {
+                return;
+            };
+            let salvaged = BasicProperties::salvage_with_max_depth(raw, decoder.max_depth());
+            assert!(
+                salvaged.lost.is_empty(),
+                "salvage lost {:?} of decoded properties",
+                salvaged.lost
+            );
+            assert_eq!(
+                salvaged.properties, *header.properties,
+                "salvage disagrees with the decoder"
+            );
+        }
+        Frame::UndecodableHeader(channel, header) => {
+            let salvaged = header.salvage_with_max_depth(decoder.max_depth());
+            let rebuilt = Frame::Header(*channel, ContentHeader::basic(0, salvaged.properties.clone()));
+            match decoder.decode_slice(&encode(&rebuilt)) {
+                Ok((Frame::Header(_, again), _)) => {
+                    assert_eq!(
+                        *again.properties, salvaged.properties,
+                        "salvaged properties change on a round trip"
+                    )
+                }
+                other => panic!("salvaged properties {salvaged:?} do not decode: {other:?}"),
+            }
+        }
+        _ => {}
     }
 }
 

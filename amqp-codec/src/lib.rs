@@ -19,7 +19,8 @@
 //!   encode as the bytes received. Decoding a delivery allocates nothing.
 //! - A content header whose properties cannot be decoded is
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
-//!   set aside and the connection lives on.
+//!   set aside and the connection lives on, with every property that can
+//!   still be read ([`UndecodableHeader::salvage`]).
 //! - Nothing panics on any input.
 //! - Parsing is hand-written nom (streaming for the 7-byte envelope header,
 //!   `complete` for payloads); nom never appears in a public signature.
@@ -59,6 +60,7 @@ mod properties;
 mod reply_code;
 #[cfg(test)]
 mod roundtrip_tests;
+mod salvage;
 pub mod sasl;
 pub mod track;
 mod types;
@@ -71,7 +73,7 @@ pub use frame::{
     FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, FRAME_OVERHEAD, PROTOCOL_HEADER,
 };
 pub use method::*;
-pub use properties::{BasicProperties, Properties};
+pub use properties::{BasicProperties, Properties, SalvagedProperties};
 pub use reply_code::{ErrorScope, ReplyCode};
 pub use types::{Decimal, FieldArray, FieldTable, FieldValue, LongString, ShortString, DEFAULT_MAX_DEPTH};
 

@@ -153,6 +153,15 @@ impl<'a> ArgReader<'a> {
         Ok(LongString::from(raw))
     }
 
+    /// A 32-bit length and the bytes it covers, unchecked: how a value
+    /// that failed its own rules is stepped over when its length still
+    /// fits the payload.
+    #[inline]
+    pub(crate) fn long_bytes(&mut self) -> ReadResult<&'a [u8]> {
+        let i = self.unread();
+        self.consumed(i, types::long_bytes(i))
+    }
+
     /// `table`: validated now, entries built on first access.
     #[inline]
     pub(crate) fn table(&mut self) -> ReadResult<FieldTable> {

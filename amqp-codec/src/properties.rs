@@ -3,7 +3,9 @@
 //! A property list that breaks a limit (too deep, an unknown field type, a
 //! length that lies) is an error about one message, not about the stream: the
 //! frame envelope around it is intact. The frame decoder reports it as
-//! [`crate::Frame::UndecodableHeader`] with the raw bytes kept.
+//! [`crate::Frame::UndecodableHeader`] with the raw bytes kept, and
+//! [`BasicProperties::salvage`] reads back what it can of them (walking the
+//! list with `crate::salvage`).
 
 use std::sync::OnceLock;
 
@@ -12,10 +14,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeErrorKind, EncodeError};
 use crate::parse::num::be_u16;
 use crate::parse::{kind_of, ArgReader, Ctx, ReadField};
-use crate::types::{FieldTable, ShortString};
+use crate::salvage::{Walk, PROPERTY_FLAGS};
+use crate::types::{FieldTable, ShortString, DEFAULT_MAX_DEPTH};
 
 macro_rules! properties {
-    ($( $(#[$doc:meta])* $field:ident : $ty:ty = $bit:literal, $read:ident, $write:ident; )*) => {
+    ($( $(#[$doc:meta])* $field:ident : $ty:ty = $bit:literal, $name:literal, $read:ident, $write:ident; )*) => {
         /// The properties of a basic-class message. `None` is an absent
         /// property (its flag bit clear).
         #[derive(Debug, Clone, PartialEq, Default)]
@@ -75,6 +78,27 @@ macro_rules! properties {
                     0 => Ok(()),
                     left => Err(DecodeErrorKind::TrailingBytes(left)),
                 }
+            }
+
+            /// Reads what can be read of a flag word and property list,
+            /// field by field in wire order, into `props` (empty); see
+            /// [`BasicProperties::salvage`]. `input` lies within `source`
+            /// when there is one.
+            fn salvage_into(
+                props: &mut Self,
+                max_depth: usize,
+                input: &[u8],
+                source: Option<&Bytes>,
+            ) -> Vec<&'static str> {
+                let ctx = Ctx { max_depth, validated: false };
+                let mut walk = Walk::new(ArgReader::new(ctx, source, input, input.len()), max_depth);
+                let Some(flags) = walk.flags(DEFINED_FLAGS) else {
+                    return walk.into_lost();
+                };
+                $( if flags & (1 << $bit) != 0 {
+                    walk.field(&mut props.$field, $name);
+                } )*
+                walk.into_lost()
             }
         }
 
@@ -139,33 +163,105 @@ fn write_u64(v: &u64, dst: &mut BytesMut) -> Result<(), EncodeError> {
 
 properties! {
     /// `content-type`, e.g. `application/json`.
-    content_type: ShortString = 15, shortstr, write_shortstr;
+    content_type: ShortString = 15, "content-type", shortstr, write_shortstr;
     /// `content-encoding`, e.g. `gzip`.
-    content_encoding: ShortString = 14, shortstr, write_shortstr;
+    content_encoding: ShortString = 14, "content-encoding", shortstr, write_shortstr;
     /// `headers`: application headers.
-    headers: FieldTable = 13, table, write_table;
+    headers: FieldTable = 13, "headers", table, write_table;
     /// `delivery-mode`: 1 transient, 2 persistent.
-    delivery_mode: u8 = 12, octet, write_octet;
+    delivery_mode: u8 = 12, "delivery-mode", octet, write_octet;
     /// `priority`: 0 to 9.
-    priority: u8 = 11, octet, write_octet;
+    priority: u8 = 11, "priority", octet, write_octet;
     /// `correlation-id`.
-    correlation_id: ShortString = 10, shortstr, write_shortstr;
+    correlation_id: ShortString = 10, "correlation-id", shortstr, write_shortstr;
     /// `reply-to`.
-    reply_to: ShortString = 9, shortstr, write_shortstr;
+    reply_to: ShortString = 9, "reply-to", shortstr, write_shortstr;
     /// `expiration`: a per-message TTL in milliseconds, as text.
-    expiration: ShortString = 8, shortstr, write_shortstr;
+    expiration: ShortString = 8, "expiration", shortstr, write_shortstr;
     /// `message-id`.
-    message_id: ShortString = 7, shortstr, write_shortstr;
+    message_id: ShortString = 7, "message-id", shortstr, write_shortstr;
     /// `timestamp`: seconds since the Unix epoch.
-    timestamp: u64 = 6, timestamp, write_u64;
+    timestamp: u64 = 6, "timestamp", timestamp, write_u64;
     /// `type`: the message type name.
-    kind: ShortString = 5, shortstr, write_shortstr;
+    kind: ShortString = 5, "type", shortstr, write_shortstr;
     /// `user-id`: checked by RabbitMQ against the connection's user.
-    user_id: ShortString = 4, shortstr, write_shortstr;
+    user_id: ShortString = 4, "user-id", shortstr, write_shortstr;
     /// `app-id`.
-    app_id: ShortString = 3, shortstr, write_shortstr;
+    app_id: ShortString = 3, "app-id", shortstr, write_shortstr;
     /// `cluster-id` (deprecated in 0-9-1, still carried).
-    cluster_id: ShortString = 2, shortstr, write_shortstr;
+    cluster_id: ShortString = 2, "cluster-id", shortstr, write_shortstr;
+}
+
+/// What could be read of a property list that does not decode as a whole:
+/// the result of [`BasicProperties::salvage`] and
+/// [`crate::UndecodableHeader::salvage`].
+///
+/// ```
+/// use amqp_codec::BasicProperties;
+/// // Flags: headers (bit 13) and message-id (bit 7). The headers table holds
+/// // one entry of type 'Z', which RabbitMQ does not define.
+/// let mut raw = vec![0x20, 0x80];
+/// raw.extend_from_slice(&[0, 0, 0, 3, 1, b'k', b'Z']);
+/// raw.extend_from_slice(&[3, b'm', b'-', b'1']);
+///
+/// let salvaged = BasicProperties::salvage(&raw);
+/// assert_eq!(salvaged.properties.message_id.as_ref().unwrap().as_bytes(), b"m-1");
+/// assert_eq!(salvaged.properties.headers, None);
+/// assert_eq!(salvaged.lost, ["headers"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SalvagedProperties {
+    /// Every property that could be read, as the decoder would have read it.
+    /// `headers` may hold only the table's readable top-level entries (it is
+    /// then also named in `lost`).
+    pub properties: BasicProperties,
+    /// The properties the flag word names that could not be read whole, by
+    /// their AMQP names in wire order (`"headers"`, `"message-id"`, `"type"`,
+    /// ...), preceded by `"property-flags"` when the flag word itself cannot
+    /// be used (missing, cut short, undefined bits set, another class than
+    /// basic). Empty when every property named was read; bytes left over
+    /// after the last property are not a lost property.
+    pub lost: Vec<&'static str>,
+}
+
+impl BasicProperties {
+    /// Reads everything that can be read of a flag word and property list
+    /// as they lie on the wire (what
+    /// [`crate::UndecodableHeader::raw_properties`] holds), with the default
+    /// nesting limit ([`DEFAULT_MAX_DEPTH`], as [`crate::FrameDecoder::new`]).
+    ///
+    /// For a message whose properties did not decode, so that it can be set
+    /// aside with its identifiers and timestamp rather than with none. On
+    /// bytes the decoder accepts, it gives what the decoder gives and loses
+    /// nothing. See [`SalvagedProperties`].
+    pub fn salvage(raw: &[u8]) -> SalvagedProperties {
+        Self::salvage_with_max_depth(raw, DEFAULT_MAX_DEPTH)
+    }
+
+    /// [`BasicProperties::salvage`] with the nesting limit of a decoder built
+    /// with [`crate::FrameDecoder::with_max_depth`]: a headers table nested
+    /// deeper is not read whole.
+    pub fn salvage_with_max_depth(raw: &[u8], max_depth: usize) -> SalvagedProperties {
+        salvage_basic(raw, None, max_depth)
+    }
+}
+
+/// Salvages a basic-class property list; tables are zero-copy slices of
+/// `source` when `raw` lies within it. The limit is at least 1, as a
+/// [`crate::FrameDecoder`]'s is.
+pub(crate) fn salvage_basic(raw: &[u8], source: Option<&Bytes>, max_depth: usize) -> SalvagedProperties {
+    let mut properties = BasicProperties::default();
+    let lost = BasicProperties::salvage_into(&mut properties, max_depth.max(1), raw, source);
+    SalvagedProperties { properties, lost }
+}
+
+/// What a content header of a class other than basic salvages: nothing, as
+/// its flag bits name properties this crate does not know.
+pub(crate) fn unknown_class() -> SalvagedProperties {
+    SalvagedProperties {
+        properties: BasicProperties::default(),
+        lost: vec![PROPERTY_FLAGS],
+    }
 }
 
 /// The properties of a content header: as received, the validated wire
@@ -377,3 +473,7 @@ impl std::fmt::Debug for Properties {
         std::fmt::Debug::fmt(&**self, f)
     }
 }
+
+#[cfg(test)]
+#[path = "salvage_tests.rs"]
+mod salvage_tests;

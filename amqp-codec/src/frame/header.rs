@@ -11,7 +11,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::{DecodeErrorKind, EncodeError, Error};
 use crate::method::class;
 use crate::parse::{kind_of, Ctx, PError};
-use crate::properties::{BasicProperties, Properties};
+use crate::properties::{self, BasicProperties, Properties, SalvagedProperties};
+use crate::types::DEFAULT_MAX_DEPTH;
 
 /// A decoded content header.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -72,6 +73,48 @@ impl UndecodableHeader {
         dst.put_u16(self.weight);
         dst.put_u64(self.body_size);
         dst.put_slice(&self.raw_properties);
+    }
+
+    /// Every property that can still be read from
+    /// [`UndecodableHeader::raw_properties`], and the names of those that
+    /// cannot (see [`BasicProperties::salvage`]), with the default nesting
+    /// limit ([`DEFAULT_MAX_DEPTH`], as [`crate::FrameDecoder::new`]).
+    /// Tables are zero-copy slices of the raw bytes where large.
+    ///
+    /// A header of another class than basic salvages nothing: `lost` is
+    /// `["property-flags"]`.
+    ///
+    /// ```
+    /// use amqp_codec::{Frame, FrameDecoder};
+    /// // basic (60), a 0-byte body, flags for headers and message-id; the
+    /// // headers table holds one entry of type 'Z', which RabbitMQ does not
+    /// // define.
+    /// let mut payload = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x20, 0x80];
+    /// payload.extend_from_slice(&[0, 0, 0, 3, 1, b'k', b'Z', 3, b'm', b'-', b'1']);
+    /// let mut wire = bytes::BytesMut::from(&[2, 0, 1][..]);
+    /// wire.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    /// wire.extend_from_slice(&payload);
+    /// wire.extend_from_slice(&[0xCE]);
+    ///
+    /// let Some(Frame::UndecodableHeader(1, header)) = FrameDecoder::new(4096).decode(&mut wire).unwrap() else {
+    ///     panic!("the 'Z' makes the header undecodable")
+    /// };
+    /// let salvaged = header.salvage();
+    /// assert_eq!(salvaged.properties.message_id.as_ref().unwrap().as_bytes(), b"m-1");
+    /// assert_eq!(salvaged.lost, ["headers"]);
+    /// ```
+    pub fn salvage(&self) -> SalvagedProperties {
+        self.salvage_with_max_depth(DEFAULT_MAX_DEPTH)
+    }
+
+    /// [`UndecodableHeader::salvage`] for a header decoded by a
+    /// [`crate::FrameDecoder`] built [`with_max_depth`](crate::FrameDecoder::with_max_depth)
+    /// this limit.
+    pub fn salvage_with_max_depth(&self, max_depth: usize) -> SalvagedProperties {
+        if self.class_id != class::BASIC {
+            return properties::unknown_class();
+        }
+        properties::salvage_basic(&self.raw_properties, Some(&self.raw_properties), max_depth)
     }
 }
 

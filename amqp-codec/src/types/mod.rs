@@ -15,4 +15,4 @@ pub use strings::{LongString, ShortString};
 pub use table::{Decimal, FieldArray, FieldTable, FieldValue};
 pub use validate::DEFAULT_MAX_DEPTH;
 
-pub(crate) use validate::{long_bytes, short_string_len, table_body};
+pub(crate) use validate::{field_value_pair, field_value_pair_by_length, long_bytes, short_string_len, table_body};

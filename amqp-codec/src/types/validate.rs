@@ -57,10 +57,31 @@ pub(crate) fn table_body(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_
 #[inline]
 fn validate_table_body(max_depth: usize, depth: usize, mut body: &[u8]) -> PResult<'_, ()> {
     while !body.is_empty() {
-        let (i, _key_len) = short_string_len(body)?;
-        body = skip_value(max_depth, depth, i)?.0;
+        body = field_value_pair(max_depth, depth, body)?.0;
     }
     Ok((body, ()))
+}
+
+/// `field-value-pair = field-name field-value` in a table at nesting level
+/// `depth`: checked, as every pair of a table body is.
+#[inline(always)]
+pub(crate) fn field_value_pair(max_depth: usize, depth: usize, i: &[u8]) -> PResult<'_, ()> {
+    let (i, _key_len) = short_string_len(i)?;
+    skip_value(max_depth, depth, i)
+}
+
+/// A `field-value-pair` whose value carries a 32-bit length (`S`, `x`,
+/// `F`, `A`), stepped over by that length without looking inside: how a
+/// pair that failed [`field_value_pair`] is passed by when its length still
+/// fits. A pair of any other type cannot be passed by (a scalar fails only
+/// by running out of bytes, an unknown type code has no known width).
+pub(crate) fn field_value_pair_by_length(i: &[u8]) -> PResult<'_, ()> {
+    let (i, _key_len) = short_string_len(i)?;
+    let (i, code) = be_u8(i)?;
+    match code {
+        b'S' | b'x' | b'F' | b'A' => long_bytes(i).map(|(rest, _)| (rest, ())),
+        other => fail(DecodeErrorKind::UnknownFieldType(other)),
+    }
 }
 
 /// Checks the body of an array at nesting level `depth`.
