@@ -10,22 +10,27 @@
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, FieldValue, ShortString};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::ack::{Ack, BoxError};
 use crate::amqp::{self, Delivery};
 use crate::codec::{Codec, Json};
-use crate::conn::Conn;
-use crate::envelope::{Envelope, ATTEMPT_HEADER, ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
+use crate::conn::{lock, Conn};
+use crate::envelope::{
+    Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+};
 use crate::error::Error;
+use crate::proto::CloseReason;
+use crate::recovery::{reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::topology::{self, DLX};
 
@@ -51,12 +56,21 @@ pub struct Message<T> {
 }
 
 /// A running consumer. Dropping it leaves it running; [`Consumer::close`]
-/// stops it gracefully.
-#[derive(Debug)]
+/// (or [`Conn::close`]) stops it gracefully. It rides through a recovery of
+/// its connection: it is reattached with its tag, arguments and prefetch.
 pub struct Consumer {
     queue: String,
-    shutdown: watch::Sender<bool>,
+    record: Arc<ConsumerRecord>,
     done: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.queue)
+            .field("finished", &self.is_finished())
+            .finish()
+    }
 }
 
 impl Consumer {
@@ -69,12 +83,29 @@ impl Consumer {
     /// reached a handler to the broker, lets running handlers finish and
     /// settle up to the drain timeout (an in-process retry wait cut short is
     /// republished with its attempt advanced), then closes the channel.
+    ///
+    /// Returns the error the consumer had already ended with, if it had.
     pub async fn close(self) -> Result<(), Error> {
-        self.shutdown.send_replace(true);
-        self.done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))
+        self.record.shutdown.send_replace(true);
+        self.done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))?;
+        self.record.ended.borrow().clone().unwrap_or(Ok(()))
     }
 
-    /// Whether the consumer has stopped (closed, or its queue went away).
+    /// Waits until the consumer has ended, and says how: `Ok` once closed,
+    /// or the error it ended with. Nothing ends quietly: a queue deleted
+    /// under it ([`Error::ConsumerCancelled`]), a connection lost without
+    /// recovery ([`Error::Closed`]), a reattachment that failed or a
+    /// recovery that gave up.
+    pub async fn closed(&self) -> Result<(), Error> {
+        let mut ended = self.record.ended.clone();
+        let outcome = ended.wait_for(Option::is_some).await;
+        match outcome {
+            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Whether the consumer has stopped (closed, or ended with an error).
     pub fn is_finished(&self) -> bool {
         self.done.is_finished()
     }
@@ -112,6 +143,7 @@ where
         concurrency: None,
         retry: None,
         drain_timeout: Duration::from_secs(20),
+        arguments: FieldTable::new(),
         codec: Json,
         _payload: PhantomData,
     }
@@ -126,11 +158,22 @@ pub struct ConsumerBuilder<T, F, C> {
     concurrency: Option<usize>,
     retry: Option<RetryPolicy>,
     drain_timeout: Duration,
+    arguments: FieldTable,
     codec: C,
     _payload: PhantomData<fn() -> T>,
 }
 
 impl<T, F, C> ConsumerBuilder<T, F, C> {
+    /// An argument of `basic.consume`, e.g. `x-stream-offset` for a stream
+    /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`) or
+    /// `x-priority`. A consumer with `x-stream-offset` is tracked as a
+    /// stream consumer: after a recovery it resumes at the oldest offset
+    /// it was given and has not finished, or just after the newest.
+    pub fn argument(mut self, name: &str, value: impl Into<FieldValue>) -> Self {
+        self.arguments.insert(name, value.into());
+        self
+    }
+
     /// How many unacknowledged deliveries the broker sends ahead (20).
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
@@ -165,6 +208,7 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
             concurrency: self.concurrency,
             retry: self.retry,
             drain_timeout: self.drain_timeout,
+            arguments: self.arguments,
             codec,
             _payload: PhantomData,
         }
@@ -205,15 +249,31 @@ where
         topology::apply(&self.conn, &declarations).await?;
         self.conn.record_declarations(&declarations);
 
-        let channel = self.conn.consuming_connection().channel().await?;
+        let inner = &self.conn.inner;
+        let deadline = Instant::now() + inner.config.publish_timeout;
+        let (connection, generation) = inner.consuming.connection(deadline, false).await?;
+        let channel = connection.channel().await?;
         channel.qos(self.prefetch).await?;
-        let engine_consumer = channel
-            .basic_consume(BasicConsume {
-                queue: self.queue.as_str().into(),
-                ..Default::default()
-            })
-            .await?;
+        let method = BasicConsume {
+            queue: self.queue.as_str().into(),
+            arguments: self.arguments,
+            ..Default::default()
+        };
+        let stream = method.arguments.contains_key("x-stream-offset");
+        let deliveries = channel.basic_consume(method.clone()).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let (ended_tx, ended) = watch::channel(None);
+        let (attach, attachments) = mpsc::unbounded_channel();
+        let record = Arc::new(ConsumerRecord {
+            queue: Mutex::new(self.queue.clone()),
+            method: Mutex::new(with_tag(method, deliveries.tag())),
+            prefetch: self.prefetch,
+            stream: Mutex::new(StreamPosition::default()),
+            attach,
+            shutdown,
+            ended,
+        });
+        inner.add_consumer(record.clone());
         let shared = Arc::new(Shared {
             conn: self.conn.clone(),
             queue: self.queue.clone(),
@@ -222,12 +282,28 @@ where
             policy,
             handler_slots: Semaphore::new(self.concurrency.unwrap_or(usize::from(self.prefetch))),
             shutdown: shutdown_rx.clone(),
+            record: record.clone(),
+            stream,
             _payload: PhantomData,
         });
-        let done = tokio::spawn(run(shared, channel, engine_consumer, shutdown_rx, self.drain_timeout));
+        let attachment = Attachment {
+            channel,
+            deliveries,
+            generation,
+        };
+        let conn = self.conn.clone();
+        let running = record.clone();
+        let done = tokio::spawn(async move {
+            let outcome = run(shared, attachment, attachments, shutdown_rx, self.drain_timeout).await;
+            if let Err(err) = &outcome {
+                tracing::error!(queue = %running.queue.lock().unwrap_or_else(|p| p.into_inner()), %err, "the consumer ended");
+            }
+            conn.inner.remove_consumer(&running);
+            ended_tx.send_replace(Some(outcome));
+        });
         Ok(Consumer {
             queue: self.queue,
-            shutdown,
+            record,
             done,
         })
     }
@@ -241,16 +317,28 @@ struct Shared<T, F, C> {
     policy: RetryPolicy,
     handler_slots: Semaphore,
     shutdown: watch::Receiver<bool>,
+    record: Arc<ConsumerRecord>,
+    /// Started with `x-stream-offset`: offsets are tracked for recovery.
+    stream: bool,
     _payload: PhantomData<fn() -> T>,
+}
+
+/// Why the deliveries of an attachment stopped.
+enum Stop {
+    /// Closing: `Consumer::close` or `Conn::close`.
+    Shutdown,
+    /// The stream ended (cancelled, channel or connection gone).
+    Ended,
 }
 
 async fn run<T, F, Fut, C>(
     shared: Arc<Shared<T, F, C>>,
-    channel: amqp::Channel,
-    mut deliveries: amqp::Consumer,
+    mut attachment: Attachment,
+    mut attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
     mut shutdown: watch::Receiver<bool>,
     drain_timeout: Duration,
-) where
+) -> Result<(), Error>
+where
     T: DeserializeOwned + Send + 'static,
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Ack> + Send + 'static,
@@ -259,35 +347,56 @@ async fn run<T, F, Fut, C>(
     let mut tasks = JoinSet::new();
     // Made once: a fresh wait per delivery would register with the watch
     // (a lock) every time round the loop.
-    let mut stop = std::pin::pin!(shutdown.wait_for(|stop| *stop));
-    loop {
-        tokio::select! {
-            biased;
-            _ = &mut stop => break,
-            delivery = deliveries.next() => match delivery {
-                Some(delivery) => {
-                    tasks.spawn(process(shared.clone(), delivery));
-                    // What else has arrived goes too, without another turn.
-                    while let Some(delivery) = deliveries.try_next() {
-                        tasks.spawn(process(shared.clone(), delivery));
+    let mut stop = std::pin::pin!(crate::recovery::until_set(&mut shutdown));
+    let outcome = loop {
+        let why = loop {
+            tokio::select! {
+                biased;
+                _ = &mut stop => break Stop::Shutdown,
+                delivery = attachment.deliveries.next() => match delivery {
+                    Some(delivery) => {
+                        spawn_delivery(&shared, &mut tasks, delivery);
+                        // What else has arrived goes too, without another turn.
+                        while let Some(delivery) = attachment.deliveries.try_next() {
+                            spawn_delivery(&shared, &mut tasks, delivery);
+                        }
+                        // Finished handlers are reaped here as well, so a busy
+                        // stream never lets them pile up.
+                        while tasks.try_join_next().is_some() {}
                     }
-                    // Finished handlers are reaped here as well, so a busy
-                    // stream never lets them pile up.
-                    while tasks.try_join_next().is_some() {}
-                }
-                None => {
-                    tracing::warn!(queue = %shared.queue, "the consumer ended: its queue or channel went away");
-                    break;
-                }
-            },
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                    None => break Stop::Ended,
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        if matches!(why, Stop::Shutdown) {
+            break Ok(());
         }
-    }
+        let connection = attachment.channel.connection().clone();
+        if !connection.is_closed() {
+            // The channel or the consumer went, not the connection: the
+            // broker cancelled it (its queue was deleted) or closed the channel.
+            tracing::warn!(queue = %shared.queue, "the consumer ended: its queue or channel went away");
+            break Err(Error::ConsumerCancelled {
+                queue: shared.queue.clone(),
+            });
+        }
+        if shared.conn.config().without_recovery {
+            let reason = connection.close_reason().unwrap_or(CloseReason::ConnectionLost);
+            break Err(Error::Closed(reason));
+        }
+        tracing::info!(queue = %shared.queue, "the consuming connection was lost; waiting for its recovery");
+        match next_attachment(&shared, &attachment, &mut attachments, &mut stop, &mut tasks).await {
+            Ok(Some(next)) => attachment = next,
+            Ok(None) => break Ok(()),
+            Err(err) => break Err(err),
+        }
+    };
     // Stop the flow, then give back what no handler has seen.
-    if let Err(err) = deliveries.cancel().await {
+    if let Err(err) = attachment.deliveries.cancel().await {
         tracing::debug!(queue = %shared.queue, %err, "cancelling the consumer");
     }
-    while let Some(delivery) = deliveries.try_next() {
+    while let Some(delivery) = attachment.deliveries.try_next() {
         let _ = delivery.nack(true);
     }
     let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
@@ -296,7 +405,89 @@ async fn run<T, F, Fut, C>(
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
-    let _ = channel.close().await;
+    let _ = attachment.channel.close().await;
+    outcome
+}
+
+/// Starts the task of one delivery; a stream consumer notes its offset first.
+fn spawn_delivery<T, F, Fut, C>(shared: &Arc<Shared<T, F, C>>, tasks: &mut JoinSet<()>, delivery: Delivery)
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Ack> + Send + 'static,
+    C: Codec,
+{
+    if shared.stream {
+        if let Some(offset) = stream_offset(&delivery) {
+            lock(&shared.record.stream).given(offset);
+        }
+    }
+    tasks.spawn(process(shared.clone(), delivery));
+}
+
+/// The `x-stream-offset` header of a delivery from a stream.
+fn stream_offset(delivery: &Delivery) -> Option<i64> {
+    let properties = delivery.properties.as_ref().ok()?;
+    properties.headers.as_ref()?.get("x-stream-offset")?.as_i64()
+}
+
+/// Waits for the supervisor to reattach the consumer after a loss; handlers
+/// still running go on meanwhile. `None` when closing. If the connection is
+/// back but nothing was handed over (the consumer started while the
+/// supervisor was restoring), it reattaches itself.
+async fn next_attachment<T, F, C, S>(
+    shared: &Shared<T, F, C>,
+    dead: &Attachment,
+    attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,
+    stop: &mut Pin<&mut S>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Option<Attachment>, Error>
+where
+    S: Future,
+{
+    let mut snapshots = shared.conn.inner.consuming.subscribe();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.as_mut() => return Ok(None),
+            next = attachments.recv() => match next {
+                Some(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
+                Some(Ok(_stale)) => {}
+                Some(Err(err)) => return Err(err),
+                None => return Err(Error::Closed(CloseReason::ByClient)),
+            },
+            changed = async {
+                snapshots
+                    .wait_for(|s| {
+                        match s.phase {
+                            crate::recovery::Phase::Up => s.generation > dead.generation,
+                            crate::recovery::Phase::Down(_) => true,
+                            crate::recovery::Phase::Recovering => false,
+                        }
+                    })
+                    .await
+                    .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
+            } => {
+                let Ok((phase, conn, generation)) = changed else {
+                    return Err(Error::Closed(CloseReason::ByClient));
+                };
+                if let crate::recovery::Phase::Down(err) = phase {
+                    return Err(err);
+                }
+                // The supervisor hands attachments over before it says the
+                // link is up: one for us would be waiting now.
+                match attachments.try_recv() {
+                    Ok(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
+                    Ok(Err(err)) => return Err(err),
+                    _ => {
+                        tracing::debug!(queue = %shared.queue, "reattaching a consumer the supervisor did not know yet");
+                        return reattach(&conn, &shared.record, generation).await.map(Some);
+                    }
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
 }
 
 /// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
@@ -358,10 +549,15 @@ where
                 // The library publish failed (blocked, connection trouble):
                 // nothing is lost, the broker redelivers it.
                 tracing::error!(%err, "could not settle the message; returning it to the broker");
-                let _ = delivery.nack(true);
+                let _ = settle_sent(&delivery, delivery.nack(true));
                 "requeued"
             }
         };
+        if shared.stream && result.is_ok() {
+            if let Some(offset) = stream_offset(&delivery) {
+                lock(&shared.record.stream).settled(offset);
+            }
+        }
         tracing::Span::current().record("outcome", name);
         if name != "requeued" {
             outcome(name);
@@ -369,6 +565,25 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// Checks that a settlement went to the driver. One for a delivery of a
+/// connection that has since died cannot be sent (the tag would be unknown
+/// on a new connection, which would close the channel with 406): it is
+/// dropped and counted, and the broker redelivers the message.
+fn settle_sent(delivery: &Delivery, sent: Result<(), amqp::Error>) -> Result<(), Error> {
+    match sent {
+        Ok(()) => Ok(()),
+        Err(_) if delivery.acker.connection_gone() => {
+            metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
+            tracing::debug!(
+                delivery_tag = delivery.delivery_tag,
+                "the delivery's connection is gone; its settlement is dropped and the broker redelivers it"
+            );
+            Ok(())
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// Runs one delivery to its end; returns the outcome's name. Each step is
@@ -386,14 +601,15 @@ where
     let properties = match &delivery.properties {
         Ok(p) => p.as_ref(),
         Err(raw) => {
-            let reason = format!("the message's properties could not be decoded: {}", raw.error);
-            return Box::pin(set_aside_undecodable(
-                shared,
-                delivery,
-                &BasicProperties::default(),
-                &reason,
-            ))
-            .await;
+            // Whatever can still be read goes with it (message-id,
+            // correlation-id, timestamp...), so an operator can find it.
+            let salvaged = raw.salvage();
+            let reason = format!(
+                "the message's properties could not be decoded: {} (not kept: {})",
+                raw.error,
+                salvaged.lost.join(", ")
+            );
+            return Box::pin(set_aside_undecodable(shared, delivery, &salvaged.properties, &reason)).await;
         }
     };
     let envelope = envelope_of(properties, delivery);
@@ -411,7 +627,7 @@ where
         }
     };
     let Some(permit) = handler_slot(shared).await else {
-        delivery.nack(true).map_err(Error::from)?;
+        settle_sent(delivery, delivery.nack(true))?;
         return Ok("returned");
     };
     let message = Message {
@@ -429,7 +645,7 @@ where
 
 /// The envelope as the handler sees it: the attempt counts redeliveries.
 fn envelope_of(properties: &BasicProperties, delivery: &Delivery) -> Envelope {
-    let mut envelope = Envelope::read_from(properties);
+    let mut envelope = Envelope::read_from_message(properties, &delivery.body);
     envelope.attempt = envelope
         .attempt
         .saturating_add(redeliveries(properties, delivery.redelivered));
@@ -447,7 +663,7 @@ async fn set_aside_undecodable<T, F, C>(
     reason: &str,
 ) -> Result<&'static str, Error> {
     set_aside(shared, delivery, properties, "dlq", reason).await?;
-    delivery.ack().map_err(Error::from)?;
+    settle_sent(delivery, delivery.ack())?;
     Ok("undecodable")
 }
 
@@ -501,12 +717,12 @@ async fn carry_out<T, F, C>(
 ) -> Result<&'static str, Error> {
     match verdict {
         Ack::Accept => {
-            delivery.ack().map_err(Error::from)?;
+            settle_sent(delivery, delivery.ack())?;
             Ok("accepted")
         }
         Ack::Park(reason) => {
             Box::pin(set_aside(shared, delivery, properties, "parked", &reason)).await?;
-            delivery.ack().map_err(Error::from)?;
+            settle_sent(delivery, delivery.ack())?;
             Ok("parked")
         }
         // Boxed, like the set-asides: the rare paths are kept out of the
@@ -530,13 +746,13 @@ async fn retry<T, F, C>(
     match decision {
         Decision::DeadLetter { reason } => {
             set_aside(shared, delivery, properties, "dlq", &reason).await?;
-            delivery.ack().map_err(Error::from)?;
+            settle_sent(delivery, delivery.ack())?;
             Ok("dead_lettered")
         }
         Decision::WaitInProcess(wait) => {
             wait_unless_closing(shared, wait).await;
             republish(shared, &shared.queue, next(), delivery.body.clone(), &envelope.id).await?;
-            delivery.ack().map_err(Error::from)?;
+            settle_sent(delivery, delivery.ack())?;
             Ok("retried")
         }
         Decision::WaitInBroker(wait) => {
@@ -551,7 +767,7 @@ async fn retry<T, F, C>(
                 }
                 Err(other) => return Err(other),
             }
-            delivery.ack().map_err(Error::from)?;
+            settle_sent(delivery, delivery.ack())?;
             Ok("retried")
         }
     }
@@ -577,6 +793,28 @@ fn hop_properties(
     error: Option<&str>,
 ) -> BasicProperties {
     let mut props = original.clone();
+    // A message from another publisher may come without an id or a first
+    // seen: its hops carry the ones it was read with, so they stay stable.
+    let has_first_seen = original
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.contains_key(FIRST_SEEN_HEADER));
+    if original.message_id.is_none() || !has_first_seen {
+        let read = Envelope::read_from_message(original, &delivery.body);
+        if props.message_id.is_none() {
+            props.message_id = Some(read.id.as_str().into());
+        }
+        if !has_first_seen {
+            let secs = read
+                .first_seen
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            props
+                .headers
+                .get_or_insert_with(FieldTable::new)
+                .insert(FIRST_SEEN_HEADER, FieldValue::Timestamp(secs));
+        }
+    }
     let mut headers = props.headers.take().unwrap_or_default();
     headers.insert(
         ATTEMPT_HEADER,

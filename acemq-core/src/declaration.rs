@@ -2,7 +2,7 @@
 //! declare, and what `Conn` records (in order) for recovery to replay. A
 //! leaf: it knows channels, not connections or topologies.
 
-use amqp_codec::{ExchangeDeclare, FieldTable, QueueBind, QueueDeclare};
+use amqp_codec::{ExchangeBind, ExchangeDeclare, FieldTable, QueueBind, QueueDeclare};
 
 use crate::amqp::Channel;
 use crate::error::Error;
@@ -28,6 +28,15 @@ pub enum Declaration {
         /// The arguments, exactly.
         arguments: FieldTable,
     },
+    /// `queue.declare` of a server-named queue (empty name; exclusive to the
+    /// consuming connection, deleted with it). `name` is the name the broker
+    /// gave; recovery declares it anew and records the new one.
+    ServerNamedQueue {
+        /// The name the broker gave.
+        name: String,
+        /// The arguments, exactly.
+        arguments: FieldTable,
+    },
     /// `queue.bind`
     Bind {
         /// The queue.
@@ -37,11 +46,22 @@ pub enum Declaration {
         /// The binding key.
         routing_key: String,
     },
+    /// `exchange.bind`: messages of `source` matching the key also go to
+    /// `destination`.
+    ExchangeBind {
+        /// Where messages go.
+        destination: String,
+        /// Where they come from.
+        source: String,
+        /// The binding key.
+        routing_key: String,
+    },
 }
 
 impl Declaration {
-    /// Sends it on `ch` and waits for the broker's answer.
-    pub(crate) async fn apply(&self, ch: &Channel) -> Result<(), Error> {
+    /// Sends it on `ch` and waits for the broker's answer; for a queue, the
+    /// name the broker declared.
+    pub(crate) async fn apply(&self, ch: &Channel) -> Result<Option<String>, Error> {
         match self {
             Declaration::Exchange { name, kind, durable } => {
                 ch.exchange_declare(ExchangeDeclare {
@@ -65,6 +85,23 @@ impl Declaration {
                 })
                 .await?;
             }
+            Declaration::ServerNamedQueue { arguments, .. } => {
+                let ok = ch
+                    .queue_declare(QueueDeclare {
+                        queue: "".into(),
+                        exclusive: true,
+                        auto_delete: true,
+                        arguments: arguments.clone(),
+                        ..Default::default()
+                    })
+                    .await?;
+                return match ok {
+                    Some(ok) => Ok(Some(ok.queue.to_string())),
+                    None => Err(Error::Engine(crate::amqp::Error::UnexpectedReply(
+                        "no queue.declare-ok for a server-named queue".into(),
+                    ))),
+                };
+            }
             Declaration::Bind {
                 queue,
                 exchange,
@@ -78,7 +115,31 @@ impl Declaration {
                 })
                 .await?;
             }
+            Declaration::ExchangeBind {
+                destination,
+                source,
+                routing_key,
+            } => {
+                ch.exchange_bind(ExchangeBind {
+                    destination: destination.as_str().into(),
+                    source: source.as_str().into(),
+                    routing_key: routing_key.as_str().into(),
+                    ..Default::default()
+                })
+                .await?;
+            }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// Puts the new names of server-named queues (`(old, new)` pairs) into
+    /// this declaration.
+    pub(crate) fn rename_queues(&mut self, renames: &[(String, String)]) {
+        let Declaration::Bind { queue, .. } = self else {
+            return;
+        };
+        if let Some((_, new)) = renames.iter().find(|(old, _)| old == queue) {
+            *queue = new.clone();
+        }
     }
 }

@@ -99,6 +99,30 @@ impl Envelope {
         properties.headers = Some(headers);
     }
 
+    /// Reads the envelope of a received message. Like
+    /// [`Envelope::read_from`], except that what is missing is made stable,
+    /// so that every redelivery and retry of a message from another
+    /// publisher reads the same: without a `message-id`, the id is derived
+    /// from the message itself (a name-based UUID of its body and of the
+    /// properties a broker never changes: content-type, correlation-id,
+    /// timestamp, type and app-id; two such messages alike in all of these
+    /// share an id), and without `x-acemq-first-seen`, first seen is the
+    /// `timestamp` property when there is one.
+    pub fn read_from_message(properties: &BasicProperties, body: &[u8]) -> Envelope {
+        let mut envelope = Envelope::read_from(properties);
+        if properties.message_id.is_none() {
+            envelope.id = derived_id(properties, body);
+        }
+        let has_first_seen = properties
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.contains_key(FIRST_SEEN_HEADER));
+        if let (false, Some(timestamp)) = (has_first_seen, properties.timestamp) {
+            envelope.first_seen = UNIX_EPOCH + Duration::from_secs(timestamp);
+        }
+        envelope
+    }
+
     /// Reads an envelope back from properties. Integers of every width are
     /// accepted; what is missing gets the value a first publish would have
     /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
@@ -150,6 +174,27 @@ impl Envelope {
             headers,
         }
     }
+}
+
+/// The namespace of derived ids (a fixed, random UUID).
+const DERIVED_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b0e_4c1f_9a63_4d2e_8f1c_2a7e_6d30_b9a4);
+
+/// The id of a message that came without one: a version-5 UUID of the
+/// fields that travel unchanged with every copy of it.
+fn derived_id(properties: &BasicProperties, body: &[u8]) -> String {
+    let mut name = Vec::with_capacity(body.len() + 128);
+    let mut field = |bytes: &[u8]| {
+        name.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+        name.extend_from_slice(bytes);
+    };
+    let text = |s: &Option<ShortString>| s.as_ref().map(|s| s.as_bytes().to_vec()).unwrap_or_default();
+    field(&text(&properties.content_type));
+    field(&text(&properties.correlation_id));
+    field(&properties.timestamp.map(u64::to_be_bytes).unwrap_or_default());
+    field(&text(&properties.kind));
+    field(&text(&properties.app_id));
+    field(body);
+    uuid::Uuid::new_v5(&DERIVED_ID_NAMESPACE, &name).to_string()
 }
 
 /// A fresh message id: a random UUID in its hyphenated lower-case form.
@@ -207,6 +252,27 @@ mod tests {
             assert_eq!(envelope.attempt, 3, "{attempt:?}");
             assert_eq!(envelope.first_seen, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
         }
+    }
+
+    #[test]
+    fn a_message_without_an_id_reads_with_the_same_id_every_time() {
+        let props = BasicProperties {
+            timestamp: Some(1_700_000_000),
+            content_type: Some("application/json".into()),
+            ..Default::default()
+        };
+        let first = Envelope::read_from_message(&props, b"{\"n\":1}");
+        let again = Envelope::read_from_message(&props, b"{\"n\":1}");
+        assert_eq!(first.id, again.id);
+        assert!(uuid::Uuid::parse_str(&first.id).is_ok());
+        assert_eq!(first.first_seen, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        let other = Envelope::read_from_message(&props, b"{\"n\":2}");
+        assert_ne!(first.id, other.id, "another body is another message");
+        let with_id = BasicProperties {
+            message_id: Some("given".into()),
+            ..props
+        };
+        assert_eq!(Envelope::read_from_message(&with_id, b"x").id, "given");
     }
 
     #[test]

@@ -95,6 +95,32 @@ pub enum Error {
         /// The message.
         message_id: String,
     },
+    /// The connection was lost and did not come back within
+    /// `publish_timeout`. With `may_have_arrived`, the message had been
+    /// written before the loss and the broker may have it; without, it was
+    /// never written.
+    #[error("the connection was lost and not recovered in time; the message {}", if *may_have_arrived { "may or may not have arrived" } else { "was not sent" })]
+    ConnectionLost {
+        /// Whether an earlier write of the message may have reached the broker.
+        may_have_arrived: bool,
+    },
+    /// Recovery of a connection gave up (`recovery_give_up`).
+    #[error("recovery of the {which} connection gave up after {attempts} attempts: {last_error}")]
+    RecoveryGaveUp {
+        /// `publish` or `consume`.
+        which: &'static str,
+        /// How many redials were tried.
+        attempts: u32,
+        /// Why the last one failed.
+        last_error: String,
+    },
+    /// The broker cancelled the consumer (its queue was deleted, or a
+    /// stream or quorum queue lost its leader for good).
+    #[error("the broker cancelled the consumer of {queue}")]
+    ConsumerCancelled {
+        /// The queue.
+        queue: String,
+    },
     /// A pending send that had already given its answer was polled again.
     #[error("a pending send was polled after it completed")]
     PolledAfterCompletion,

@@ -45,6 +45,7 @@ pub mod io;
 pub mod metrics_names;
 pub mod proto;
 mod publish;
+mod recovery;
 pub mod retry;
 mod text;
 mod time;

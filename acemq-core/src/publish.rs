@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,6 +21,88 @@ use crate::confirm::{await_confirm, report, settle, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
 use crate::error::Error;
+use crate::recovery::is_loss;
+
+/// A message on its way, kept whole so that it can be written again on the
+/// new connection after a recovery, with the same message-id and attempt.
+pub(crate) struct Flight {
+    publish: BasicPublish,
+    properties: Arc<BasicProperties>,
+    body: Bytes,
+    /// On the library channel (always confirmed) or the application's.
+    library: bool,
+}
+
+impl Flight {
+    pub(crate) fn library(publish: BasicPublish, properties: BasicProperties, body: Bytes) -> Flight {
+        Flight {
+            publish,
+            properties: Arc::new(properties),
+            body,
+            library: true,
+        }
+    }
+
+    /// Writes it on the channel of the moment, waiting through a recovery
+    /// (at most `publish_timeout`); `written` says whether an earlier write
+    /// may have arrived, for the error if the wait runs out.
+    pub(crate) async fn write(&self, conn: &Conn, written: bool) -> Result<PublishConfirm, Error> {
+        let inner = &conn.inner;
+        let slot = if self.library {
+            &inner.library_channel
+        } else {
+            &inner.publish_channel
+        };
+        let timeout = inner.config.publish_timeout;
+        loop {
+            let channel = slot.get(&inner.publishing, timeout, written).await?;
+            match channel.publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone()) {
+                Ok(pending) => return Ok(pending),
+                Err(err) => {
+                    let err = Error::from(err);
+                    if inner.config.without_recovery || !is_loss(&err) {
+                        return Err(err);
+                    }
+                    // The connection died under us: once its channels are
+                    // marked closed, the slot waits for the recovery.
+                    let conn = channel.connection().clone();
+                    let _ = tokio::time::timeout(timeout, conn.closed()).await;
+                }
+            }
+        }
+    }
+
+    /// Writes it and waits for its confirm; written again after a recovery
+    /// when the connection died before the confirm came.
+    pub(crate) async fn confirmed(&self, conn: &Conn, message_id: &str) -> Result<Confirmation, Error> {
+        let pending = self.write(conn, false).await?;
+        self.confirm_through_recovery(conn, Some(pending), message_id).await
+    }
+
+    /// Waits for the confirm of `pending` (or, with `None`, writes it again
+    /// first); across a loss, writes it again and waits anew.
+    async fn confirm_through_recovery(
+        &self,
+        conn: &Conn,
+        mut pending: Option<PublishConfirm>,
+        message_id: &str,
+    ) -> Result<Confirmation, Error> {
+        let inner = &conn.inner;
+        loop {
+            let confirm = match pending.take() {
+                Some(confirm) => confirm,
+                None => self.write(conn, true).await?,
+            };
+            let mut blocked = confirm.connection().blocked_changes();
+            match await_confirm(confirm, &mut blocked, inner.config.blocked_timeout, message_id).await {
+                Err(err) if !inner.config.without_recovery && is_loss(&err) => {
+                    tracing::debug!(message_id, %err, "the connection died before the confirm; writing the message again");
+                }
+                other => return other,
+            }
+        }
+    }
+}
 
 impl Conn {
     /// A publisher of `T` to `exchange` with `routing_key`, JSON-encoded,
@@ -170,17 +253,26 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// Writes the message; a refusal here is counted and logged at once,
     /// the outcome of a written one when its [`PendingSend`] settles.
     async fn begin(&self, envelope: Envelope, payload: &T) -> Result<PendingSend, Error> {
-        let confirm = match self.write(&envelope, payload).await {
-            Ok(confirm) => confirm,
+        let (flight, confirm) = match self.write(&envelope, payload).await {
+            Ok(written) => written,
             Err(err) => {
                 report(Err(&err), &envelope.id, &self.exchange, &self.routing_key);
                 return Err(err);
             }
         };
         let inner = &self.conn.inner;
+        let confirm = inner.confirms.then_some(confirm);
+        let blocked = match &confirm {
+            Some(confirm) => confirm.connection().blocked_changes(),
+            None => inner.publishing.current().blocked_changes(),
+        };
+        // Kept to be written again after a recovery; not needed when there
+        // is no confirm to wait for, or no recovery.
+        let resend = (confirm.is_some() && !inner.config.without_recovery).then(|| (self.conn.clone(), flight));
         Ok(PendingSend {
             confirm,
-            blocked: inner.publishing.blocked_changes(),
+            resend,
+            blocked,
             blocked_timeout: inner.config.blocked_timeout,
             message_id: envelope.id,
             exchange: self.exchange.clone(),
@@ -188,8 +280,9 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         })
     }
 
-    /// Encodes and writes the message; the confirm to wait for, if any.
-    async fn write(&self, envelope: &Envelope, payload: &T) -> Result<Option<PublishConfirm>, Error> {
+    /// Encodes and writes the message (waiting through a recovery); the
+    /// message as written, and its confirm.
+    async fn write(&self, envelope: &Envelope, payload: &T) -> Result<(Flight, PublishConfirm), Error> {
         let inner = &self.conn.inner;
         if let Some(reason) = inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
@@ -212,9 +305,14 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             mandatory: self.mandatory,
             ..Default::default()
         };
-        let channel = inner.publish_channel.get().await?;
-        let pending = channel.basic_publish(publish, properties, Bytes::from(body))?;
-        Ok(inner.confirms.then_some(pending))
+        let flight = Flight {
+            publish,
+            properties: Arc::new(properties),
+            body: Bytes::from(body),
+            library: false,
+        };
+        let pending = flight.write(&self.conn, false).await?;
+        Ok((flight, pending))
     }
 }
 
@@ -228,6 +326,9 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
 pub struct PendingSend {
     /// `None` without confirms: nothing to wait for.
     confirm: Option<PublishConfirm>,
+    /// The message, to write again if the connection dies before its
+    /// confirm (with confirms and recovery on).
+    resend: Option<(Conn, Flight)>,
     blocked: watch::Receiver<Option<String>>,
     blocked_timeout: Duration,
     message_id: String,
@@ -265,9 +366,12 @@ impl PendingSend {
     }
 
     async fn settle(mut self) -> Result<SendResult, Error> {
-        let arrived = match self.confirm.take() {
-            None => Ok(Confirmation::NotRequested),
-            Some(confirm) => await_confirm(confirm, &mut self.blocked, self.blocked_timeout, &self.message_id).await,
+        let arrived = match (self.confirm.take(), &self.resend) {
+            (None, None) => Ok(Confirmation::NotRequested),
+            (confirm, Some((conn, flight))) => flight.confirm_through_recovery(conn, confirm, &self.message_id).await,
+            (Some(confirm), None) => {
+                await_confirm(confirm, &mut self.blocked, self.blocked_timeout, &self.message_id).await
+            }
         };
         self.conclude(arrived)
     }
@@ -322,6 +426,12 @@ impl Future for Settling {
                 None => Some(Ok(Confirmation::NotRequested)),
             };
             match arrived {
+                // The connection died before the confirm: written again
+                // after the recovery, on the slow path.
+                Some(Err(err)) if pending.resend.is_some() && is_loss(&err) => {
+                    pending.confirm = None;
+                    self.waiting = Some(Box::pin(pending.settle()));
+                }
                 Some(arrived) => return Poll::Ready(pending.conclude(arrived).map(|_| ())),
                 None => self.waiting = Some(Box::pin(pending.settle())),
             }

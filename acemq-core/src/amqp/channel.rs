@@ -72,6 +72,13 @@ pub struct PublishConfirm {
     conn: Connection,
 }
 
+impl PublishConfirm {
+    /// The connection the message was written on.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
 impl Future for PublishConfirm {
     type Output = Result<Confirmation, Error>;
 
@@ -305,12 +312,22 @@ impl Channel {
         properties: BasicProperties,
         body: Bytes,
     ) -> Result<PublishConfirm, Error> {
+        self.publish_shared(publish, Arc::new(properties), body)
+    }
+
+    /// [`Channel::basic_publish`] with properties the caller keeps too.
+    pub(crate) fn publish_shared(
+        &self,
+        publish: BasicPublish,
+        properties: Arc<BasicProperties>,
+        body: Bytes,
+    ) -> Result<PublishConfirm, Error> {
         let (confirm, rx) = oneshot::channel();
         self.conn.send(Command::Publish {
             channel: self.id,
             generation: self.generation,
             publish,
-            properties: Box::new(properties),
+            properties,
             body,
             confirm: Some(confirm),
         })?;

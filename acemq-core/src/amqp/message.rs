@@ -41,9 +41,10 @@ pub(crate) enum Command {
         channel: u16,
         generation: u64,
         publish: BasicPublish,
-        /// Boxed: commands travel through a channel, and every slot is as
-        /// large as the largest command.
-        properties: Box<BasicProperties>,
+        /// Behind a pointer: commands travel through a channel, and every
+        /// slot is as large as the largest command. Shared, so that a send
+        /// that must be written again after a recovery keeps them for free.
+        properties: Arc<BasicProperties>,
         body: Bytes,
         confirm: Option<Reply1<Confirmation>>,
     },
@@ -193,6 +194,11 @@ pub(crate) struct Acker {
 }
 
 impl Acker {
+    /// Whether the connection the delivery came on has ended.
+    pub(crate) fn connection_gone(&self) -> bool {
+        self.commands.upgrade().map_or(true, |c| c.is_closed())
+    }
+
     fn send(&self, method: Method) -> Result<(), Error> {
         let commands = self.commands.upgrade().ok_or(Error::ChannelNotOpen(self.channel))?;
         commands
