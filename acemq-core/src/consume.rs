@@ -243,11 +243,16 @@ where
             .or_else(|| self.conn.config().retry.clone())
             .unwrap_or_else(RetryPolicy::immediate);
         // The set-aside queues and the rungs, with Topology's arguments, so
-        // either may come first; never the source queue's arguments.
-        let mut declarations = topology::set_aside_declarations(&self.queue);
-        declarations.extend(topology::rung_declarations(&self.queue, &policy));
-        topology::apply(&self.conn, &declarations).await?;
-        self.conn.record_declarations(&declarations);
+        // either may come first; never the source queue's arguments. Not for
+        // a server-named queue (`amq.gen-*`): RabbitMQ refuses names under
+        // `amq.` to clients, and such a queue lives only as long as its
+        // connection anyway.
+        if !self.queue.starts_with("amq.") {
+            let mut declarations = topology::set_aside_declarations(&self.queue);
+            declarations.extend(topology::rung_declarations(&self.queue, &policy));
+            topology::apply(&self.conn, &declarations).await?;
+            self.conn.record_declarations(&declarations);
+        }
 
         let inner = &self.conn.inner;
         let deadline = Instant::now() + inner.config.publish_timeout;

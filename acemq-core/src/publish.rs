@@ -14,6 +14,7 @@ use amqp_codec::{BasicProperties, BasicPublish, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
@@ -53,22 +54,32 @@ impl Flight {
         } else {
             &inner.publish_channel
         };
-        let timeout = inner.config.publish_timeout;
+        let deadline = Instant::now() + inner.config.publish_timeout;
         loop {
-            let channel = slot.get(&inner.publishing, timeout, written).await?;
-            match channel.publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = match slot.get(&inner.publishing, left, written).await {
+                Ok(channel) => channel
+                    .publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone())
+                    .map_err(Error::from),
+                Err(err) => Err(err),
+            };
+            let err = match attempt {
                 Ok(pending) => return Ok(pending),
-                Err(err) => {
-                    let err = Error::from(err);
-                    if inner.config.without_recovery || !is_loss(&err) {
-                        return Err(err);
-                    }
-                    // The connection died under us: once its channels are
-                    // marked closed, the slot waits for the recovery.
-                    let conn = channel.connection().clone();
-                    let _ = tokio::time::timeout(timeout, conn.closed()).await;
-                }
+                Err(err) => err,
+            };
+            if inner.config.without_recovery || !is_loss(&err) {
+                return Err(err);
             }
+            if Instant::now() >= deadline {
+                return Err(Error::ConnectionLost {
+                    may_have_arrived: written,
+                });
+            }
+            // The connection died under us (perhaps one a recovery had just
+            // made): once the supervisor has seen it, the slot waits for the
+            // next recovery.
+            tracing::debug!(%err, "the publishing connection failed under a send; trying again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -90,6 +90,8 @@ pub struct Topology {
     dead_letters: BTreeSet<String>,
     dead_letter_to: Vec<(String, String)>,
     retries: Vec<(String, RetryPolicy)>,
+    /// Exchanges and bindings of the service's own, declared last, in order.
+    extra: Vec<Declaration>,
 }
 
 impl Topology {
@@ -128,6 +130,39 @@ impl Topology {
     /// The rung queues of `policy` for `queue`.
     pub fn retries(mut self, queue: &str, policy: &RetryPolicy) -> Self {
         self.retries.push((queue.to_string(), policy.clone()));
+        self
+    }
+
+    /// A durable exchange of the service's own (`direct`, `topic`, `fanout`,
+    /// `headers`).
+    pub fn exchange(mut self, name: &str, kind: &str) -> Self {
+        self.extra.push(Declaration::Exchange {
+            name: name.into(),
+            kind: kind.into(),
+            durable: true,
+        });
+        self
+    }
+
+    /// Binds `queue` to `exchange` with `routing_key` (also a server-named
+    /// queue from [`Conn::declare_server_named_queue`]: after a recovery the
+    /// binding follows its new name).
+    pub fn bind(mut self, queue: &str, exchange: &str, routing_key: &str) -> Self {
+        self.extra.push(Declaration::Bind {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+        });
+        self
+    }
+
+    /// Binds exchange `destination` to `source` with `routing_key`.
+    pub fn bind_exchange(mut self, destination: &str, source: &str, routing_key: &str) -> Self {
+        self.extra.push(Declaration::ExchangeBind {
+            destination: destination.into(),
+            source: source.into(),
+            routing_key: routing_key.into(),
+        });
         self
     }
 
@@ -172,6 +207,11 @@ impl Topology {
                 if !out.contains(&declaration) {
                     out.push(declaration);
                 }
+            }
+        }
+        for declaration in &self.extra {
+            if !out.contains(declaration) {
+                out.push(declaration.clone());
             }
         }
         Ok(out)
