@@ -265,3 +265,70 @@ async fn statement_16_a_written_publish_unblocked_in_time_completes_normally() {
     })
     .await
 }
+
+/// A retry hop made while the broker blocks publishing holds its delivery
+/// until the block lifts, instead of handing it back to the broker to be
+/// redelivered (and handled) again and again for as long as the block lasts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_while_publishing_is_blocked_holds_the_delivery_until_the_block_lifts() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    acemq_tests::deadline(async {
+        let _turn = ALARM.lock().await;
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let q = unique("blocked-retry");
+            acemq_core::Topology::new().queue(&q).declare(&conn).await.unwrap();
+            let calls = Arc::new(AtomicU32::new(0));
+            let go = Arc::new(tokio::sync::Semaphore::new(0));
+            let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+            let handler = {
+                let (calls, go) = (calls.clone(), go.clone());
+                move |m: acemq_core::Message<String>| {
+                    let (calls, go, done_tx) = (calls.clone(), go.clone(), done_tx.clone());
+                    async move {
+                        if m.payload != "retried" {
+                            return acemq_core::Ack::accept();
+                        }
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        if m.envelope.attempt == 1 {
+                            go.acquire().await.unwrap().forget();
+                            return acemq_core::Ack::retry(std::io::Error::other("try again"));
+                        }
+                        let _ = done_tx.send(m.envelope.attempt);
+                        acemq_core::Ack::accept()
+                    }
+                }
+            };
+            let consumer = acemq_core::consume(&conn, &q, handler).await.unwrap();
+            let publisher = conn.publisher::<String>("", &q);
+            publisher.send(&"retried".to_string()).await.unwrap();
+            while calls.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let alarm = AlarmGuard::raise(&b);
+            // RabbitMQ blocks a connection once it publishes under the alarm.
+            let trigger = conn.publisher::<String>("", &q);
+            let trigger = tokio::spawn(async move { trigger.send(&"trigger".to_string()).await });
+            wait_blocked(&conn).await;
+            go.add_permits(1);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                1,
+                "{:?}: the handler did not run again while blocked",
+                b.kind
+            );
+            drop(alarm);
+            let attempt = tokio::time::timeout(Duration::from_secs(20), done.recv())
+                .await
+                .expect("the retry goes through once unblocked")
+                .unwrap();
+            assert_eq!(attempt, 2, "{:?}", b.kind);
+            let _ = trigger.await;
+            consumer.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}

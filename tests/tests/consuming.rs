@@ -310,6 +310,9 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
             headers.insert("deep", deep);
             let poison = BasicProperties {
                 headers: Some(headers),
+                message_id: Some("poison-1".into()),
+                correlation_id: Some("corr-1".into()),
+                timestamp: Some(1_700_000_000),
                 ..Default::default()
             };
             raw.publish("", &q, false, poison, "{\"id\":3}".into())
@@ -326,12 +329,57 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
                 "{:?}: {error}",
                 b.kind
             );
+            // What could still be read went with it, so it can be found.
+            let kept = dead.properties.as_ref().expect("the set-aside copy decodes");
+            assert_eq!(kept.message_id.as_ref().map(|s| s.to_string()), Some("poison-1".into()));
+            assert_eq!(
+                kept.correlation_id.as_ref().map(|s| s.to_string()),
+                Some("corr-1".into())
+            );
+            assert_eq!(kept.timestamp, Some(1_700_000_000), "{:?}", b.kind);
             assert_eq!(calls.lock().unwrap().len(), 1, "neither reached the handler");
             assert!(!conn.consuming_connection().is_closed());
             assert!(
                 take(&conn, &dlq).await.is_none(),
                 "set aside once, not redelivered forever"
             );
+            consumer.close().await.unwrap();
+            cleanup(&conn, &q).await;
+        });
+    })
+}
+
+/// A message from another publisher, without a message-id, keeps one id
+/// across every retry and into the dlq (DESIGN §5: `Envelope.id` is stable).
+#[test]
+fn a_message_without_a_message_id_keeps_one_id_across_retries_and_into_the_dlq() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b, scale| async move {
+            let policy = RetryPolicy::fixed(3, secs(1, scale));
+            let (conn, q) = setup(&b, &policy).await;
+            let (consumer, calls) = recording(&conn, &q, policy, |_| Ack::retry(Boom("not yet"))).await;
+            let raw = conn.publishing_connection().channel().await.unwrap();
+            raw.confirm_select().await.unwrap();
+            let props = BasicProperties {
+                content_type: Some("application/json".into()),
+                ..Default::default()
+            };
+            raw.publish("", &q, false, props, "{\"id\":7}".into())
+                .unwrap()
+                .await
+                .unwrap();
+            let dead = take_eventually(&conn, &format!("{q}.dlq"), Duration::from_secs(20)).await;
+            let ids: Vec<String> = calls.lock().unwrap().iter().map(|e| e.id.clone()).collect();
+            assert_eq!(ids.len(), 3, "{:?}: {ids:?}", b.kind);
+            assert!(ids.iter().all(|id| *id == ids[0]), "{:?}: {ids:?}", b.kind);
+            let dead_id = dead
+                .properties
+                .as_ref()
+                .unwrap()
+                .message_id
+                .as_ref()
+                .map(|s| s.to_string());
+            assert_eq!(dead_id.as_deref(), Some(ids[0].as_str()), "{:?}", b.kind);
             consumer.close().await.unwrap();
             cleanup(&conn, &q).await;
         });
