@@ -26,3 +26,5 @@ cargo test --workspace --doc
 # broker and against the RabbitMQ started above.
 cargo run --quiet --example orders
 AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
+# Recovery: connections cut three times while it publishes and consumes.
+cargo run --quiet --example recovery
