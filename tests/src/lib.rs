@@ -19,6 +19,10 @@ use acemq_core::amqp::{Config, Connection, TlsConfig};
 /// it waited for (see `acemq_memory::deadline`).
 pub use acemq_memory::deadline::{deadline, deadline_blocking, step, waiting_for};
 
+/// Breaking the real RabbitMQ on purpose: kill, restart, pause, forced
+/// closes, and an in-test TCP proxy that cuts or blackholes connections.
+pub mod chaos;
+
 /// Which broker a scenario runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
