@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
 # The project's test command. It sets up everything the tests need, so a
 # green run never depends on something done by hand: it installs Debian's
-# rabbitmq-server when missing and starts a private node (scripts/rabbitmq.sh),
-# runs every test of the workspace against it, and stops the node again
-# unless it was already running before.
+# rabbitmq-server when missing, starts a private node and a private
+# three-node cluster (scripts/rabbitmq.sh), runs every test of the workspace
+# against them, and stops them again unless they were already running before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started_here=0
+cluster_here=0
+stop_node() {
+    if [ "$cluster_here" = 1 ]; then scripts/rabbitmq.sh cluster stop || true; fi
+    if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
+}
+trap stop_node EXIT
 if ! scripts/rabbitmq.sh status >/dev/null 2>&1; then
     scripts/rabbitmq.sh start
     started_here=1
 fi
-stop_node() {
-    if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
-}
-trap stop_node EXIT
+# A private three-node cluster for the failover test (tests/tests/failover.rs).
+if ! scripts/rabbitmq.sh cluster status >/dev/null 2>&1; then
+    scripts/rabbitmq.sh cluster start
+    cluster_here=1
+fi
 
 # ACEMQ_RABBITMQ_URL, ACEMQ_RABBITMQ_TLS_URL, ACEMQ_RABBITMQ_CA, ...
 eval "$(scripts/rabbitmq.sh env | sed 's/^/export /')"
+# ACEMQ_RABBITMQ_CLUSTER_URL, ACEMQ_RABBITMQ_CLUSTER_PORTS
+eval "$(scripts/rabbitmq.sh cluster env | sed 's/^/export /')"
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

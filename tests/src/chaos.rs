@@ -428,15 +428,18 @@ pub async fn resume() {
 
 /// The cluster's URL (`ACEMQ_RABBITMQ_CLUSTER_URL`, which
 /// `scripts/rabbitmq.sh cluster env` prints), when it is set and node 1
-/// answers. No test run starts the cluster, so without it this is `None`
-/// (with a note), under CI too.
+/// answers. `scripts/test.sh` starts the cluster and exports it; under
+/// `CI=true` a missing cluster is a panic, elsewhere `None` with a loud note.
 pub async fn cluster_url() -> Option<String> {
     match std::env::var("ACEMQ_RABBITMQ_CLUSTER_URL") {
         Ok(url) if amqp_answers(&host_port(&url)).await => Some(url),
         Ok(url) => panic!("chaos: ACEMQ_RABBITMQ_CLUSTER_URL={url} is set but node 1 does not answer"),
+        Err(_) if crate::in_ci() => {
+            panic!("chaos: no cluster under CI=true: scripts/test.sh must start it (scripts/rabbitmq.sh cluster start)")
+        }
         Err(_) => {
             eprintln!(
-                "chaos: no cluster test: ACEMQ_RABBITMQ_CLUSTER_URL is not set \
+                "\n!!!! SKIPPING a cluster test: ACEMQ_RABBITMQ_CLUSTER_URL is not set \
                  (`scripts/rabbitmq.sh cluster start`, then export the lines of `cluster env`)"
             );
             None

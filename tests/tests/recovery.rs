@@ -250,7 +250,7 @@ async fn statement_17_recovers_from_a_broker_restart() {
                 None => {
                     // A quorum queue killed within a second of its
                     // declaration may come back without a leader for a
-                    // minute (RabbitMQ 3.12/4.x: "leader call - leader not
+                    // minute (RabbitMQ 3.10.8 here: "leader call - leader not
                     // known" until the consume times out): let it settle.
                     tokio::time::sleep(Duration::from_secs(3)).await;
                     chaos::kill().await;

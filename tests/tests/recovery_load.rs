@@ -137,7 +137,7 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let s = seen.lock().unwrap();
+        let s = std::mem::take(&mut *seen.lock().unwrap());
         let lost: Vec<u64> = confirmed.difference(&s.unique).copied().take(20).collect();
         let lost_count = confirmed.difference(&s.unique).count();
         let duplicates = s.deliveries - s.unique.len() as u64;
@@ -184,7 +184,6 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
                 "{label} for both connections at each fault: {log:?}"
             );
         }
-        drop(s);
         consumer.close().await.unwrap();
         conn.close().await.unwrap();
     })
