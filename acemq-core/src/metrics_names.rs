@@ -6,7 +6,9 @@ pub const PUBLISH_TOTAL: &str = "acemq_publish_total";
 pub const HANDLED_TOTAL: &str = "acemq_handled_total";
 /// `acemq_rung_missing_total`
 pub const RUNG_MISSING_TOTAL: &str = "acemq_rung_missing_total";
-/// `acemq_recovery_total{event=...}`
+/// `acemq_recovery_total{event=lost|retrying|recovered|gave_up|queue_renamed|blocked|unblocked|settlement_dropped}`:
+/// every [`crate::RecoveryEvent`] by its label, and each settlement of a
+/// delivery from a dead connection that was dropped instead of sent.
 pub const RECOVERY_TOTAL: &str = "acemq_recovery_total";
 
 pub(crate) fn publish(outcome: &'static str) {

@@ -260,6 +260,13 @@ async fn statement_17_recovers_from_a_broker_restart() {
             events.recovered(2).await;
             publisher.send(&2).await.unwrap();
             next_with(&mut rx, 2, "a message after the restart").await;
+            if let Some(memory) = &b.memory {
+                // And with every socket severed (no close frame at all).
+                memory.faults().sever_all();
+                events.recovered(4).await;
+                publisher.send(&3).await.unwrap();
+                next_with(&mut rx, 3, "a message after the sockets were severed").await;
+            }
             if b.is_rabbitmq() {
                 // The same, with the application stopped and started.
                 chaos::stop_app().await;
