@@ -795,6 +795,10 @@ async fn statement_22_a_broker_that_goes_silent_is_detected_within_two_heartbeat
                 })
                 .await;
             let detected = silent_at.elapsed();
+            println!(
+                "{:?}: silence detected after {detected:?} (heartbeat {heartbeat:?})",
+                b.kind
+            );
             let lost: Vec<RecoveryEvent> = events.all().into_iter().filter(|e| e.label() == "lost").collect();
             match &proxy {
                 Some(proxy) => proxy.blackhole(false),
