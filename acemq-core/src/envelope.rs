@@ -14,6 +14,8 @@ pub const FIRST_SEEN_HEADER: &str = "x-acemq-first-seen";
 pub const CAUSATION_HEADER: &str = "x-acemq-causation-id";
 /// Header: why a message was given up on, on `.dlq` and `.parked` (`S`).
 pub const ERROR_HEADER: &str = "x-acemq-error";
+/// Header: how often a message was replayed from a dlq or parked queue (`I`).
+pub const REPLAYED_HEADER: &str = "x-acemq-replayed";
 /// Header: the exchange a set-aside message was first published to (`S`).
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-acemq-original-exchange";
 /// Header: the routing key a set-aside message was first published with (`S`).

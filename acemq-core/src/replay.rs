@@ -1,0 +1,439 @@
+//! Replay (DESIGN statement 23): moving messages of `{queue}.dlq` or
+//! `{queue}.parked` back to where they first went, and reading those queues
+//! without consuming them.
+//!
+//! A replay consumes the set-aside queue on a channel of its own, at most
+//! the messages that were there when it started. Each message it can send
+//! back is published, mandatory and confirmed on the library channel, to its
+//! `x-acemq-original-exchange` and `-routing-key` (or, for a message the
+//! broker dead-lettered itself, to the first `x-death` entry's exchange and
+//! key), with the same message-id, correlation and causation, attempt 1, a
+//! fresh first-seen, no `x-acemq-error` and `x-acemq-replayed` one more;
+//! only after its confirm is the set-aside copy acked. What it cannot send
+//! back stays unacked until the end and is then returned to the queue
+//! (`basic.nack` with requeue), where RabbitMQ puts it back in its place.
+//!
+//! Reading without consuming ([`Conn::peek`]) works the same way: deliveries
+//! are taken without acks and handed back when the channel closes, in
+//! order; they are marked redelivered from then on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, QueueDeclare};
+use bytes::Bytes;
+use tokio::task::JoinSet;
+
+use crate::amqp::{self, Delivery};
+use crate::conn::Conn;
+use crate::envelope::{
+    Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    REPLAYED_HEADER,
+};
+use crate::error::Error;
+
+/// Chooses which set-aside messages a replay moves.
+pub type ReplayFilter = Arc<dyn Fn(&SetAside) -> bool + Send + Sync>;
+
+/// Hears how a replay is getting on, after every message.
+pub type ReplayProgressFn = Arc<dyn Fn(ReplayProgress) + Send + Sync>;
+
+/// How a replay runs.
+#[derive(Clone, Default)]
+pub struct ReplayOptions {
+    /// At most this many messages are examined (all that are there when it
+    /// starts, by default).
+    pub limit: Option<usize>,
+    /// Examine and report, move nothing.
+    pub dry_run: bool,
+    /// Only the messages this accepts are moved; the others stay.
+    pub filter: Option<ReplayFilter>,
+    /// Called after every message examined.
+    pub progress: Option<ReplayProgressFn>,
+}
+
+impl std::fmt::Debug for ReplayOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayOptions")
+            .field("limit", &self.limit)
+            .field("dry_run", &self.dry_run)
+            .field("filter", &self.filter.is_some())
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// Where a replay stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayProgress {
+    /// Messages looked at so far.
+    pub examined: usize,
+    /// Sent back (in a dry run: that would be).
+    pub replayed: usize,
+    /// Left where they were.
+    pub kept: usize,
+    /// How many it will look at in all.
+    pub total: usize,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Messages looked at.
+    pub examined: usize,
+    /// Sent back and removed from the set-aside queue (in a dry run: how
+    /// many would be).
+    pub replayed: usize,
+    /// Those that stayed, each with why.
+    pub kept: Vec<Kept>,
+}
+
+/// A message a replay left where it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Its message-id.
+    pub message_id: String,
+    /// Why it stayed (no original destination, the exchange is gone, the
+    /// broker returned or refused it, the filter left it out, a dry run).
+    pub reason: String,
+}
+
+/// A set-aside message as an operator sees it.
+#[derive(Debug, Clone)]
+pub struct SetAside {
+    /// Its envelope (id, attempt, first seen, correlation, causation, headers).
+    pub envelope: Envelope,
+    /// Why it was set aside (`x-acemq-error`), or the broker's dead-letter
+    /// reason (`x-first-death-reason`) for one the broker moved itself.
+    pub error: Option<String>,
+    /// The exchange it first went to.
+    pub original_exchange: Option<String>,
+    /// The routing key it first went with.
+    pub original_routing_key: Option<String>,
+    /// How often it was replayed before (`x-acemq-replayed`).
+    pub replayed: u32,
+    /// Whether the broker delivered it before (a listing marks it so).
+    pub redelivered: bool,
+    /// Its body.
+    pub body: Bytes,
+    /// Its `content-type`.
+    pub content_type: Option<String>,
+    /// Its properties as received (what is readable of them).
+    pub properties: BasicProperties,
+}
+
+impl SetAside {
+    fn read(delivery: &Delivery) -> SetAside {
+        let properties = match &delivery.properties {
+            Ok(p) => p.as_ref().clone(),
+            Err(raw) => raw.salvage().properties,
+        };
+        let envelope = Envelope::read_from_message(&properties, &delivery.body);
+        let header = |key: &str| {
+            properties
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(key))
+                .and_then(FieldValue::as_str)
+                .map(str::to_string)
+        };
+        let (death_exchange, death_key) = first_death(&properties);
+        SetAside {
+            error: header(ERROR_HEADER).or_else(|| header("x-first-death-reason")),
+            original_exchange: header(ORIGINAL_EXCHANGE_HEADER).or(death_exchange),
+            original_routing_key: header(ORIGINAL_ROUTING_KEY_HEADER).or(death_key),
+            replayed: properties
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(REPLAYED_HEADER))
+                .and_then(FieldValue::as_i64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            redelivered: delivery.redelivered,
+            body: delivery.body.clone(),
+            content_type: properties.content_type.as_ref().map(|c| c.to_string()),
+            envelope,
+            properties,
+        }
+    }
+
+    /// Where a replay sends it, if it is known.
+    fn destination(&self) -> Option<(&str, &str)> {
+        Some((
+            self.original_exchange.as_deref()?,
+            self.original_routing_key.as_deref()?,
+        ))
+    }
+
+    /// The properties of the replayed copy.
+    fn replay_properties(&self) -> BasicProperties {
+        let mut props = self.properties.clone();
+        if props.message_id.is_none() {
+            props.message_id = Some(self.envelope.id.as_str().into());
+        }
+        let mut headers = FieldTable::new();
+        for (key, value) in props.headers.iter().flat_map(FieldTable::iter) {
+            let name = key.as_bytes();
+            let dropped = [ATTEMPT_HEADER, FIRST_SEEN_HEADER, ERROR_HEADER, REPLAYED_HEADER]
+                .iter()
+                .any(|h| h.as_bytes() == name)
+                // The broker's dead-letter history: the replayed copy starts
+                // a life of its own.
+                || name == b"x-death"
+                || name.starts_with(b"x-first-death-")
+                || name.starts_with(b"x-last-death-");
+            if !dropped {
+                headers.push(key.clone(), value.clone());
+            }
+        }
+        headers.insert(ATTEMPT_HEADER, FieldValue::I32(1));
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        headers.insert(FIRST_SEEN_HEADER, FieldValue::Timestamp(now));
+        let replayed = i32::try_from(self.replayed.saturating_add(1)).unwrap_or(i32::MAX);
+        headers.insert(REPLAYED_HEADER, FieldValue::I32(replayed));
+        props.headers = Some(headers);
+        props
+    }
+}
+
+/// The exchange and first routing key of the oldest `x-death` entry (the
+/// broker's own dead-lettering: TTL, max-length, a rejection).
+fn first_death(properties: &BasicProperties) -> (Option<String>, Option<String>) {
+    let oldest = properties
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("x-death"))
+        .and_then(FieldValue::as_array)
+        .and_then(|deaths| deaths.0.last())
+        .and_then(FieldValue::as_table);
+    let Some(death) = oldest else {
+        return (None, None);
+    };
+    let exchange = death.get("exchange").and_then(FieldValue::as_str).map(str::to_string);
+    let key = death
+        .get("routing-keys")
+        .and_then(FieldValue::as_array)
+        .and_then(|keys| keys.0.first())
+        .and_then(FieldValue::as_str)
+        .map(str::to_string);
+    (exchange, key)
+}
+
+/// How long a replay or a listing waits for the next delivery of a queue
+/// that said it had more.
+const NEXT_DELIVERY: Duration = Duration::from_secs(5);
+/// Replayed copies in flight at once, waiting for their confirms.
+const WINDOW: usize = 256;
+
+impl Conn {
+    /// Moves the messages of `from` (a `{queue}.dlq` or `{queue}.parked`)
+    /// back to where they first went, as the module docs say; returns what
+    /// it did. A message that cannot go back stays, and the report says
+    /// why.
+    pub async fn replay(&self, from: &str, options: ReplayOptions) -> Result<ReplayReport, Error> {
+        let (channel, mut deliveries, total) = match self.open_reader(from, options.limit).await? {
+            Some(reader) => reader,
+            None => return Ok(ReplayReport::default()),
+        };
+        let mut report = ReplayReport::default();
+        let mut held = Vec::new();
+        let mut exchanges: HashMap<String, Result<(), String>> = HashMap::new();
+        let mut in_flight: JoinSet<(Delivery, String, Result<(), Error>)> = JoinSet::new();
+        let progress = |report: &ReplayReport| {
+            if let Some(progress) = &options.progress {
+                progress(ReplayProgress {
+                    examined: report.examined,
+                    replayed: report.replayed,
+                    kept: report.kept.len(),
+                    total,
+                });
+            }
+        };
+        while report.examined < total {
+            let Ok(Some(delivery)) = tokio::time::timeout(NEXT_DELIVERY, deliveries.next()).await else {
+                break;
+            };
+            report.examined += 1;
+            let aside = SetAside::read(&delivery);
+            let message_id = aside.envelope.id.clone();
+            let verdict = match (&options.filter, aside.destination()) {
+                (Some(filter), _) if !filter(&aside) => Err("not selected by the filter".to_string()),
+                (_, None) => Err("no original exchange and routing key recorded".to_string()),
+                (_, Some((exchange, _))) => self.exchange_exists(&mut exchanges, exchange).await,
+            };
+            match verdict {
+                Err(reason) => {
+                    report.kept.push(Kept { message_id, reason });
+                    held.push(delivery);
+                }
+                Ok(()) if options.dry_run => {
+                    report.replayed += 1;
+                    held.push(delivery);
+                }
+                Ok(()) => {
+                    let (exchange, routing_key) = aside.destination().expect("checked above");
+                    let publish = BasicPublish {
+                        exchange: exchange.into(),
+                        routing_key: routing_key.into(),
+                        mandatory: true,
+                        ..Default::default()
+                    };
+                    let conn = self.clone();
+                    let properties = aside.replay_properties();
+                    let body = aside.body.clone();
+                    in_flight.spawn(async move {
+                        let sent = conn.publish_library(publish, properties, body, &message_id).await;
+                        (delivery, message_id, sent.map(|_| ()))
+                    });
+                    if in_flight.len() >= WINDOW {
+                        if let Some(done) = in_flight.join_next().await {
+                            settle(done, &mut report, &mut held)?;
+                        }
+                    }
+                }
+            }
+            progress(&report);
+        }
+        while let Some(done) = in_flight.join_next().await {
+            settle(done, &mut report, &mut held)?;
+            progress(&report);
+        }
+        // Only what was sent back and confirmed was acked; the rest goes
+        // back to the queue, in its place.
+        let _ = deliveries.cancel().await;
+        for delivery in held {
+            let _ = delivery.nack(true);
+        }
+        let _ = channel.close().await;
+        Ok(report)
+    }
+
+    /// Up to `limit` messages of `queue`, in order, without consuming them:
+    /// they are taken without acks and handed back, in their places, when
+    /// the listing's channel closes (marked redelivered from then on).
+    pub async fn peek(&self, queue: &str, limit: usize) -> Result<Vec<SetAside>, Error> {
+        let Some((channel, mut deliveries, total)) = self.open_reader(queue, Some(limit)).await? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(total);
+        while out.len() < total {
+            match tokio::time::timeout(NEXT_DELIVERY, deliveries.next()).await {
+                Ok(Some(delivery)) => out.push(SetAside::read(&delivery)),
+                _ => break,
+            }
+        }
+        let _ = deliveries.cancel().await;
+        let _ = channel.close().await;
+        Ok(out)
+    }
+
+    /// Empties `queue`; returns how many messages it held.
+    pub async fn purge(&self, queue: &str) -> Result<u32, Error> {
+        let channel = self.consuming_connection().channel().await?;
+        let ok = channel
+            .queue_purge(amqp_codec::QueuePurge {
+                queue: queue.into(),
+                ..Default::default()
+            })
+            .await?;
+        let _ = channel.close().await;
+        Ok(ok.map_or(0, |ok| ok.message_count))
+    }
+
+    /// A channel consuming `queue` without acks yet, with enough prefetch
+    /// for what it will read, and how many messages to read: those there
+    /// now, at most `limit`. `None` when there is nothing to read.
+    async fn open_reader(
+        &self,
+        queue: &str,
+        limit: Option<usize>,
+    ) -> Result<Option<(amqp::Channel, amqp::Consumer, usize)>, Error> {
+        let channel = self.consuming_connection().channel().await?;
+        let passive = QueueDeclare {
+            queue: queue.into(),
+            passive: true,
+            ..Default::default()
+        };
+        let there = channel.queue_declare(passive).await?.map_or(0, |ok| ok.message_count);
+        let total = usize::try_from(there)
+            .unwrap_or(usize::MAX)
+            .min(limit.unwrap_or(usize::MAX));
+        if total == 0 {
+            let _ = channel.close().await;
+            return Ok(None);
+        }
+        // Enough to hold every message kept back, and no more than it reads.
+        channel.qos(u16::try_from(total).unwrap_or(u16::MAX)).await?;
+        let deliveries = channel
+            .basic_consume(BasicConsume {
+                queue: queue.into(),
+                ..Default::default()
+            })
+            .await?;
+        Ok(Some((channel, deliveries, total)))
+    }
+
+    /// Whether `exchange` exists (a passive declare on a channel of its
+    /// own, remembered for the run): a publish to a missing one would
+    /// close the library channel under every replay in flight.
+    async fn exchange_exists(
+        &self,
+        known: &mut HashMap<String, Result<(), String>>,
+        exchange: &str,
+    ) -> Result<(), String> {
+        if exchange.is_empty() {
+            return Ok(());
+        }
+        if let Some(known) = known.get(exchange) {
+            return known.clone();
+        }
+        let probe = async {
+            let channel = self.consuming_connection().channel().await?;
+            let found = channel
+                .exchange_declare(ExchangeDeclare {
+                    exchange: exchange.into(),
+                    passive: true,
+                    ..Default::default()
+                })
+                .await;
+            if found.is_ok() {
+                let _ = channel.close().await;
+            }
+            found.map(|_| ()).map_err(Error::from)
+        };
+        let answer = match probe.await {
+            Ok(()) => Ok(()),
+            Err(err) if err.refusal().is_some_and(|r| r.code == 404) => {
+                Err(format!("the exchange {exchange:?} no longer exists ({err})"))
+            }
+            Err(err) => return Err(format!("could not check the exchange {exchange:?}: {err}")),
+        };
+        known.insert(exchange.to_string(), answer.clone());
+        answer
+    }
+}
+
+/// A replayed copy's confirm came: the set-aside copy is acked, or kept
+/// with the reason.
+fn settle(
+    done: Result<(Delivery, String, Result<(), Error>), tokio::task::JoinError>,
+    report: &mut ReplayReport,
+    held: &mut Vec<Delivery>,
+) -> Result<(), Error> {
+    let (delivery, message_id, sent) = done.map_err(|e| Error::ConsumerFailed(Arc::new(e)))?;
+    match sent {
+        Ok(()) => {
+            delivery.ack().map_err(Error::from)?;
+            report.replayed += 1;
+        }
+        Err(err) => {
+            report.kept.push(Kept {
+                message_id,
+                reason: err.to_string(),
+            });
+            held.push(delivery);
+        }
+    }
+    Ok(())
+}
