@@ -125,13 +125,13 @@ impl Conn {
 
 /// Publishes `T` to one exchange and routing key.
 pub struct Publisher<T, C = Json> {
-    conn: Conn,
-    exchange: ShortString,
-    routing_key: ShortString,
-    mandatory: bool,
-    persistent: bool,
-    content_type: Option<ShortString>,
-    codec: C,
+    pub(crate) conn: Conn,
+    pub(crate) exchange: ShortString,
+    pub(crate) routing_key: ShortString,
+    pub(crate) mandatory: bool,
+    pub(crate) persistent: bool,
+    pub(crate) content_type: Option<ShortString>,
+    pub(crate) codec: C,
     _payload: PhantomData<fn(&T)>,
 }
 
