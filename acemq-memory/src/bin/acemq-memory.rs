@@ -1,0 +1,274 @@
+//! `acemq-memory`: the in-process broker served on TCP, so services in any
+//! language can run their tests against it.
+//!
+//! ```text
+//! acemq-memory [--listen ADDR]
+//! ```
+//!
+//! It prints `acemq-memory: listening on ADDR` on stdout once it accepts
+//! connections (with port 0, the port it was given), logs through `tracing`
+//! on stderr (`RUST_LOG`, default `info`), and on SIGINT or SIGTERM stops
+//! accepting, closes every client connection with 320 CONNECTION_FORCED as
+//! RabbitMQ does when it shuts down, and exits 0.
+#![forbid(unsafe_code)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use acemq_memory::{Broker, BrokerConfig};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+/// Where it listens unless `--listen` says otherwise.
+const DEFAULT_LISTEN: &str = "127.0.0.1:5673";
+
+/// The detail of the 320 every client gets at shutdown, RabbitMQ's own:
+/// `CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'`.
+const SHUTDOWN_REASON: &str = "broker forced connection closure with reason 'shutdown'";
+
+/// How long the clients have, past the broker's own `close-ok` timeout, to
+/// answer the shutdown close before their sockets are dropped.
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
+
+const USAGE: &str = "\
+acemq-memory: an AMQP 0-9-1 broker that behaves like RabbitMQ, for tests
+
+Usage: acemq-memory [--listen ADDR]
+
+Options:
+  --listen ADDR  the address to listen on (default 127.0.0.1:5673; port 0 picks
+                 a free port). Printed once listening as
+                 `acemq-memory: listening on ADDR`.
+  -h, --help     print this help
+
+Users: guest/guest on the virtual host `/` (amqp://guest:guest@127.0.0.1:5673/).
+Logs go to stderr; RUST_LOG sets the filter (default `info`).
+SIGINT or SIGTERM closes every connection with 320 CONNECTION_FORCED and exits 0.";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Serve { listen: String },
+    Help,
+}
+
+/// Parses the arguments after the program name. The error is the message
+/// for a usage error (exit code 2).
+fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
+    let mut listen = DEFAULT_LISTEN.to_owned();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--listen" => match args.next() {
+                Some(addr) if !addr.is_empty() && !addr.starts_with('-') => listen = addr,
+                _ => return Err("--listen needs an address, e.g. --listen 127.0.0.1:5673".to_owned()),
+            },
+            _ => match arg.strip_prefix("--listen=") {
+                Some(addr) if !addr.is_empty() => listen = addr.to_owned(),
+                Some(_) => return Err("--listen needs an address, e.g. --listen 127.0.0.1:5673".to_owned()),
+                None if arg.starts_with('-') => return Err(format!("unknown option '{arg}'")),
+                None => return Err(format!("unexpected argument '{arg}'")),
+            },
+        }
+    }
+    Ok(Command::Serve { listen })
+}
+
+fn main() -> ExitCode {
+    let listen = match parse(std::env::args().skip(1)) {
+        Ok(Command::Serve { listen }) => listen,
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("acemq-memory: {message}\nTry 'acemq-memory --help'.");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("acemq-memory: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&listen)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("acemq-memory: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves a broker on `listen` until a signal, then shuts down.
+async fn run(listen: &str) -> io::Result<()> {
+    // Before the address is printed: whoever reads it may signal at once.
+    let mut signals = Signals::new()?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|err| io::Error::new(err.kind(), format!("cannot listen on {listen}: {err}")))?;
+    let local = listener.local_addr()?;
+    let config = BrokerConfig::default();
+    let grace = config.close_timeout + SHUTDOWN_SLACK;
+    let broker = Broker::new(config);
+    // The stable line scripts and tests read.
+    println!("acemq-memory: listening on {local}");
+    tracing::info!(%local, "acemq-memory listening (amqp://guest:guest@{local}/)");
+
+    let mut conns: JoinSet<SocketAddr> = JoinSet::new();
+    let signal = loop {
+        tokio::select! {
+            signal = signals.recv() => break signal,
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let _ = socket.set_nodelay(true);
+                    tracing::debug!(%peer, "connection accepted");
+                    let broker = broker.clone();
+                    conns.spawn(async move {
+                        broker.serve(socket).await;
+                        peer
+                    });
+                }
+                Err(err) => {
+                    // Out of file descriptors, a connection reset before it
+                    // was accepted: RabbitMQ goes on accepting too.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(done) = conns.join_next(), if !conns.is_empty() => log_closed(done),
+        }
+    };
+
+    drop(listener);
+    tracing::info!(
+        signal,
+        connections = conns.len(),
+        "shutting down: closing client connections with 320 CONNECTION_FORCED"
+    );
+    broker.faults().close_all(SHUTDOWN_REASON);
+    let drained = tokio::time::timeout(grace, async {
+        loop {
+            tokio::select! {
+                done = conns.join_next() => match done {
+                    Some(done) => log_closed(done),
+                    None => return true,
+                },
+                signal = signals.recv() => {
+                    tracing::warn!(signal, "second signal: dropping the connections left");
+                    return false;
+                }
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    if !drained {
+        tracing::warn!(
+            connections = conns.len(),
+            "connections that did not answer the close are dropped"
+        );
+        conns.shutdown().await;
+    }
+    tracing::info!("acemq-memory stopped");
+    Ok(())
+}
+
+fn log_closed(done: Result<SocketAddr, tokio::task::JoinError>) {
+    match done {
+        Ok(peer) => tracing::debug!(%peer, "connection closed"),
+        Err(err) => tracing::error!(%err, "a connection task failed"),
+    }
+}
+
+/// SIGINT and SIGTERM, listened for from creation on.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(windows)]
+    ctrl_c: tokio::signal::windows::CtrlC,
+}
+
+impl Signals {
+    #[cfg(unix)]
+    fn new() -> io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    #[cfg(windows)]
+    fn new() -> io::Result<Signals> {
+        Ok(Signals {
+            ctrl_c: tokio::signal::windows::ctrl_c()?,
+        })
+    }
+
+    /// The next signal's name.
+    #[cfg(unix)]
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+
+    /// The next signal's name.
+    #[cfg(windows)]
+    async fn recv(&mut self) -> &'static str {
+        self.ctrl_c.recv().await;
+        "ctrl-c"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Result<Command, String> {
+        parse(list.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn the_default_address_is_5673_on_loopback() {
+        assert_eq!(
+            args(&[]),
+            Ok(Command::Serve {
+                listen: "127.0.0.1:5673".into()
+            })
+        );
+    }
+
+    #[test]
+    fn listen_takes_an_address_in_either_form() {
+        let serve = |addr: &str| Ok(Command::Serve { listen: addr.into() });
+        assert_eq!(args(&["--listen", "0.0.0.0:5672"]), serve("0.0.0.0:5672"));
+        assert_eq!(args(&["--listen=localhost:0"]), serve("localhost:0"));
+        assert!(args(&["--listen"]).unwrap_err().contains("needs an address"));
+        assert!(args(&["--listen", "--help"]).unwrap_err().contains("needs an address"));
+        assert!(args(&["--listen="]).unwrap_err().contains("needs an address"));
+    }
+
+    #[test]
+    fn help_and_usage_errors() {
+        assert_eq!(args(&["--help"]), Ok(Command::Help));
+        assert_eq!(args(&["--listen", "127.0.0.1:1", "-h"]), Ok(Command::Help));
+        assert_eq!(args(&["--bogus"]), Err("unknown option '--bogus'".into()));
+        assert_eq!(args(&["5673"]), Err("unexpected argument '5673'".into()));
+    }
+}

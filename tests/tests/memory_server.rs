@@ -1,0 +1,428 @@
+//! The `acemq-memory` server binary (DESIGN.md §9), run as a child process
+//! the way a service in another language would use it: it prints the port
+//! it listens on, serves a whole session over TCP (the engine, then `Conn`,
+//! `Publisher` and `consume`), and on SIGTERM or SIGINT closes every client
+//! connection with 320 CONNECTION_FORCED and exits 0. A usage error exits 2.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection};
+use acemq_core::{consume, Ack, Conn, Message};
+use acemq_tests::{step, unique};
+use amqp_codec::{BasicProperties, QueueDeclare};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, oneshot};
+
+/// How long the server may take to print its address, and to exit once signalled.
+const START_LIMIT: Duration = Duration::from_secs(30);
+const EXIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// The `acemq-memory` binary beside this test's own (`target/<profile>/`),
+/// built there first when it is missing or older than its sources.
+fn server_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut profile_dir = exe.parent().expect("the test binary's directory");
+        if profile_dir.ends_with("deps") {
+            profile_dir = profile_dir.parent().expect("the profile directory");
+        }
+        let binary = profile_dir.join(format!("acemq-memory{}", std::env::consts::EXE_SUFFIX));
+        if is_stale(&binary) {
+            build_server(profile_dir);
+        }
+        assert!(binary.exists(), "no server binary at {}", binary.display());
+        binary
+    })
+}
+
+/// Whether `binary` is missing or older than a source of it (after
+/// `cargo test -p acemq-tests`, which does not build it, it may be).
+fn is_stale(binary: &Path) -> bool {
+    let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
+        return true;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    [
+        "acemq-memory/src",
+        "acemq-memory/Cargo.toml",
+        "amqp-codec/src",
+        "amqp-codec/Cargo.toml",
+    ]
+    .iter()
+    .any(|source| newer_than(&root.join(source), built))
+}
+
+/// Whether `path`, or a file under it, was modified after `time`.
+fn newer_than(path: &Path, time: std::time::SystemTime) -> bool {
+    let Ok(meta) = path.metadata() else { return false };
+    if meta.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| entries.flatten().any(|e| newer_than(&e.path(), time)))
+            .unwrap_or(false)
+    } else {
+        meta.modified().is_ok_and(|m| m > time)
+    }
+}
+
+/// `cargo build -p acemq-memory --bin acemq-memory` into the target directory
+/// `profile_dir` belongs to (what `cargo test --workspace --all-targets`
+/// builds anyway; `cargo test -p acemq-tests` does not).
+fn build_server(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target_dir = profile_dir.parent().expect("the target directory");
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--quiet", "-p", "acemq-memory", "--bin", "acemq-memory"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CARGO_TARGET_DIR", target_dir);
+    if profile_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let mut child = build.spawn().expect("cargo starts");
+    let status = wait_blocking(&mut child, Duration::from_secs(170), "cargo build of acemq-memory");
+    assert!(status.success(), "building acemq-memory failed: {status}");
+}
+
+/// Waits for `child` to exit, killing it and failing after `limit`.
+fn wait_blocking(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running `acemq-memory` child process; killed if the test fails first.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts the binary on `127.0.0.1:0` and reads the port it prints.
+    async fn start() -> Server {
+        let binary = step("the acemq-memory binary", async {
+            tokio::task::spawn_blocking(server_binary).await.unwrap()
+        })
+        .await;
+        let mut child = Command::new(binary)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("acemq-memory starts");
+        let stderr = drain(child.stderr.take().unwrap());
+        let (first, line) = oneshot::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = first.send(lines.next());
+            // Keep reading: a full pipe must never block the server.
+            for _ in lines {}
+        });
+        let line = step(
+            "the server's `listening on` line",
+            tokio::time::timeout(START_LIMIT, line),
+        )
+        .await;
+        let line = match line {
+            Ok(Ok(Some(Ok(line)))) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "acemq-memory printed no address ({other:?}); stderr:\n{}",
+                    stderr.lock().unwrap()
+                );
+            }
+        };
+        let addr = line
+            .strip_prefix("acemq-memory: listening on ")
+            .and_then(|a| a.trim().parse::<SocketAddr>().ok())
+            .unwrap_or_else(|| panic!("not the listening line: {line:?}"));
+        assert_ne!(addr.port(), 0, "the real port is printed");
+        Server { child, addr, stderr }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// Sends `signal` (`TERM`, `INT`) with `kill`.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed: {status}");
+    }
+
+    /// The exit status, within [`EXIT_LIMIT`].
+    async fn exited(&mut self) -> ExitStatus {
+        let _label = acemq_tests::waiting_for("the server to exit");
+        let deadline = tokio::time::Instant::now() + EXIT_LIMIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "acemq-memory did not exit within {EXIT_LIMIT:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Everything `pipe` says, collected by a thread.
+fn drain(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
+
+/// How a connection open to the server ends at its shutdown: RabbitMQ's 320.
+async fn assert_shutdown_close(conn: &Connection) {
+    let reason = step(
+        "the client connection to see the shutdown close",
+        tokio::time::timeout(EXIT_LIMIT, conn.closed()),
+    )
+    .await
+    .expect("the connection is closed by the shutdown");
+    match reason {
+        CloseReason::ByServer(refusal) => {
+            assert_eq!(refusal.code, 320, "{refusal:?}");
+            assert_eq!(
+                refusal.text,
+                "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+            );
+        }
+        other => panic!("not a broker close: {other:?}"),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    id: u32,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_whole_session_over_tcp_then_sigterm_closes_it_with_320_and_exits_0() {
+    acemq_tests::deadline(async {
+        let mut server = Server::start().await;
+        let url = server.url();
+
+        // The engine: declare, confirm, publish, get, ack.
+        let conn = Connection::open(&url, Config::default()).await.unwrap();
+        let product = conn.server_properties().get("product").and_then(|v| v.as_str());
+        assert_eq!(product, Some("acemq-memory"));
+        let ch = conn.channel().await.unwrap();
+        ch.confirm_select().await.unwrap();
+        let q = unique("memory-server");
+        ch.queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            durable: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let confirm = ch
+            .publish("", &q, true, BasicProperties::default(), "over tcp".into())
+            .unwrap();
+        assert_eq!(step("the publish's confirm", confirm).await.unwrap(), Confirmation::Ack);
+        let got = ch.basic_get(&q, false).await.unwrap().expect("the message is there");
+        assert_eq!(&got.body[..], b"over tcp");
+        assert!(!got.redelivered);
+        got.ack().unwrap();
+        assert!(ch.basic_get(&q, false).await.unwrap().is_none(), "acked, gone");
+
+        // The acemq API: Conn, Publisher, consume.
+        let api = Conn::open(&url, acemq_core::Config::default()).await.unwrap();
+        let orders = unique("memory-server-orders");
+        api.consuming_connection()
+            .channel()
+            .await
+            .unwrap()
+            .queue_declare(QueueDeclare {
+                queue: orders.as_str().into(),
+                durable: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let (seen, mut received) = mpsc::unbounded_channel();
+        let consumer = consume(&api, &orders, move |m: Message<Order>| {
+            let _ = seen.send((m.payload, m.envelope.attempt));
+            async { Ack::accept() }
+        })
+        .await
+        .unwrap();
+        let publisher = api.publisher::<Order>("", &orders);
+        for id in 1..=3 {
+            publisher.send(&Order { id }).await.unwrap();
+        }
+        for id in 1..=3 {
+            let got = step(
+                format!("order {id} at the consumer"),
+                tokio::time::timeout(Duration::from_secs(10), received.recv()),
+            )
+            .await
+            .expect("delivered in time");
+            assert_eq!(got, Some((Order { id }, 1)));
+        }
+        consumer.close().await.unwrap();
+        api.close().await.unwrap();
+
+        // SIGTERM: the open connection gets RabbitMQ's shutdown close, the process exits 0.
+        server.signal("TERM");
+        assert_shutdown_close(&conn).await;
+        let status = server.exited().await;
+        let stderr = server.stderr();
+        assert_eq!(status.code(), Some(0), "{status}; stderr:\n{stderr}");
+        assert!(stderr.contains("SIGTERM"), "the shutdown is logged:\n{stderr}");
+        // Nothing listens any more.
+        assert!(tokio::net::TcpStream::connect(server.addr).await.is_err());
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_closes_open_and_half_open_connections_and_exits_0() {
+    acemq_tests::deadline(async {
+        let mut server = Server::start().await;
+        let url = server.url();
+        let first = Connection::open(&url, Config::default()).await.unwrap();
+        let second = Connection::open(&url, Config::default()).await.unwrap();
+        let ch = second.channel().await.unwrap();
+        let q = unique("memory-server-sigint");
+        ch.queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            exclusive: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        // A client that sent its protocol header and then nothing: mid-handshake.
+        let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut raw, b"AMQP\x00\x00\x09\x01")
+            .await
+            .unwrap();
+
+        server.signal("INT");
+        assert_shutdown_close(&first).await;
+        assert_shutdown_close(&second).await;
+        // The half-open one is dropped: after connection.start, end of stream.
+        let mut rest = Vec::new();
+        let ended = step(
+            "the half-open connection to end",
+            tokio::time::timeout(EXIT_LIMIT, raw.read_to_end(&mut rest)),
+        )
+        .await;
+        assert!(ended.is_ok(), "the half-open socket is still open");
+        let status = server.exited().await;
+        let stderr = server.stderr();
+        assert_eq!(status.code(), Some(0), "{status}; stderr:\n{stderr}");
+        assert!(stderr.contains("SIGINT"), "the shutdown is logged:\n{stderr}");
+    })
+    .await
+}
+
+/// Runs the binary with `args` to its end; its status, stdout and stderr.
+async fn run_to_end(args: &[&str]) -> (ExitStatus, String, String) {
+    let binary = tokio::task::spawn_blocking(server_binary).await.unwrap();
+    let mut child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("acemq-memory starts");
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    let what = format!("acemq-memory {}", args.join(" "));
+    let status = step(what.clone(), async {
+        tokio::task::spawn_blocking(move || wait_blocking(&mut child, EXIT_LIMIT, &what))
+            .await
+            .unwrap()
+    })
+    .await;
+    // The pipes close with the process; give the readers a moment to finish.
+    let mut out = (String::new(), String::new());
+    for _ in 0..100 {
+        out = (stdout.lock().unwrap().clone(), stderr.lock().unwrap().clone());
+        if Arc::strong_count(&stdout) == 1 && Arc::strong_count(&stderr) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (status, out.0, out.1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_errors_exit_2_with_a_message_and_help_exits_0() {
+    acemq_tests::deadline(async {
+        let (status, stdout, stderr) = run_to_end(&["--bogus"]).await;
+        assert_eq!(status.code(), Some(2), "{status}");
+        assert!(stderr.contains("unknown option '--bogus'"), "{stderr}");
+        assert!(stderr.contains("--help"), "{stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+
+        let (status, _, stderr) = run_to_end(&["--listen"]).await;
+        assert_eq!(status.code(), Some(2), "{status}");
+        assert!(stderr.contains("--listen needs an address"), "{stderr}");
+
+        let (status, stdout, _) = run_to_end(&["--help"]).await;
+        assert_eq!(status.code(), Some(0), "{status}");
+        assert!(stdout.contains("Usage: acemq-memory [--listen ADDR]"), "{stdout}");
+
+        // An address that is taken: a clear error, not a usage error.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let (status, stdout, stderr) = run_to_end(&["--listen", &addr]).await;
+        assert_eq!(status.code(), Some(1), "{status}");
+        assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
+        assert!(!stdout.contains("listening on"), "{stdout}");
+    })
+    .await
+}
