@@ -34,6 +34,7 @@
 
 pub mod ack;
 pub mod amqp;
+pub mod check;
 pub mod codec;
 mod confirm;
 mod conn;

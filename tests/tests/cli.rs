@@ -1,0 +1,862 @@
+//! The `acemq` operator CLI (DESIGN.md §9), run as a child process the way an
+//! operator runs it, against the `acemq-memory` server binary over TCP and
+//! against RabbitMQ: `dlq list|show|replay|purge` on set-aside messages
+//! made by a real consumer, `topology declare|check` and every difference
+//! `check` must name, and a password that never appears in any output.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, Topology};
+use acemq_tests::{brokers, depth, step, unique, Kind};
+use amqp_codec::{ExchangeDelete, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete, QueueUnbind};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How long one run of the CLI may take.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+/// How long building a binary may take.
+const BUILD_LIMIT: Duration = Duration::from_secs(600);
+/// The password of the RabbitMQ user the CLI runs as (never printed).
+const RABBIT_PASSWORD: &str = "cli-S3cret-pw-7781";
+const RABBIT_USER: &str = "acemq-cli-test";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    id: u32,
+}
+
+#[derive(Debug)]
+struct Declined(u32);
+impl std::fmt::Display for Declined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "card declined for order {}", self.0)
+    }
+}
+impl std::error::Error for Declined {}
+
+// ---- the binaries ----
+
+/// `target/<profile>/`, where this test's executable lives (in `deps/`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut dir = exe.parent().expect("the test binary's directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("the profile directory");
+    }
+    dir.to_path_buf()
+}
+
+/// Whether `path`, or a file under it, was modified after `time`.
+fn newer_than(path: &Path, time: std::time::SystemTime) -> bool {
+    let Ok(meta) = path.metadata() else { return false };
+    if meta.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| entries.flatten().any(|e| newer_than(&e.path(), time)))
+            .unwrap_or(false)
+    } else {
+        meta.modified().is_ok_and(|m| m > time)
+    }
+}
+
+/// The binary `name` beside this test's own, built there first (`cargo
+/// build <args>`) when it is missing or older than one of `sources`:
+/// `cargo test` does not build a binary behind a feature.
+fn binary(name: &str, sources: &[&str], args: &[&str]) -> PathBuf {
+    let profile = profile_dir();
+    let binary = profile.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let stale = match binary.metadata().and_then(|m| m.modified()) {
+        Ok(built) => sources.iter().any(|s| newer_than(&root.join(s), built)),
+        Err(_) => true,
+    };
+    if stale {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .arg("build")
+            .arg("--quiet")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("CARGO_TARGET_DIR", profile.parent().expect("the target directory"));
+        if profile.ends_with("release") {
+            build.arg("--release");
+        }
+        let mut child = build.spawn().expect("cargo starts");
+        let status = wait_for(&mut child, BUILD_LIMIT, &format!("cargo build of {name}"));
+        assert!(status.success(), "building {name} failed: {status}");
+    }
+    assert!(binary.exists(), "no binary at {}", binary.display());
+    binary
+}
+
+fn acemq_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        binary(
+            "acemq",
+            &[
+                "acemq-core/src",
+                "acemq-core/Cargo.toml",
+                "amqp-codec/src",
+                "amqp-codec/Cargo.toml",
+            ],
+            &["-p", "acemq-core", "--features", "cli", "--bin", "acemq"],
+        )
+    })
+}
+
+fn server_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        binary(
+            "acemq-memory",
+            &[
+                "acemq-memory/src",
+                "acemq-memory/Cargo.toml",
+                "amqp-codec/src",
+                "amqp-codec/Cargo.toml",
+            ],
+            &["-p", "acemq-memory", "--bin", "acemq-memory"],
+        )
+    })
+}
+
+/// Waits for `child` to exit, killing it and failing after `limit`.
+fn wait_for(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Everything `pipe` says, collected by a thread.
+fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (text, reader)
+}
+
+/// A running `acemq-memory` server; killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(server_binary())
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("acemq-memory starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut lines = std::io::BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            // Keep reading: a full pipe must never block the server.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("acemq-memory printed no address: {other:?}");
+            }
+        };
+        let addr = line
+            .strip_prefix("acemq-memory: listening on ")
+            .and_then(|a| a.trim().parse::<SocketAddr>().ok())
+            .unwrap_or_else(|| panic!("not the listening line: {line:?}"));
+        Server { child, addr }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- where the CLI runs ----
+
+/// A broker the CLI runs against.
+struct Target {
+    kind: &'static str,
+    /// For the test's own connection.
+    url: String,
+    /// For the CLI (on RabbitMQ, a user of its own with a password to look for).
+    cli_url: String,
+    /// A password that must not appear in any output.
+    secret: Option<&'static str>,
+    _server: Option<Server>,
+}
+
+/// The acemq-memory server binary, and RabbitMQ over TCP when there is one
+/// (under `CI=true` a missing RabbitMQ fails, as `brokers()` says).
+async fn targets() -> Vec<Target> {
+    let server = step("the acemq-memory server", tokio::task::spawn_blocking(Server::start))
+        .await
+        .unwrap();
+    let url = format!("amqp://guest:guest@{}/", server.addr);
+    let mut out = vec![Target {
+        kind: "acemq-memory server",
+        url: url.clone(),
+        cli_url: url,
+        secret: None,
+        _server: Some(server),
+    }];
+    for b in brokers().await {
+        if b.kind == Kind::RabbitTcp {
+            step("the CLI's RabbitMQ user", tokio::task::spawn_blocking(rabbit_user))
+                .await
+                .unwrap();
+            let parsed: acemq_core::amqp::AmqpUrl = b.url.parse().unwrap();
+            let (host, port) = &parsed.hosts[0];
+            out.push(Target {
+                kind: "RabbitMQ",
+                url: b.url.clone(),
+                cli_url: format!("amqp://{RABBIT_USER}:{RABBIT_PASSWORD}@{host}:{port}/"),
+                secret: Some(RABBIT_PASSWORD),
+                _server: None,
+            });
+        }
+    }
+    out
+}
+
+/// Creates (once) the RabbitMQ user the CLI runs as, with all permissions on `/`.
+fn rabbit_user() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let ctl = |args: &[&str]| {
+            Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq.sh"))
+                .arg("ctl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map(|mut c| wait_for(&mut c, RUN_LIMIT, "rabbitmqctl").success())
+                .unwrap_or(false)
+        };
+        if !ctl(&["add_user", RABBIT_USER, RABBIT_PASSWORD]) {
+            assert!(
+                ctl(&["change_password", RABBIT_USER, RABBIT_PASSWORD]),
+                "rabbitmqctl cannot create the CLI's user"
+            );
+        }
+        assert!(ctl(&["set_permissions", "-p", "/", RABBIT_USER, ".*", ".*", ".*"]));
+    });
+}
+
+impl Target {
+    async fn conn(&self) -> Conn {
+        let mut config = Config::default();
+        config.engine.connection_timeout = Duration::from_secs(10);
+        Conn::open(&self.url, config)
+            .await
+            .unwrap_or_else(|e| panic!("opening a Conn to the {}: {e}", self.kind))
+    }
+
+    /// Runs `acemq ARGS` with `AMQP_URL` set to the CLI's URL.
+    async fn acemq(&self, args: &[&str]) -> Run {
+        let run = acemq_with(Some(&self.cli_url), args).await;
+        if let Some(secret) = self.secret {
+            assert!(
+                !run.stdout.contains(secret) && !run.stderr.contains(secret),
+                "the password was printed by acemq {args:?}:\n{run:?}"
+            );
+        }
+        run
+    }
+}
+
+/// One run of the CLI.
+struct Run {
+    args: Vec<String>,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "acemq {:?} exited {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.args, self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Run {
+    fn assert_code(&self, code: i32) -> &Run {
+        assert_eq!(self.code, Some(code), "{self:?}");
+        self
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+/// Runs the CLI with `AMQP_URL` = `url` (unset when `None`), stdin closed,
+/// within [`RUN_LIMIT`].
+async fn acemq_with(url: Option<&str>, args: &[&str]) -> Run {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let url = url.map(str::to_string);
+    let label = format!("acemq {}", args.join(" "));
+    step(
+        label,
+        tokio::task::spawn_blocking(move || {
+            let mut command = Command::new(acemq_binary());
+            command
+                .args(&args)
+                .env_remove("AMQP_URL")
+                .env_remove("AMQP_CA_FILE")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(url) = &url {
+                command.env("AMQP_URL", url);
+            }
+            let mut child = command.spawn().expect("acemq starts");
+            let (stdout, out_reader) = drain(child.stdout.take().unwrap());
+            let (stderr, err_reader) = drain(child.stderr.take().unwrap());
+            let status = wait_for(&mut child, RUN_LIMIT, &format!("acemq {args:?}"));
+            let _ = out_reader.join();
+            let _ = err_reader.join();
+            let stdout = stdout.lock().unwrap().clone();
+            let stderr = stderr.lock().unwrap().clone();
+            Run {
+                args,
+                code: status.code(),
+                stdout,
+                stderr,
+            }
+        }),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs `scenario` on every target, each on a runtime of its own, under the
+/// test deadline. The binaries are built first, outside it (within
+/// [`BUILD_LIMIT`]).
+fn on_every_target<F, Fut>(scenario: F)
+where
+    F: Fn(Target) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    acemq_binary();
+    server_binary();
+    acemq_tests::deadline_blocking(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let all = runtime.block_on(acemq_tests::deadline(targets()));
+        for target in all {
+            let _label = acemq_tests::waiting_for(format!("the scenario on the {}", target.kind));
+            runtime.block_on(acemq_tests::deadline(scenario(target)));
+        }
+    });
+}
+
+async fn queue_depth(conn: &Conn, queue: &str) -> u32 {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    let n = depth(&ch, queue).await;
+    let _ = ch.close().await;
+    n
+}
+
+/// Waits until `queue` holds `n` messages, for at most 30 s.
+async fn until_depth(conn: &Conn, queue: &str, n: u32) {
+    let _label = acemq_tests::waiting_for(format!("{queue} to hold {n} messages"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = queue_depth(conn, queue).await;
+        if now == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue} holds {now}, not {n}, after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn delete_queues(conn: &Conn, names: &[String]) {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    for name in names {
+        let _ = ch
+            .queue_delete(QueueDelete {
+                queue: name.as_str().into(),
+                ..Default::default()
+            })
+            .await;
+    }
+    let _ = ch.close().await;
+}
+
+/// The positions of `ids` in `text`, which must be increasing.
+fn assert_in_order(text: &str, ids: &[String]) {
+    let positions: Vec<usize> = ids
+        .iter()
+        .map(|id| text.find(id.as_str()).unwrap_or_else(|| panic!("{id} not in:\n{text}")))
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "not in order {ids:?}:\n{text}"
+    );
+}
+
+// ---- the scenarios ----
+
+#[test]
+fn dlq_list_show_replay_and_purge_set_aside_messages() {
+    on_every_target(|t| async move {
+        let conn = t.conn().await;
+        let q = unique("cli");
+        let (x, y) = (unique("cli-orders"), unique("cli-other"));
+        Topology::new()
+            .queue(&q)
+            .dead_letters(&q)
+            .exchange(&x, "topic")
+            .exchange(&y, "topic")
+            .bind(&q, &x, "order.#")
+            .bind(&q, &y, "other.#")
+            .declare(&conn)
+            .await
+            .unwrap();
+
+        // Orders 1-3 and 5 are dead-lettered (a fatal error), 4 is parked;
+        // 5 first went through `y`, the others through `x`.
+        let via_x = conn.publisher::<Order>(&x, "order.placed").mandatory();
+        let via_y = conn.publisher::<Order>(&y, "other.placed").mandatory();
+        let mut ids = Vec::new();
+        for id in 1..=5 {
+            let envelope = Envelope::new().with_correlation_id(format!("corr-{id}"));
+            ids.push(envelope.id.clone());
+            let publisher = if id == 5 { &via_y } else { &via_x };
+            publisher.send_envelope(envelope, &Order { id }).await.unwrap();
+        }
+        let consumer = consume(&conn, &q, |m: Message<Order>| async move {
+            match m.payload.id {
+                4 => Ack::park("needs a human: address unknown"),
+                id => Ack::retry(fatal(Declined(id))),
+            }
+        })
+        .concurrency(1)
+        .prefetch(1)
+        .await
+        .unwrap();
+        let (dlq, parked) = (format!("{q}.dlq"), format!("{q}.parked"));
+        until_depth(&conn, &dlq, 4).await;
+        until_depth(&conn, &parked, 1).await;
+        consumer.close().await.unwrap();
+        let dead: Vec<String> = [0, 1, 2, 4].iter().map(|&i| ids[i].clone()).collect();
+
+        // list: in order, nothing removed.
+        let run = t.acemq(&["dlq", "list", &q]).await;
+        run.assert_code(0);
+        assert!(run.stdout.starts_with(&format!("{dlq}: 4 messages\n")), "{run:?}");
+        assert_in_order(&run.stdout, &dead);
+        assert!(run.stdout.contains("fatal: card declined for order 1"), "{run:?}");
+        assert!(run.stdout.contains(&format!("{x}/order.placed")), "{run:?}");
+        assert!(
+            !run.stdout.contains(&ids[3]),
+            "the parked one is not a dead letter: {run:?}"
+        );
+        assert_eq!(queue_depth(&conn, &dlq).await, 4, "a listing removes nothing");
+
+        // --json parses, in the same order, with everything an operator needs.
+        let run = t.acemq(&["dlq", "list", &q, "--json"]).await;
+        let listing = run.assert_code(0).json();
+        assert_eq!(listing["queue"], dlq.as_str());
+        assert_eq!(listing["depth"], 4);
+        let messages = listing["messages"].as_array().unwrap();
+        let listed: Vec<&str> = messages.iter().map(|m| m["message_id"].as_str().unwrap()).collect();
+        assert_eq!(listed, dead);
+        assert_eq!(messages[0]["position"], 1);
+        assert_eq!(messages[0]["correlation_id"], "corr-1");
+        assert_eq!(messages[0]["original_exchange"], x.as_str());
+        assert_eq!(messages[0]["original_routing_key"], "order.placed");
+        assert_eq!(messages[3]["original_exchange"], y.as_str());
+        assert_eq!(messages[1]["error"], "fatal: card declined for order 2");
+        assert_eq!(messages[1]["replayed"], 0);
+        let body: Order = serde_json::from_str(messages[2]["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body, Order { id: 3 });
+        assert_eq!(messages[0]["headers"]["x-acemq-original-exchange"], x.as_str());
+        assert_eq!(queue_depth(&conn, &dlq).await, 4, "a listing removes nothing");
+
+        // --limit lists from the head.
+        let run = t.acemq(&["dlq", "list", &q, "--limit", "2", "--json"]).await;
+        let listed = run.assert_code(0).json()["messages"].as_array().unwrap().len();
+        assert_eq!(listed, 2, "{run:?}");
+
+        // --parked.
+        let run = t.acemq(&["dlq", "list", &q, "--parked"]).await;
+        run.assert_code(0);
+        assert!(run.stdout.starts_with(&format!("{parked}: 1 message\n")), "{run:?}");
+        assert!(run.stdout.contains(&ids[3]), "{run:?}");
+        assert!(run.stdout.contains("needs a human: address unknown"), "{run:?}");
+
+        // show: the first message, or one by id.
+        let run = t.acemq(&["dlq", "show", &q]).await;
+        run.assert_code(0);
+        for expected in [
+            format!("message 1 of 4 in {dlq}"),
+            format!("message-id:      {}", ids[0]),
+            "correlation-id:  corr-1".to_string(),
+            "error:           fatal: card declined for order 1".to_string(),
+            format!("original:        exchange {x:?} key \"order.placed\""),
+            "content-type:    application/json".to_string(),
+            "x-acemq-error: \"fatal: card declined for order 1\"".to_string(),
+            "{\"id\":1}".to_string(),
+        ] {
+            assert!(run.stdout.contains(&expected), "no {expected:?} in {run:?}");
+        }
+        let run = t.acemq(&["dlq", "show", &q, &ids[2], "--json"]).await;
+        let shown = run.assert_code(0).json();
+        assert_eq!(shown["message_id"], ids[2].as_str());
+        assert_eq!(shown["position"], 3);
+        let run = t.acemq(&["dlq", "show", &q, "no-such-id"]).await;
+        run.assert_code(1);
+        assert_eq!(queue_depth(&conn, &dlq).await, 4, "show removes nothing");
+
+        // replay --dry-run moves nothing.
+        let run = t.acemq(&["dlq", "replay", &q, "--dry-run"]).await;
+        run.assert_code(0);
+        assert!(
+            run.stdout
+                .contains(&format!("dry run: 4 of 4 messages examined in {dlq} would be replayed")),
+            "{run:?}"
+        );
+        assert_eq!(queue_depth(&conn, &dlq).await, 4, "a dry run moves nothing");
+        assert_eq!(queue_depth(&conn, &q).await, 0, "a dry run moves nothing");
+
+        // replay --limit 1 moves the first one back to where it first went.
+        let run = t.acemq(&["dlq", "replay", &q, "--limit", "1"]).await;
+        run.assert_code(0);
+        assert!(
+            run.stdout
+                .contains(&format!("replayed 1 of 1 message examined in {dlq}")),
+            "{run:?}"
+        );
+        assert!(
+            run.stderr.contains("replayed 1/1"),
+            "plain progress lines off a terminal: {run:?}"
+        );
+        until_depth(&conn, &q, 1).await;
+        assert_eq!(queue_depth(&conn, &dlq).await, 3);
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let back = ch.basic_get(&q, true).await.unwrap().expect("the replayed message");
+        let props = back.properties.as_ref().unwrap();
+        assert_eq!(props.message_id.as_ref().unwrap().as_str(), Some(ids[0].as_str()));
+        let headers = props.headers.as_ref().unwrap();
+        assert_eq!(headers.get("x-acemq-replayed").and_then(FieldValue::as_i64), Some(1));
+        assert_eq!(back.exchange.as_str(), Some(x.as_str()));
+        assert_eq!(back.routing_key.as_str(), Some("order.placed"));
+
+        // --id replays only that one; the others stay, and that is no failure.
+        let run = t.acemq(&["dlq", "replay", &q, "--id", &ids[2], "--json"]).await;
+        let report = run.assert_code(0).json();
+        assert_eq!(report["replayed"], 1, "{run:?}");
+        assert_eq!(report["not_selected"], 2, "{run:?}");
+        assert_eq!(report["kept"].as_array().unwrap().len(), 0, "{run:?}");
+        until_depth(&conn, &q, 1).await;
+        assert_eq!(queue_depth(&conn, &dlq).await, 2);
+        let left = t.acemq(&["dlq", "list", &q, "--json"]).await.json();
+        let left: Vec<&str> = left["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["message_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(left, [ids[1].as_str(), ids[4].as_str()]);
+
+        // A message whose exchange is gone stays, with the reason, and the
+        // exit code says so.
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        ch.exchange_delete(ExchangeDelete {
+            exchange: y.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let run = t.acemq(&["dlq", "replay", &q]).await;
+        run.assert_code(1);
+        assert!(
+            run.stdout
+                .contains(&format!("replayed 1 of 2 messages examined in {dlq}")),
+            "{run:?}"
+        );
+        assert!(run.stdout.contains("1 message cannot go back"), "{run:?}");
+        assert!(
+            run.stdout.contains(&ids[4]) && run.stdout.contains("no longer exists"),
+            "{run:?}"
+        );
+        assert_eq!(queue_depth(&conn, &dlq).await, 1);
+
+        // purge: refused without --yes off a terminal, then done.
+        let run = t.acemq(&["dlq", "purge", &q]).await;
+        run.assert_code(2);
+        assert!(run.stderr.contains("--yes"), "{run:?}");
+        assert_eq!(queue_depth(&conn, &dlq).await, 1);
+        let run = t.acemq(&["dlq", "purge", &q, "--yes"]).await;
+        run.assert_code(0);
+        assert_eq!(run.stdout.trim(), format!("purged 1 message from {dlq}"));
+        assert_eq!(queue_depth(&conn, &dlq).await, 0);
+        let run = t.acemq(&["dlq", "purge", &q, "--parked", "--yes"]).await;
+        run.assert_code(0);
+        assert_eq!(queue_depth(&conn, &parked).await, 0);
+        let run = t.acemq(&["dlq", "list", &q]).await;
+        run.assert_code(0);
+        assert_eq!(run.stdout.trim(), format!("{dlq}: 0 messages"));
+
+        // A queue that is not there.
+        let run = t.acemq(&["dlq", "list", &dlq]).await;
+        run.assert_code(1);
+        assert!(run.stderr.contains(&format!("there is no queue {dlq}.dlq")), "{run:?}");
+
+        delete_queues(&conn, &[q.clone(), dlq, parked]).await;
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let _ = ch
+            .exchange_delete(ExchangeDelete {
+                exchange: x.as_str().into(),
+                ..Default::default()
+            })
+            .await;
+        conn.close().await.unwrap();
+    });
+}
+
+#[test]
+fn topology_declare_then_check_and_every_difference_named() {
+    on_every_target(|t| async move {
+        let conn = t.conn().await;
+        let q = unique("cli-topology");
+        let retries = ["--retries", "exponential:4:10s:0", "--wait-in-broker-from", "20s"];
+        let with =
+            |args: &[&str]| -> Vec<String> { args.iter().chain(retries.iter()).map(|s| s.to_string()).collect() };
+        let run = |args: Vec<String>| {
+            let t = &t;
+            async move { t.acemq(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+        };
+
+        let declared = run(with(&["topology", "declare", &q])).await;
+        declared.assert_code(0);
+        for expected in [
+            format!("declared queue {q} (quorum, dead letters to acemq.dlx under {q}.dlq)"),
+            format!("bound {q}.parked to acemq.dlx under {q}.parked"),
+            format!("declared queue {q}.retry.20s (classic, TTL 20s, then back to {q})"),
+            format!("declared queue {q}.retry.40s (classic, TTL 40s, then back to {q})"),
+        ] {
+            assert!(declared.stdout.contains(&expected), "no {expected:?} in {declared:?}");
+        }
+        let rungs = [format!("{q}.retry.20s"), format!("{q}.retry.40s")];
+
+        let checked = run(with(&["topology", "check", &q])).await;
+        checked.assert_code(0);
+        assert!(
+            checked
+                .stdout
+                .contains(&format!("{q}: the topology is the wire contract")),
+            "{checked:?}"
+        );
+        let checked = run(with(&["topology", "check", &q, "--json"])).await;
+        assert_eq!(checked.assert_code(0).json()["differences"], serde_json::json!([]));
+        assert_eq!(
+            queue_depth(&conn, &format!("{q}.dlq")).await,
+            0,
+            "no probe is left behind"
+        );
+        assert_eq!(
+            queue_depth(&conn, &format!("{q}.parked")).await,
+            0,
+            "no probe is left behind"
+        );
+
+        // Without --retries, the rungs are not part of what is checked.
+        run(vec!["topology".into(), "check".into(), q.clone()])
+            .await
+            .assert_code(0);
+
+        // A missing .parked: the queue and its binding; check creates nothing.
+        delete_queues(&conn, &[format!("{q}.parked")]).await;
+        let checked = run(with(&["topology", "check", &q])).await;
+        checked.assert_code(1);
+        assert!(
+            checked.stdout.contains(&format!("missing queue {q}.parked\n")),
+            "{checked:?}"
+        );
+        assert!(
+            checked.stdout.contains(&format!(
+                "binding of {q}.parked to acemq.dlx under key {q}.parked is missing"
+            )),
+            "{checked:?}"
+        );
+        assert!(checked.stdout.contains(&format!("{q}: 2 differences")), "{checked:?}");
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let passive = QueueDeclare {
+            queue: format!("{q}.parked").as_str().into(),
+            passive: true,
+            ..Default::default()
+        };
+        let still_missing = ch.queue_declare(passive).await.unwrap_err();
+        assert_eq!(still_missing.reply_code(), Some(404), "check never creates a queue");
+
+        // A rung with another TTL, the source queue without its dead-letter
+        // arguments, and the dlq bound under the wrong key: all named at once.
+        run(with(&["topology", "declare", &q])).await.assert_code(0);
+        delete_queues(&conn, &[rungs[1].clone(), q.clone()]).await;
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        let mut ttl = FieldTable::new();
+        ttl.push("x-message-ttl", FieldValue::I32(30_000));
+        ttl.push("x-dead-letter-exchange", FieldValue::from(""));
+        ttl.push("x-dead-letter-routing-key", FieldValue::from(q.as_str()));
+        ch.queue_declare(QueueDeclare {
+            queue: rungs[1].as_str().into(),
+            durable: true,
+            arguments: ttl,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let mut quorum = FieldTable::new();
+        quorum.push("x-queue-type", FieldValue::from("quorum"));
+        ch.queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            durable: true,
+            arguments: quorum,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dlq = format!("{q}.dlq");
+        ch.queue_unbind(QueueUnbind {
+            queue: dlq.as_str().into(),
+            exchange: "acemq.dlx".into(),
+            routing_key: dlq.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        ch.queue_bind(QueueBind {
+            queue: dlq.as_str().into(),
+            exchange: "acemq.dlx".into(),
+            routing_key: format!("{q}.wrong").as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let checked = run(with(&["topology", "check", &q])).await;
+        checked.assert_code(1);
+        for expected in [
+            format!(
+                "queue {}: argument x-message-ttl differs: the contract has 40000 (signedint), the broker has 30000 (signedint)",
+                rungs[1]
+            ),
+            format!(
+                "queue {q}: argument x-dead-letter-exchange differs: the contract has \"acemq.dlx\" (longstr), the broker has none"
+            ),
+            format!(
+                "queue {q}: argument x-dead-letter-routing-key differs: the contract has \"{q}.dlq\" (longstr), the broker has none"
+            ),
+            format!("binding of {dlq} to acemq.dlx under key {dlq} is missing"),
+        ] {
+            assert!(checked.stdout.contains(&expected), "no {expected:?} in {checked:?}");
+        }
+        assert!(checked.stdout.contains(&format!("{q}: 4 differences")), "{checked:?}");
+        let listed = run(with(&["topology", "check", &q, "--json"])).await;
+        assert_eq!(listed.assert_code(1).json()["differences"].as_array().unwrap().len(), 4);
+
+        // A dlq that holds messages: the probe is never delivered to a
+        // reader and the listing is complete.
+        ch.queue_bind(QueueBind {
+            queue: dlq.as_str().into(),
+            exchange: "acemq.dlx".into(),
+            routing_key: dlq.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        conn.publish_confirmed("", &dlq, true, Default::default(), "held".into())
+            .await
+            .unwrap();
+        run(vec!["topology".into(), "check".into(), q.clone()]).await;
+        let listing = t.acemq(&["dlq", "list", &q, "--json"]).await;
+        let messages = listing.assert_code(0).json()["messages"].as_array().unwrap().clone();
+        assert_eq!(messages.len(), 1, "{listing:?}");
+        assert_eq!(messages[0]["body"], "held");
+
+        let mut all = vec![q.clone(), dlq, format!("{q}.parked")];
+        all.extend(rungs);
+        delete_queues(&conn, &all).await;
+        conn.close().await.unwrap();
+    });
+}
+
+#[test]
+fn the_url_is_required_and_the_password_is_never_printed() {
+    on_every_target(|t| async move {
+        // No URL at all: a usage error.
+        let run = acemq_with(None, &["dlq", "list", "orders"]).await;
+        run.assert_code(2);
+        assert!(
+            run.stderr.contains("no broker URL: pass --url or set AMQP_URL"),
+            "{run:?}"
+        );
+
+        // A wrong password, through --url: refused, and not printed.
+        let secret = "Wr0ng-pa55word-do-not-print";
+        let wrong = t.url.replacen(":guest@", &format!(":{secret}@"), 1);
+        assert!(wrong.contains(secret), "{wrong}");
+        let run = acemq_with(None, &["--url", &wrong, "topology", "check", "orders"]).await;
+        run.assert_code(1);
+        assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "{run:?}");
+        assert!(run.stderr.contains("cannot connect to amqp://guest:***@"), "{run:?}");
+
+        // A malformed URL that quotes its password.
+        let bad = format!("amqp://guest:{secret}%zz@127.0.0.1:1/");
+        let run = acemq_with(Some(&bad), &["dlq", "list", "orders"]).await;
+        run.assert_code(2);
+        assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "{run:?}");
+
+        // Help and usage errors never show the URL from the environment.
+        let run = t.acemq(&["--help"]).await;
+        run.assert_code(0);
+        assert!(!run.stdout.contains("guest:"), "{run:?}");
+        t.acemq(&["dlq", "lsit", "orders"]).await.assert_code(2);
+    });
+}
