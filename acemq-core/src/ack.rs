@@ -3,6 +3,8 @@
 use std::error::Error as StdError;
 use std::fmt;
 
+use bytes::Bytes;
+
 /// A boxed error from a handler.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -16,6 +18,18 @@ pub enum Ack {
     Retry(BoxError),
     /// Set it aside in `{queue}.parked` with this reason, for a person to look at.
     Park(String),
+    /// Done, with an output: it is published (a library hop: mandatory,
+    /// confirmed) to the consumer's `.then(...)` destination, or to the next
+    /// step of the message's routing slip, and only then is the input acked
+    /// (DESIGN statement 24).
+    Then(Output),
+}
+
+/// The output of [`Ack::then`]: an encoded body and its content type.
+#[derive(Debug)]
+pub struct Output {
+    pub(crate) body: Result<Bytes, crate::codec::CodecError>,
+    pub(crate) content_type: String,
 }
 
 impl Ack {
@@ -32,6 +46,25 @@ impl Ack {
     /// Set it aside in `{queue}.parked`.
     pub fn park(reason: impl Into<String>) -> Ack {
         Ack::Park(reason.into())
+    }
+
+    /// Done; publish `output` (JSON) onward, then acknowledge. An output
+    /// that does not encode is a fatal error of the input.
+    pub fn then<O: serde::Serialize>(output: &O) -> Ack {
+        Ack::Then(Output {
+            body: serde_json::to_vec(output)
+                .map(Bytes::from)
+                .map_err(|e| crate::codec::CodecError(e.to_string())),
+            content_type: "application/json".into(),
+        })
+    }
+
+    /// [`Ack::then`] with a body already encoded.
+    pub fn then_bytes(body: impl Into<Bytes>, content_type: &str) -> Ack {
+        Ack::Then(Output {
+            body: Ok(body.into()),
+            content_type: content_type.into(),
+        })
     }
 }
 

@@ -24,13 +24,14 @@ use tracing::Instrument;
 use crate::ack::{Ack, BoxError};
 use crate::amqp::{self, Delivery};
 use crate::codec::{Codec, Json};
-use crate::conn::{lock, Conn};
+use crate::conn::Conn;
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
 };
 use crate::error::Error;
+use crate::hop::Destination;
 use crate::proto::CloseReason;
-use crate::recovery::{reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
+use crate::recovery::{lock, reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::topology::{self, DLX};
 
@@ -144,6 +145,7 @@ where
         retry: None,
         drain_timeout: Duration::from_secs(20),
         arguments: FieldTable::new(),
+        then: None,
         codec: Json,
         _payload: PhantomData,
     }
@@ -159,11 +161,32 @@ pub struct ConsumerBuilder<T, F, C> {
     retry: Option<RetryPolicy>,
     drain_timeout: Duration,
     arguments: FieldTable,
+    then: Option<Destination>,
     codec: C,
     _payload: PhantomData<fn() -> T>,
 }
 
 impl<T, F, C> ConsumerBuilder<T, F, C> {
+    /// Where the outputs of [`Ack::then`] go: `publisher`'s exchange and
+    /// routing key (and its persistence). Each is a library hop (mandatory,
+    /// confirmed), with a message-id derived from the input's and the hop's
+    /// ([`crate::envelope::hop_id`]), the input's id as causation, its
+    /// correlation, and attempt 1; the input is acked after the confirm. A
+    /// hop that fails is a failure of the input, retried under its policy.
+    pub fn then<O, C2>(mut self, publisher: &crate::Publisher<O, C2>) -> Self {
+        self.then = Some(Destination {
+            exchange: publisher.exchange.to_string(),
+            routing_key: publisher.routing_key.to_string(),
+            persistent: publisher.persistent,
+        });
+        self
+    }
+
+    pub(crate) fn then_to(mut self, destination: Destination) -> Self {
+        self.then = Some(destination);
+        self
+    }
+
     /// An argument of `basic.consume`, e.g. `x-stream-offset` for a stream
     /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`) or
     /// `x-priority`. A consumer with `x-stream-offset` is tracked as a
@@ -209,6 +232,7 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
             retry: self.retry,
             drain_timeout: self.drain_timeout,
             arguments: self.arguments,
+            then: self.then,
             codec,
             _payload: PhantomData,
         }
@@ -289,6 +313,7 @@ where
             shutdown: shutdown_rx.clone(),
             record: record.clone(),
             stream,
+            then: self.then,
             _payload: PhantomData,
         });
         let attachment = Attachment {
@@ -325,6 +350,8 @@ struct Shared<T, F, C> {
     record: Arc<ConsumerRecord>,
     /// Started with `x-stream-offset`: offsets are tracked for recovery.
     stream: bool,
+    /// Where `Ack::then` outputs go.
+    then: Option<Destination>,
     _payload: PhantomData<fn() -> T>,
 }
 
@@ -721,10 +748,14 @@ async fn carry_out<T, F, C>(
     verdict: Ack,
 ) -> Result<&'static str, Error> {
     match verdict {
+        Ack::Accept if crate::hop::has_slip(properties) => {
+            Box::pin(forward(shared, delivery, properties, facts, None)).await
+        }
         Ack::Accept => {
             settle_sent(delivery, delivery.ack())?;
             Ok("accepted")
         }
+        Ack::Then(output) => Box::pin(forward(shared, delivery, properties, facts, Some(output))).await,
         Ack::Park(reason) => {
             Box::pin(set_aside(shared, delivery, properties, "parked", &reason)).await?;
             settle_sent(delivery, delivery.ack())?;
@@ -733,6 +764,43 @@ async fn carry_out<T, F, C>(
         // Boxed, like the set-asides: the rare paths are kept out of the
         // future every delivery's task carries.
         Ack::Retry(err) => Box::pin(retry(shared, delivery, properties, facts, err)).await,
+    }
+}
+
+/// An accepted message goes on: to the next step of its routing slip (with
+/// the handler's output, if it gave one), or its `Ack::then` output to the
+/// consumer's destination. A hop that fails is a failure of the input.
+async fn forward<T, F, C>(
+    shared: &Shared<T, F, C>,
+    delivery: &Delivery,
+    properties: &BasicProperties,
+    facts: &RetryFacts,
+    output: Option<crate::ack::Output>,
+) -> Result<&'static str, Error> {
+    let output = match output.map(|o| o.body.map(|body| (body, o.content_type))) {
+        Some(Err(err)) => {
+            let err = crate::fatal(format!("the handler's output could not be encoded: {err}"));
+            return Box::pin(retry(shared, delivery, properties, facts, Box::new(err))).await;
+        }
+        Some(Ok(output)) => Some(output),
+        None => None,
+    };
+    let hop = match crate::hop::next_hop(properties, &facts.id, shared.then.as_ref(), output) {
+        Ok(Some(hop)) => hop,
+        // The last step of a slip, and no output to send on.
+        Ok(None) => {
+            settle_sent(delivery, delivery.ack())?;
+            return Ok("accepted");
+        }
+        Err(err) => return Box::pin(retry(shared, delivery, properties, facts, Box::new(err))).await,
+    };
+    let body = hop.body.clone().unwrap_or_else(|| delivery.body.clone());
+    match hop.publish(&shared.conn, properties, body).await {
+        Ok(()) => {
+            settle_sent(delivery, delivery.ack())?;
+            Ok("accepted")
+        }
+        Err(err) => Box::pin(retry(shared, delivery, properties, facts, Box::new(err))).await,
     }
 }
 

@@ -181,6 +181,18 @@ impl Envelope {
 /// The namespace of derived ids (a fixed, random UUID).
 const DERIVED_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b0e_4c1f_9a63_4d2e_8f1c_2a7e_6d30_b9a4);
 
+/// The message-id of what a hop publishes for the input `input_id`: a
+/// version-5 UUID of the input's id and the hop's name (DESIGN §10), so a
+/// redelivered input yields the same output id and a downstream handler
+/// that dedupes on [`Envelope::id`] sees one output.
+pub fn hop_id(input_id: &str, hop: &str) -> String {
+    let mut name = Vec::with_capacity(input_id.len() + hop.len() + 1);
+    name.extend_from_slice(input_id.as_bytes());
+    name.push(0);
+    name.extend_from_slice(hop.as_bytes());
+    uuid::Uuid::new_v5(&DERIVED_ID_NAMESPACE, &name).to_string()
+}
+
 /// The id of a message that came without one: a version-5 UUID of the
 /// fields that travel unchanged with every copy of it.
 fn derived_id(properties: &BasicProperties, body: &[u8]) -> String {

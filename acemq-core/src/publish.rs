@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
-use crate::confirm::{await_confirm, report, settle, SendResult};
+use crate::confirm::{await_confirm, outcome_label, report, settle, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -116,6 +116,75 @@ impl Flight {
 }
 
 impl Conn {
+    /// Publishes raw bytes on the library's own channel, which is always
+    /// confirmed, even on a connection without confirms: what acemq uses for
+    /// retry and rung hops, set-asides and replays, and what you can use for
+    /// a hop of your own that must not go unconfirmed. Returns once the
+    /// broker has confirmed it; a nack or (with `mandatory`) a return is an
+    /// error. The message id in `properties` names it in errors. It rides
+    /// through a recovery as [`crate::Publisher::send`] does.
+    pub async fn publish_confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: BasicProperties,
+        body: Bytes,
+    ) -> Result<(), Error> {
+        let message_id = properties
+            .message_id
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        let publish = BasicPublish {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            mandatory,
+            ..Default::default()
+        };
+        let result = self.publish_library(publish, properties, body, &message_id).await;
+        crate::metrics_names::publish(outcome_label(result.as_ref()));
+        result.map(|_| ())
+    }
+
+    /// A library hop. While the broker blocks publishing, it waits for the
+    /// block to lift (the delivery it is for is held meanwhile, instead of
+    /// going back to the broker and round again), at most `blocked_timeout`;
+    /// then it fails with [`Error::PublishingPaused`].
+    pub(crate) async fn publish_library(
+        &self,
+        publish: BasicPublish,
+        properties: BasicProperties,
+        body: Bytes,
+        message_id: &str,
+    ) -> Result<SendResult, Error> {
+        self.wait_unblocked().await?;
+        let (exchange, routing_key) = (publish.exchange.clone(), publish.routing_key.clone());
+        let flight = Flight::library(publish, properties, body);
+        let confirmation = flight.confirmed(self, message_id).await?;
+        match settle(confirmation, message_id, &exchange, &routing_key)? {
+            SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed {
+                message_id: message_id.to_owned(),
+            }),
+            confirmed => Ok(confirmed),
+        }
+    }
+
+    /// Returns once the publishing connection is not blocked, or fails with
+    /// [`Error::PublishingPaused`] after `blocked_timeout` of block.
+    async fn wait_unblocked(&self) -> Result<(), Error> {
+        let Some(reason) = self.inner.publishing.blocked_reason() else {
+            return Ok(());
+        };
+        let mut blocked = self.inner.publishing.current().blocked_changes();
+        let timeout = self.inner.config.blocked_timeout;
+        let lifted = tokio::time::timeout(timeout, async {
+            let _ = blocked.wait_for(Option::is_none).await;
+        })
+        .await;
+        lifted.map_err(|_| Error::PublishingPaused { reason })
+    }
+
     /// A publisher of `T` to `exchange` with `routing_key`, JSON-encoded,
     /// persistent, confirmed (unless the connection is without confirms).
     pub fn publisher<T: Serialize>(&self, exchange: &str, routing_key: &str) -> Publisher<T, Json> {

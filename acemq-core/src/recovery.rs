@@ -11,7 +11,7 @@
 //! it end and replaces it. Everything that needs the current connection asks
 //! its [`Link`], which also lets a send wait (bounded) through a recovery.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use amqp_codec::{BasicConsume, FieldValue, ShortString};
@@ -19,8 +19,8 @@ use rand::Rng;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
-use crate::amqp::{self, ConnectionEvent};
-use crate::conn::{Inner, RecoveryEvent};
+use crate::amqp::{self, AmqpUrl, ConnectionEvent};
+use crate::config::{Config, RecoveryEvent};
 use crate::declaration::Declaration;
 use crate::error::Error;
 use crate::proto::CloseReason;
@@ -548,6 +548,142 @@ async fn redeclare(inner: &Inner, conn: &amqp::Connection, failed: &mut Vec<Stri
 pub(crate) fn with_tag(mut method: BasicConsume, tag: &ShortString) -> BasicConsume {
     method.consumer_tag = tag.clone();
     method
+}
+
+/// A channel that is reopened when the broker closes it (a refused publish
+/// closes the channel it was on), or on the new connection after a recovery.
+pub(crate) struct ChannelSlot {
+    confirm: bool,
+    current: RwLock<amqp::Channel>,
+    reopen: tokio::sync::Mutex<()>,
+}
+
+impl ChannelSlot {
+    pub(crate) async fn open(conn: &amqp::Connection, confirm: bool) -> Result<ChannelSlot, Error> {
+        let channel = Self::fresh(conn, confirm).await?;
+        Ok(ChannelSlot {
+            confirm,
+            current: RwLock::new(channel),
+            reopen: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    async fn fresh(conn: &amqp::Connection, confirm: bool) -> Result<amqp::Channel, Error> {
+        let channel = conn.channel().await?;
+        if confirm {
+            channel.confirm_select().await?;
+        }
+        Ok(channel)
+    }
+
+    fn current(&self) -> amqp::Channel {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The channel, reopened first if the broker closed it; while `link`
+    /// recovers, waits for it (at most `timeout`; `written` says whether the
+    /// message waiting may already have arrived).
+    pub(crate) async fn get(&self, link: &Link, timeout: Duration, written: bool) -> Result<amqp::Channel, Error> {
+        let channel = self.current();
+        if channel.is_open() {
+            return Ok(channel);
+        }
+        // Not under the lock: the supervisor takes it to reopen the channel
+        // on the new connection before it says the link is up.
+        let (conn, _) = link.connection(Instant::now() + timeout, written).await?;
+        let _one_at_a_time = self.reopen.lock().await;
+        let channel = self.current();
+        if channel.is_open() {
+            return Ok(channel);
+        }
+        let channel = Self::fresh(&conn, self.confirm).await?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = channel.clone();
+        Ok(channel)
+    }
+
+    /// Opens the channel on `conn`, a connection recovery has just dialled.
+    pub(crate) async fn reopen_on(&self, conn: &amqp::Connection) -> Result<(), Error> {
+        let _one_at_a_time = self.reopen.lock().await;
+        let channel = Self::fresh(conn, self.confirm).await?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = channel;
+        Ok(())
+    }
+}
+
+/// What a `Conn` shares between its handles, its supervisors and its
+/// consumers.
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    pub(crate) confirms: bool,
+    pub(crate) url: AmqpUrl,
+    pub(crate) publishing: Link,
+    pub(crate) consuming: Link,
+    pub(crate) publish_channel: ChannelSlot,
+    pub(crate) library_channel: ChannelSlot,
+    /// Everything declared through this connection, for recovery to replay.
+    pub(crate) declared: Mutex<Vec<Declaration>>,
+    /// The running consumers, for recovery to reattach and `close` to drain.
+    pub(crate) consumers: Mutex<Vec<Arc<ConsumerRecord>>>,
+    /// Set by [`Conn::close`]: supervisors stop.
+    pub(crate) closing: watch::Sender<bool>,
+}
+
+impl Inner {
+    /// The engine settings of the `which` connection.
+    pub(crate) fn engine_config(&self, which: &str) -> amqp::Config {
+        engine_config(&self.config, which)
+    }
+
+    pub(crate) fn declarations(&self) -> Vec<Declaration> {
+        lock(&self.declared).clone()
+    }
+
+    pub(crate) fn consumer_records(&self) -> Vec<Arc<ConsumerRecord>> {
+        lock(&self.consumers).clone()
+    }
+
+    /// A server-named queue got a new name: its recorded declaration, its
+    /// bindings and its consumers take it.
+    pub(crate) fn rename_queue(&self, from: &str, to: &str) {
+        let renames = [(from.to_string(), to.to_string())];
+        for declaration in lock(&self.declared).iter_mut() {
+            match declaration {
+                Declaration::ServerNamedQueue { name, .. } if name == from => *name = to.to_string(),
+                other => other.rename_queues(&renames),
+            }
+        }
+        for record in lock(&self.consumers).iter() {
+            let mut queue = lock(&record.queue);
+            if *queue == from {
+                *queue = to.to_string();
+            }
+        }
+    }
+
+    pub(crate) fn add_consumer(&self, record: Arc<ConsumerRecord>) {
+        lock(&self.consumers).push(record);
+    }
+
+    pub(crate) fn remove_consumer(&self, record: &Arc<ConsumerRecord>) {
+        lock(&self.consumers).retain(|r| !Arc::ptr_eq(r, record));
+    }
+}
+
+/// The engine settings of the `which` connection (`publish` or `consume`):
+/// the `Conn`'s, with the connection named after it.
+pub(crate) fn engine_config(config: &Config, which: &str) -> amqp::Config {
+    amqp::Config {
+        tls: config.tls.clone(),
+        connection_name: Some(match &config.connection_name {
+            Some(name) => format!("{name}-{which}"),
+            None => format!("acemq-{which}"),
+        }),
+        ..config.engine.clone()
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

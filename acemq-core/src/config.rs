@@ -1,0 +1,207 @@
+//! What a `Conn` is told (`Config`) and what it tells (`RecoveryEvent`).
+//! A leaf: the connection, its supervisors and the consumers all read it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::amqp::{self, TlsConfig};
+
+/// What happened to a connection, for [`Config::on_recovery`] and
+/// `acemq_recovery_total{event}` (the event's [`RecoveryEvent::label`]).
+/// `which` is `publish` or `consume`: the two connections of a [`crate::Conn`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecoveryEvent {
+    /// A connection was lost: a socket error or EOF, a `connection.close`
+    /// from the broker, or two heartbeat intervals of silence.
+    Lost {
+        /// Which of the two connections.
+        which: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A redial is about to be tried after `delay`.
+    Retrying {
+        /// Which of the two connections.
+        which: &'static str,
+        /// 1 for the first redial.
+        attempt: u32,
+        /// The wait before it (backoff with jitter).
+        delay: Duration,
+        /// Why the last try failed (or why the connection was lost).
+        error: String,
+    },
+    /// The connection is back and restored.
+    Recovered {
+        /// Which of the two connections.
+        which: &'static str,
+        /// From the loss to now.
+        downtime: Duration,
+        /// How many consumers were reattached.
+        consumers: usize,
+        /// What could not be restored (declarations, consumers), and why. A
+        /// consumer listed here ends with the error ([`crate::Consumer::closed`]).
+        failed: Vec<String>,
+    },
+    /// Recovery stopped after `recovery_give_up`: every consumer and pending
+    /// send on that connection fails.
+    GaveUp {
+        /// Which of the two connections.
+        which: &'static str,
+        /// How many redials were tried.
+        attempts: u32,
+        /// Why the last one failed.
+        error: String,
+    },
+    /// A server-named queue was declared anew and got a new name; its
+    /// bindings and consumers now use it.
+    QueueRenamed {
+        /// The old name.
+        from: String,
+        /// The new name.
+        to: String,
+    },
+    /// The broker blocked publishing.
+    Blocked {
+        /// The broker's reason.
+        reason: String,
+    },
+    /// The broker unblocked publishing.
+    Unblocked,
+}
+
+impl RecoveryEvent {
+    /// The `event` label of `acemq_recovery_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecoveryEvent::Lost { .. } => "lost",
+            RecoveryEvent::Retrying { .. } => "retrying",
+            RecoveryEvent::Recovered { .. } => "recovered",
+            RecoveryEvent::GaveUp { .. } => "gave_up",
+            RecoveryEvent::QueueRenamed { .. } => "queue_renamed",
+            RecoveryEvent::Blocked { .. } => "blocked",
+            RecoveryEvent::Unblocked => "unblocked",
+        }
+    }
+}
+
+impl std::fmt::Display for RecoveryEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryEvent::Lost { which, reason } => write!(f, "lost the {which} connection: {reason}"),
+            RecoveryEvent::Retrying {
+                which,
+                attempt,
+                delay,
+                error,
+            } => write!(
+                f,
+                "redialling the {which} connection (attempt {attempt}) in {delay:?} after: {error}"
+            ),
+            RecoveryEvent::Recovered {
+                which,
+                downtime,
+                consumers,
+                failed,
+            } => {
+                write!(
+                    f,
+                    "recovered the {which} connection after {downtime:?}, {consumers} consumers reattached"
+                )?;
+                if !failed.is_empty() {
+                    write!(f, "; not restored: {}", failed.join("; "))?;
+                }
+                Ok(())
+            }
+            RecoveryEvent::GaveUp { which, attempts, error } => {
+                write!(
+                    f,
+                    "gave up recovering the {which} connection after {attempts} attempts: {error}"
+                )
+            }
+            RecoveryEvent::QueueRenamed { from, to } => write!(f, "server-named queue {from} is now {to}"),
+            RecoveryEvent::Blocked { reason } => write!(f, "publishing blocked by the broker: {reason}"),
+            RecoveryEvent::Unblocked => f.write_str("publishing unblocked"),
+        }
+    }
+}
+
+/// A callback for [`RecoveryEvent`]s.
+pub type OnRecovery = Arc<dyn Fn(RecoveryEvent) + Send + Sync>;
+
+/// How a [`crate::Conn`] behaves.
+#[derive(Clone)]
+pub struct Config {
+    /// Publish without publisher confirms: `send` returns once the bytes are
+    /// queued, `SendResult::confirmed` is false and `routed` is always true.
+    /// Library publishes stay confirmed. `memory://name?confirms=off` and
+    /// `?confirms=off` on any URL set this too.
+    pub without_confirms: bool,
+    /// How long a publish already written waits for its confirm while the
+    /// broker keeps the connection blocked (30 s, as in the Java client).
+    pub blocked_timeout: Duration,
+    /// The first delay before redialling a lost connection (1 s); each
+    /// further attempt waits twice as long, up to `recovery_delay_max`, with
+    /// ±20% jitter.
+    pub recovery_delay: Duration,
+    /// The longest wait between redials (30 s).
+    pub recovery_delay_max: Duration,
+    /// How long after a loss recovery stops trying ([`RecoveryEvent::GaveUp`]);
+    /// `None` (the default) tries for ever.
+    pub recovery_give_up: Option<Duration>,
+    /// How long a send waits for a connection that is recovering, in total
+    /// for one message, before it fails with [`crate::Error::ConnectionLost`] (30 s).
+    pub publish_timeout: Duration,
+    /// Called with every [`RecoveryEvent`].
+    pub on_recovery: Option<OnRecovery>,
+    /// Turns recovery off: a lost connection stays lost, sends fail with
+    /// [`crate::Error::Closed`], and a consumer whose connection died ends with
+    /// that error ([`crate::Consumer::closed`]).
+    pub without_recovery: bool,
+    /// TLS settings for `amqps://`.
+    pub tls: TlsConfig,
+    /// A name for the connections in RabbitMQ's management UI (suffixed
+    /// `-publish` and `-consume`).
+    pub connection_name: Option<String>,
+    /// Engine settings (tuning, timeouts) for both connections.
+    pub engine: amqp::Config,
+    /// The retry policy of consumers that set none (without one, a retry is
+    /// republished at once, without limit).
+    pub retry: Option<crate::retry::RetryPolicy>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            without_confirms: false,
+            blocked_timeout: Duration::from_secs(30),
+            recovery_delay: Duration::from_secs(1),
+            recovery_delay_max: Duration::from_secs(30),
+            recovery_give_up: None,
+            publish_timeout: Duration::from_secs(30),
+            on_recovery: None,
+            without_recovery: false,
+            tls: TlsConfig::new(),
+            connection_name: None,
+            engine: amqp::Config::default(),
+            retry: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("without_confirms", &self.without_confirms)
+            .field("blocked_timeout", &self.blocked_timeout)
+            .field("recovery_delay", &self.recovery_delay)
+            .field("recovery_delay_max", &self.recovery_delay_max)
+            .field("recovery_give_up", &self.recovery_give_up)
+            .field("publish_timeout", &self.publish_timeout)
+            .field("on_recovery", &self.on_recovery.is_some())
+            .field("without_recovery", &self.without_recovery)
+            .field("tls", &self.tls)
+            .field("connection_name", &self.connection_name)
+            .finish()
+    }
+}
