@@ -192,8 +192,14 @@ impl Server {
         }
     }
 
+    /// What it wrote on stderr so far.
     fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// All it wrote on stderr, once it has exited.
+    async fn final_stderr(&self) -> String {
+        drained(&self.stderr).await
     }
 }
 
@@ -206,7 +212,8 @@ impl Drop for Server {
     }
 }
 
-/// Everything `pipe` says, collected by a thread.
+/// Everything `pipe` says, collected by a thread (which holds the other
+/// handle to it until the pipe ends).
 fn drain(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = text.clone();
@@ -220,6 +227,16 @@ fn drain(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
         }
     });
     text
+}
+
+/// The text of [`drain`] once its pipe has ended (the process exited),
+/// within a second.
+async fn drained(text: &Arc<Mutex<String>>) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while Arc::strong_count(text) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    text.lock().unwrap().clone()
 }
 
 /// How a connection open to the server ends at its shutdown: RabbitMQ's 320.
@@ -302,15 +319,19 @@ async fn a_whole_session_over_tcp_then_sigterm_closes_it_with_320_and_exits_0() 
         for id in 1..=3 {
             publisher.send(&Order { id }).await.unwrap();
         }
-        for id in 1..=3 {
-            let got = step(
-                format!("order {id} at the consumer"),
+        // Each delivery runs in its own task: handlers may see them in any order.
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let next = step(
+                format!("order {} of 3 at the consumer", got.len() + 1),
                 tokio::time::timeout(Duration::from_secs(10), received.recv()),
             )
             .await
             .expect("delivered in time");
-            assert_eq!(got, Some((Order { id }, 1)));
+            got.push(next.expect("the consumer is running"));
         }
+        got.sort_by_key(|(order, _)| order.id);
+        assert_eq!(got, (1..=3).map(|id| (Order { id }, 1)).collect::<Vec<_>>());
         consumer.close().await.unwrap();
         api.close().await.unwrap();
 
@@ -318,7 +339,7 @@ async fn a_whole_session_over_tcp_then_sigterm_closes_it_with_320_and_exits_0() 
         server.signal("TERM");
         assert_shutdown_close(&conn).await;
         let status = server.exited().await;
-        let stderr = server.stderr();
+        let stderr = server.final_stderr().await;
         assert_eq!(status.code(), Some(0), "{status}; stderr:\n{stderr}");
         assert!(stderr.contains("SIGTERM"), "the shutdown is logged:\n{stderr}");
         // Nothing listens any more.
@@ -361,7 +382,7 @@ async fn sigint_closes_open_and_half_open_connections_and_exits_0() {
         .await;
         assert!(ended.is_ok(), "the half-open socket is still open");
         let status = server.exited().await;
-        let stderr = server.stderr();
+        let stderr = server.final_stderr().await;
         assert_eq!(status.code(), Some(0), "{status}; stderr:\n{stderr}");
         assert!(stderr.contains("SIGINT"), "the shutdown is logged:\n{stderr}");
     })
@@ -387,16 +408,7 @@ async fn run_to_end(args: &[&str]) -> (ExitStatus, String, String) {
             .unwrap()
     })
     .await;
-    // The pipes close with the process; give the readers a moment to finish.
-    let mut out = (String::new(), String::new());
-    for _ in 0..100 {
-        out = (stdout.lock().unwrap().clone(), stderr.lock().unwrap().clone());
-        if Arc::strong_count(&stdout) == 1 && Arc::strong_count(&stderr) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    (status, out.0, out.1)
+    (status, drained(&stdout).await, drained(&stderr).await)
 }
 
 #[tokio::test(flavor = "multi_thread")]

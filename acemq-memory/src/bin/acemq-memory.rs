@@ -32,6 +32,10 @@ const SHUTDOWN_REASON: &str = "broker forced connection closure with reason 'shu
 /// answer the shutdown close before their sockets are dropped.
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 
+/// How often the shutdown close is sent again to connections that reached
+/// the broker after it was first sent.
+const CLOSE_AGAIN: Duration = Duration::from_millis(50);
+
 const USAGE: &str = "\
 acemq-memory: an AMQP 0-9-1 broker that behaves like RabbitMQ, for tests
 
@@ -157,7 +161,14 @@ async fn run(listen: &str) -> io::Result<()> {
         connections = conns.len(),
         "shutting down: closing client connections with 320 CONNECTION_FORCED"
     );
-    broker.faults().close_all(SHUTDOWN_REASON);
+    let faults = broker.faults();
+    faults.close_all(SHUTDOWN_REASON);
+    // A connection accepted just before the listener went may not have
+    // reached the broker yet (its task not yet run), and the close above
+    // missed it: close again until every connection has gone. A connection
+    // already closing is not closed twice.
+    let mut again = tokio::time::interval(CLOSE_AGAIN);
+    again.reset();
     let drained = tokio::time::timeout(grace, async {
         loop {
             tokio::select! {
@@ -165,6 +176,7 @@ async fn run(listen: &str) -> io::Result<()> {
                     Some(done) => log_closed(done),
                     None => return true,
                 },
+                _ = again.tick() => faults.close_all(SHUTDOWN_REASON),
                 signal = signals.recv() => {
                     tracing::warn!(signal, "second signal: dropping the connections left");
                     return false;
