@@ -18,7 +18,6 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::ack::{Ack, BoxError};
@@ -279,17 +278,24 @@ where
         }
 
         let inner = &self.conn.inner;
-        let deadline = Instant::now() + inner.config.publish_timeout;
-        let (connection, generation) = inner.consuming.connection(deadline, false).await?;
-        let channel = connection.channel().await?;
-        channel.qos(self.prefetch).await?;
         let method = BasicConsume {
             queue: self.queue.as_str().into(),
             arguments: self.arguments,
             ..Default::default()
         };
         let stream = method.arguments.contains_key("x-stream-offset");
-        let deliveries = channel.basic_consume(method.clone()).await?;
+        let prefetch = self.prefetch;
+        let ((channel, deliveries), generation) = inner
+            .on_consuming(|connection| {
+                let method = method.clone();
+                async move {
+                    let channel = connection.channel().await?;
+                    channel.qos(prefetch).await?;
+                    let deliveries = channel.basic_consume(method).await?;
+                    Ok((channel, deliveries))
+                }
+            })
+            .await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (ended_tx, ended) = watch::channel(None);
         let (attach, attachments) = mpsc::unbounded_channel();

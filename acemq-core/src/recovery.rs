@@ -660,6 +660,28 @@ impl Inner {
         }
     }
 
+    /// Runs `call` on the consuming connection of the moment, waiting
+    /// through a recovery; a call that the loss of its connection cut short
+    /// is made again on the next one, until `publish_timeout`. Returns the
+    /// result and the link generation of the connection it ran on.
+    pub(crate) async fn on_consuming<T, F, Fut>(&self, mut call: F) -> Result<(T, u64), Error>
+    where
+        F: FnMut(amqp::Connection) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let deadline = Instant::now() + self.config.publish_timeout;
+        loop {
+            let (conn, generation) = self.consuming.connection(deadline, false).await?;
+            match call(conn).await {
+                Err(err) if !self.config.without_recovery && is_loss(&err) && Instant::now() < deadline => {
+                    tracing::debug!(%err, "the consuming connection failed under a call; trying again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other.map(|value| (value, generation)),
+            }
+        }
+    }
+
     pub(crate) fn add_consumer(&self, record: Arc<ConsumerRecord>) {
         lock(&self.consumers).push(record);
     }

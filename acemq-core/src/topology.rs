@@ -61,13 +61,20 @@ pub(crate) fn rung_declarations(queue: &str, policy: &RetryPolicy) -> Vec<Declar
 }
 
 /// Declares `declarations` in order on one channel of the consuming connection.
+/// During a recovery it waits for it, and a loss cuts it short only to
+/// start again on the new connection.
 pub(crate) async fn apply(conn: &Conn, declarations: &[Declaration]) -> Result<(), Error> {
-    let ch = conn.consuming_connection().channel().await?;
-    for declaration in declarations {
-        declaration.apply(&ch).await?;
-    }
-    ch.close().await?;
-    Ok(())
+    conn.inner
+        .on_consuming(|connection| async move {
+            let ch = connection.channel().await?;
+            for declaration in declarations {
+                declaration.apply(&ch).await?;
+            }
+            ch.close().await?;
+            Ok(())
+        })
+        .await
+        .map(|_| ())
 }
 
 /// A service's topology, declared in one call.
