@@ -127,6 +127,17 @@ pub enum Error {
     /// A declaration or option that cannot work, refused before asking the broker.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A scheduled send (`send_at`, `send_after`) further ahead than the
+    /// delay ladder holds: 2^28 − 1 s, about 8.5 years. Nothing was sent.
+    #[error("message {message_id} was not sent: a delay of {requested_secs} s is beyond the delay ladder's longest, {max_secs} s (2^28 - 1 s, about 8.5 years)")]
+    DelayTooLong {
+        /// The message.
+        message_id: String,
+        /// The delay asked for, whole seconds rounded up.
+        requested_secs: u64,
+        /// The longest delay there is.
+        max_secs: u64,
+    },
 }
 
 impl Error {

@@ -10,6 +10,11 @@ pub const RUNG_MISSING_TOTAL: &str = "acemq_rung_missing_total";
 /// every [`crate::RecoveryEvent`] by its label, and each settlement of a
 /// delivery from a dead connection that was dropped instead of sent.
 pub const RECOVERY_TOTAL: &str = "acemq_recovery_total";
+/// `acemq_scheduled_total{outcome=delivered|redelivered|rescheduled|dead_lettered|failed|returned}`:
+/// what [`crate::Scheduler`]s did with due messages (see [`crate::schedule`]);
+/// `redelivered` is a delivery from a copy the broker had handed out before,
+/// a possible duplicate (with the same id).
+pub const SCHEDULED_TOTAL: &str = "acemq_scheduled_total";
 
 pub(crate) fn publish(outcome: &'static str) {
     metrics::counter!(PUBLISH_TOTAL, "outcome" => outcome).increment(1);
