@@ -50,6 +50,9 @@ pub const PROBE_TYPE: &str = "acemq.topology-probe";
 /// (each names one argument).
 const MAX_QUESTIONS: usize = 32;
 
+const DLX_ARGUMENT: &str = "x-dead-letter-exchange";
+const DLRK_ARGUMENT: &str = "x-dead-letter-routing-key";
+
 /// One way the broker's topology differs from the wire contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -318,6 +321,21 @@ async fn check_queue(
                             None => {
                                 asked.remove(&key);
                             }
+                        }
+                        // A queue cannot have a dead-letter routing key
+                        // without a dead-letter exchange (the broker refuses
+                        // to declare one): without the exchange, the key is
+                        // not there either, and asking would be refused.
+                        if key == DLX_ARGUMENT
+                            && asked.get(DLX_ARGUMENT).is_none()
+                            && asked.remove(DLRK_ARGUMENT).is_some()
+                        {
+                            out.push(Difference::QueueArgument {
+                                queue: name.into(),
+                                argument: DLRK_ARGUMENT.into(),
+                                expected: describe(contract.get(DLRK_ARGUMENT)),
+                                actual: "none".into(),
+                            });
                         }
                         asked.get(&key).cloned() != before
                     }

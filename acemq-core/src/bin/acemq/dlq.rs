@@ -294,7 +294,7 @@ fn print_message(name: &str, position: usize, depth: u32, m: &SetAside) {
 struct Progress {
     dry_run: bool,
     bar: Option<indicatif::ProgressBar>,
-    plain: Mutex<(Option<Instant>, Option<ReplayProgress>)>,
+    plain: Mutex<(Instant, Option<ReplayProgress>)>,
 }
 
 impl Progress {
@@ -302,7 +302,7 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total);
             let style = indicatif::ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:40}] {pos}/{len} examined, {msg} ({per_sec}, eta {eta})",
+                "{spinner} {prefix} [{bar:40}] {pos}/{len} examined, {msg}, eta {eta}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> ");
@@ -314,7 +314,8 @@ impl Progress {
         Arc::new(Progress {
             dry_run,
             bar,
-            plain: Mutex::new((None, None)),
+            // The first line after a second: a short replay prints only its last.
+            plain: Mutex::new((Instant::now(), None)),
         })
     }
 
@@ -331,8 +332,9 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.set_length(p.total as u64);
             bar.set_position(p.examined as u64);
+            let rate = p.examined as f64 / bar.elapsed().as_secs_f64().max(0.001);
             bar.set_message(format!(
-                "{} {}, kept {}",
+                "{} {}, kept {}, {rate:.0} msg/s",
                 if self.dry_run { "would replay" } else { "replayed" },
                 p.replayed,
                 p.kept
@@ -340,13 +342,9 @@ impl Progress {
             return;
         }
         let mut plain = self.plain.lock().unwrap_or_else(|p| p.into_inner());
-        let due = match plain.0 {
-            None => true,
-            Some(at) => at.elapsed() >= Duration::from_secs(1),
-        };
-        if due {
+        if plain.0.elapsed() >= Duration::from_secs(1) {
             eprintln!("{}", self.line(&p));
-            plain.0 = Some(Instant::now());
+            plain.0 = Instant::now();
         }
         plain.1 = Some(p);
     }
@@ -424,6 +422,10 @@ async fn replay(
         .filter(|k| !not_selected.contains(&k.message_id))
         .collect();
     let left_out = report.kept.len() - failed.len();
+    if depth == 0 && !json {
+        println!("{name} is empty: nothing to replay");
+        return Ok(OK);
+    }
     if json {
         let kept: Vec<_> = failed
             .iter()

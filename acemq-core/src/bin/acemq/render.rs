@@ -50,15 +50,17 @@ pub(crate) fn duration(d: Duration) -> String {
     }
 }
 
-/// A header value as text: `3`, `"acemq.dlx"`, `2026-12-01T23:30:00Z`, `{...}`.
+/// A header value as text: `3`, `"acemq.dlx"`, `2026-12-01T23:30:00Z (1796168600)`, `{...}`.
 pub(crate) fn value(v: &FieldValue) -> String {
+    if let FieldValue::Timestamp(t) = v {
+        return format!("{} ({t})", timestamp(*t));
+    }
     if let Some(n) = v.as_i64() {
         return n.to_string();
     }
     match v {
         FieldValue::Bool(b) => b.to_string(),
         FieldValue::LongString(s) => format!("{:?}", s.to_string_lossy()),
-        FieldValue::Timestamp(t) => timestamp(*t),
         FieldValue::F32(f) => f.to_string(),
         FieldValue::F64(f) => f.to_string(),
         FieldValue::Decimal(d) => decimal(d.value, d.scale),
