@@ -15,7 +15,10 @@
 //!   is a no-op; a 406 PRECONDITION_FAILED names the first inequivalent
 //!   argument and the broker's value. The check takes the broker's value and
 //!   asks again, so every differing argument of a queue is reported, not only
-//!   the first. (Between the passive and the active declare, a queue someone
+//!   the first. A queue the contract declares without `x-queue-type` (a
+//!   classic one) is asked once more with `x-queue-type` `classic`, since
+//!   RabbitMQ takes a redeclare without the argument as equivalent to a
+//!   queue of any type. (Between the passive and the active declare, a queue someone
 //!   deletes in that instant would be declared anew: AMQP has no
 //!   "declare only if it exists with these arguments".)
 //! - **bindings** (`acemq.dlx` → `{q}.dlq` under `{q}.dlq`, and `.parked`):
@@ -52,6 +55,7 @@ const MAX_QUESTIONS: usize = 32;
 
 const DLX_ARGUMENT: &str = "x-dead-letter-exchange";
 const DLRK_ARGUMENT: &str = "x-dead-letter-routing-key";
+const QUEUE_TYPE_ARGUMENT: &str = "x-queue-type";
 
 /// One way the broker's topology differs from the wire contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,6 +277,9 @@ async fn check_queue(
         let r = match refusal(ch.queue_declare(active).await)? {
             Ok(_) => {
                 let _ = ch.close().await;
+                if contract.get(QUEUE_TYPE_ARGUMENT).is_none() && asked.get(QUEUE_TYPE_ARGUMENT).is_none() {
+                    check_classic(connection, name, asked_durable, &asked, out).await?;
+                }
                 return Ok(());
             }
             Err(r) => r,
@@ -347,6 +354,52 @@ async fn check_queue(
             // The broker's value could not be read back: the differences
             // after this one stay unknown.
             return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A queue the contract declares without `x-queue-type` is a classic one.
+/// RabbitMQ takes a redeclare without `x-queue-type` as equivalent to any
+/// type, so the question is asked once more with `x-queue-type` `classic`
+/// (equivalent, on RabbitMQ, to a classic queue declared without it):
+/// a 406 naming the broker's type says it is another.
+async fn check_classic(
+    connection: &amqp::Connection,
+    name: &str,
+    durable: bool,
+    asked: &FieldTable,
+    out: &mut Vec<Difference>,
+) -> Result<(), Error> {
+    let mut arguments = asked.clone();
+    arguments.push(QUEUE_TYPE_ARGUMENT, FieldValue::from("classic"));
+    let ch = connection.channel().await?;
+    let active = QueueDeclare {
+        queue: name.into(),
+        durable,
+        arguments,
+        ..Default::default()
+    };
+    match refusal(ch.queue_declare(active).await)? {
+        Ok(_) => {
+            let _ = ch.close().await;
+        }
+        Err(r) => {
+            let like = FieldValue::from("classic");
+            let current = Inequivalent::parse(&r.text)
+                .filter(|i| r.code == 406 && i.argument == QUEUE_TYPE_ARGUMENT)
+                .and_then(|i| i.current.value(Some(&like)))
+                .flatten();
+            // `current is none`: a classic queue declared without the
+            // argument, on a broker that compares it strictly.
+            if let Some(current) = current.filter(|c| c.as_str() != Some("classic")) {
+                out.push(Difference::QueueArgument {
+                    queue: name.into(),
+                    argument: QUEUE_TYPE_ARGUMENT.into(),
+                    expected: "none (a classic queue)".into(),
+                    actual: describe(Some(&current)),
+                });
+            }
         }
     }
     Ok(())

@@ -763,6 +763,28 @@ fn topology_declare_then_check_and_every_difference_named() {
         })
         .await
         .unwrap();
+        // .parked as a quorum queue (RabbitMQ takes a redeclare without
+        // x-queue-type as equivalent to any type: check asks again).
+        let parked = format!("{q}.parked");
+        delete_queues(&conn, std::slice::from_ref(&parked)).await;
+        let mut quorum = FieldTable::new();
+        quorum.push("x-queue-type", FieldValue::from("quorum"));
+        ch.queue_declare(QueueDeclare {
+            queue: parked.as_str().into(),
+            durable: true,
+            arguments: quorum,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        ch.queue_bind(QueueBind {
+            queue: parked.as_str().into(),
+            exchange: "acemq.dlx".into(),
+            routing_key: parked.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
         let dlq = format!("{q}.dlq");
         ch.queue_unbind(QueueUnbind {
             queue: dlq.as_str().into(),
@@ -794,12 +816,17 @@ fn topology_declare_then_check_and_every_difference_named() {
                 "queue {q}: argument x-dead-letter-routing-key differs: the contract has \"{q}.dlq\" (longstr), the broker has none"
             ),
             format!("binding of {dlq} to acemq.dlx under key {dlq} is missing"),
+            format!("queue {parked}: argument x-queue-type differs: the contract has none"),
         ] {
             assert!(checked.stdout.contains(&expected), "no {expected:?} in {checked:?}");
         }
-        assert!(checked.stdout.contains(&format!("{q}: 4 differences")), "{checked:?}");
+        assert!(
+            checked.stdout.contains("the broker has \"quorum\" (longstr)"),
+            "{checked:?}"
+        );
+        assert!(checked.stdout.contains(&format!("{q}: 5 differences")), "{checked:?}");
         let listed = run(with(&["topology", "check", &q, "--json"])).await;
-        assert_eq!(listed.assert_code(1).json()["differences"].as_array().unwrap().len(), 4);
+        assert_eq!(listed.assert_code(1).json()["differences"].as_array().unwrap().len(), 5);
 
         // A dlq that holds messages: the probe is never delivered to a
         // reader and the listing is complete.
@@ -826,7 +853,7 @@ fn topology_declare_then_check_and_every_difference_named() {
         assert_eq!(messages[0]["body"], "held");
         until_depth(&conn, &dlq, 1).await;
 
-        let mut all = vec![q.clone(), dlq, format!("{q}.parked")];
+        let mut all = vec![q.clone(), dlq, parked];
         all.extend(rungs);
         delete_queues(&conn, &all).await;
         conn.close().await.unwrap();
