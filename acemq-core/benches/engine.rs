@@ -275,6 +275,76 @@ async fn acemq_consume(conn: &acemq_core::Conn, queue: &str, messages: u64, retr
     figures
 }
 
+/// Waits until `queue` holds `messages` (a passive declare every 5 ms).
+async fn until_depth(channel: &acemq_core::amqp::Channel, queue: &str, messages: u64) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let passive = QueueDeclare {
+            queue: queue.into(),
+            passive: true,
+            ..Default::default()
+        };
+        let depth = channel.queue_declare(passive).await.unwrap().unwrap().message_count;
+        if u64::from(depth) >= messages {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{queue} stalled at {depth}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The hop by hand on the engine: consume `input` (prefetch 1000), publish
+/// each body to `output` on a confirmed channel, ack the input after the
+/// output's confirm (a window of 1000 in flight).
+async fn hand_hop(conn: &Connection, input: &str, output: &str, messages: u64) -> Figures {
+    let watch = conn.channel().await.unwrap();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let consume_ch = conn.channel().await.unwrap();
+    consume_ch.qos(1000).await.unwrap();
+    let publish_ch = conn.channel().await.unwrap();
+    publish_ch.confirm_select().await.unwrap();
+    let mut consumer = consume_ch.consume(input).await.unwrap();
+    let mut window = std::collections::VecDeque::new();
+    for _ in 0..messages {
+        let delivery = consumer.next().await.unwrap();
+        let props = BasicProperties {
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        let confirm = publish_ch.publish("", output, true, props, delivery.body.clone()).unwrap();
+        window.push_back((delivery, confirm));
+        if window.len() >= 1000 {
+            let (delivery, confirm) = window.pop_front().unwrap();
+            confirm.await.unwrap();
+            delivery.ack().unwrap();
+        }
+    }
+    for (delivery, confirm) in window {
+        confirm.await.unwrap();
+        delivery.ack().unwrap();
+    }
+    until_depth(&watch, output, messages).await;
+    let figures = Figures::since("hop by hand (engine)", messages, t0, c0);
+    consumer.cancel().await.unwrap();
+    figures
+}
+
+/// The same hop with the acemq API: `Ack::then` to a `.then(publisher)`.
+async fn then_hop(conn: &acemq_core::Conn, watch: &Connection, input: &str, output: &str, messages: u64) -> Figures {
+    use acemq_core::{consume, Ack, Message};
+    let watch = watch.channel().await.unwrap();
+    let (t0, c0) = (Instant::now(), cpu_time());
+    let consumer = consume(conn, input, |m: Message<Payload>| async move { Ack::then(&m.payload) })
+        .prefetch(1000)
+        .then(&conn.publisher::<Payload>("", output))
+        .await
+        .unwrap();
+    until_depth(&watch, output, messages).await;
+    let figures = Figures::since("Ack::then (acemq)", messages, t0, c0);
+    consumer.close().await.unwrap();
+    figures
+}
+
 async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
     let purge = amqp_codec::QueuePurge {
         queue: queue.into(),
@@ -355,6 +425,28 @@ fn main() {
                 let (publish, consume) = wire_floor(&addr, &queue, messages);
                 publish.print();
                 consume.print();
+                continue;
+            }
+            // `=hops`: a consume -> publish hop by hand on the engine, then
+            // the same with `Ack::then`, each over the same preloaded input.
+            if only == "hops" {
+                let output = format!("{queue}.out");
+                setup
+                    .queue_declare(QueueDeclare {
+                        queue: output.as_str().into(),
+                        durable: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                publisher_window(&api, &queue, messages, 1000).await;
+                let hand = hand_hop(&conn, &queue, &output, messages).await;
+                purge(&setup, &output).await;
+                publisher_window(&api, &queue, messages, 1000).await;
+                let then = then_hop(&api, &conn, &queue, &output, messages).await;
+                purge(&setup, &output).await;
+                hand.print();
+                then.print();
                 continue;
             }
             if only == "consume" {
