@@ -83,14 +83,16 @@
 //! most [`HOLD_AT_MOST`]; a longer wait goes back onto the ladder for what
 //! remains, so that no long wait is held in a process either.
 //!
-//! A delivery that reaches no queue (NO_ROUTE) or that the broker refuses
-//! (a missing exchange, 404) is set aside in `acemq.delay.delivery.dlq` with
-//! `x-acemq-error`, its destination as `x-acemq-original-exchange` and
+//! A delivery to an exchange that does not exist (a passive declare says
+//! so before the publish, which would otherwise close the library channel
+//! under every publish in flight; the answer is kept for 5 s) or that
+//! reaches no queue (NO_ROUTE) is set aside in `acemq.delay.delivery.dlq`
+//! with `x-acemq-error`, its destination as `x-acemq-original-exchange` and
 //! `-routing-key`, and the id it would have been delivered with, so that
 //! `Conn::replay` delivers it once the destination exists. So is a message
 //! without a destination, or whose properties cannot be read. Any other
-//! failure (a nack, a block, a lost connection) hands the message back to
-//! the queue after a second, to be tried again.
+//! failure (a nack, a refusal, a block, a lost connection) hands the message
+//! back to the queue after a second, to be tried again.
 //!
 //! `acemq_scheduled_total{outcome}` counts what the schedulers did:
 //! `delivered`; `redelivered` (delivered from a copy the broker had given
@@ -109,7 +111,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, FieldValue, ShortString};
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch, OnceCell};
@@ -151,6 +153,10 @@ pub const DELIVER_AT_HEADER: &str = "x-acemq-deliver-at";
 /// The longest a message that reached the scheduler early is held in the
 /// process before it is delivered; an earlier one goes back onto the ladder.
 pub const HOLD_AT_MOST: Duration = Duration::from_secs(60);
+
+/// How long the scheduler trusts what a passive declare said about a
+/// destination exchange.
+const EXCHANGE_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long a delivery that failed for a reason that may pass (a nack, a
 /// block, a lost connection) is held before it goes back to the queue.
@@ -509,6 +515,7 @@ impl SchedulerBuilder {
             conn: conn.clone(),
             record: record.clone(),
             shutdown: shutdown_rx.clone(),
+            exchanges: Mutex::default(),
         });
         let attachment = Attachment {
             channel,
@@ -594,6 +601,54 @@ struct Shared {
     conn: Conn,
     record: Arc<ConsumerRecord>,
     shutdown: watch::Receiver<bool>,
+    /// Whether each destination exchange exists, as a passive declare said
+    /// and when: a publish to a missing one would close the library
+    /// channel under every other publish in flight.
+    exchanges: Mutex<std::collections::HashMap<ShortString, (Instant, bool)>>,
+}
+
+impl Shared {
+    /// Whether `exchange` exists, asked at most every [`EXCHANGE_RECHECK`].
+    async fn exchange_exists(&self, exchange: &ShortString) -> Result<bool, Error> {
+        if exchange.is_empty() {
+            return Ok(true);
+        }
+        if let Some((asked, exists)) = lock(&self.exchanges).get(exchange) {
+            if asked.elapsed() < EXCHANGE_RECHECK {
+                return Ok(*exists);
+            }
+        }
+        let (exists, _) = self
+            .conn
+            .inner
+            .on_consuming(|connection| async move {
+                let channel = connection.channel().await?;
+                let found = channel
+                    .exchange_declare(ExchangeDeclare {
+                        exchange: exchange.clone(),
+                        passive: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(Error::from);
+                match found {
+                    Ok(_) => {
+                        let _ = channel.close().await;
+                        Ok(true)
+                    }
+                    Err(err) if err.refusal().is_some_and(|r| r.code == 404) => Ok(false),
+                    Err(err) => Err(err),
+                }
+            })
+            .await?;
+        lock(&self.exchanges).insert(exchange.clone(), (Instant::now(), exists));
+        Ok(exists)
+    }
+
+    /// Forgets what is known of `exchange`: it is asked again next time.
+    fn forget_exchange(&self, exchange: &ShortString) {
+        lock(&self.exchanges).remove(exchange);
+    }
 }
 
 async fn run(
@@ -807,6 +862,15 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
     }
     let output = delivered_properties(properties, &input_id, &target);
     let message_id = output.message_id.as_ref().map(|id| id.to_string()).unwrap_or_default();
+    if !shared.exchange_exists(&target.exchange).await? {
+        let reason = format!(
+            "the scheduled delivery failed: exchange {:?} does not exist (404 NOT_FOUND)",
+            target.exchange.to_string_lossy()
+        );
+        set_aside(shared, delivery, with_destination(output, &target), &reason).await?;
+        settle_sent(delivery, delivery.ack())?;
+        return Ok("dead_lettered");
+    }
     let publish = BasicPublish {
         exchange: target.exchange.clone(),
         routing_key: target.routing_key.clone(),
@@ -826,20 +890,34 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
                 "delivered"
             })
         }
-        Err(err @ (Error::Unroutable { .. } | Error::Refused { .. })) => {
-            let mut kept = output;
-            let headers = kept.headers.get_or_insert_with(FieldTable::new);
-            headers.insert(ORIGINAL_EXCHANGE_HEADER, FieldValue::from(target.exchange.to_string()));
-            headers.insert(
-                ORIGINAL_ROUTING_KEY_HEADER,
-                FieldValue::from(target.routing_key.to_string()),
-            );
-            set_aside(shared, delivery, kept, &format!("the scheduled delivery failed: {err}")).await?;
+        Err(err @ Error::Unroutable { .. }) => {
+            let reason = format!("the scheduled delivery failed: {err}");
+            set_aside(shared, delivery, with_destination(output, &target), &reason).await?;
             settle_sent(delivery, delivery.ack())?;
             Ok("dead_lettered")
         }
+        // A refusal closes the library channel, perhaps for another publish
+        // (an exchange deleted since it was checked): tried again, the
+        // exchange asked about afresh.
+        Err(err @ Error::Refused { .. }) => {
+            shared.forget_exchange(&target.exchange);
+            Err(err)
+        }
         Err(err) => Err(err),
     }
+}
+
+/// The delivered copy as it is set aside: with its destination as
+/// `x-acemq-original-exchange` and `-routing-key`, so that a replay
+/// delivers it.
+fn with_destination(mut output: BasicProperties, target: &Target) -> BasicProperties {
+    let headers = output.headers.get_or_insert_with(FieldTable::new);
+    headers.insert(ORIGINAL_EXCHANGE_HEADER, FieldValue::from(target.exchange.to_string()));
+    headers.insert(
+        ORIGINAL_ROUTING_KEY_HEADER,
+        FieldValue::from(target.routing_key.to_string()),
+    );
+    output
 }
 
 /// The id of the delivered copy of scheduled message `input_id`: the

@@ -642,27 +642,55 @@ fn statement_26_a_delivery_that_cannot_go_is_set_aside_for_replay_and_an_early_o
             .send_envelope_after(envelope, &7, Duration::from_secs(1))
             .await
             .unwrap();
+        // An exchange that does not exist: asked before the publish (which
+        // would close the library channel), and set aside.
+        let missing = unique("sched.no-exchange");
+        let envelope = Envelope::new();
+        let to_nowhere = envelope.id.clone();
+        conn.publisher::<u64>(&missing, "k")
+            .send_envelope_after(envelope, &9, Duration::from_secs(1))
+            .await
+            .unwrap();
         // Without a destination at all: set aside at once.
         let lost = publish_due(&conn, None, None, 8).await;
         let set_aside = {
-            let _label = acemq_tests::waiting_for("two set-asides");
+            let _label = acemq_tests::waiting_for("three set-asides");
             let until = Instant::now() + Duration::from_secs(10);
             loop {
                 let listed = conn.peek(&dlq, 100_000).await.unwrap();
                 let ours: Vec<_> = listed
                     .into_iter()
-                    .filter(|m| m.envelope.causation_id.as_deref() == Some(&scheduled) || m.envelope.id == lost)
+                    .filter(|m| {
+                        let cause = m.envelope.causation_id.as_deref();
+                        cause == Some(&scheduled) || cause == Some(&to_nowhere) || m.envelope.id == lost
+                    })
                     .collect();
-                if ours.len() == 2 {
+                if ours.len() == 3 {
                     break ours;
                 }
                 assert!(Instant::now() < until, "{kind:?}: {} set aside", ours.len());
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
-        let unroutable = set_aside.iter().find(|m| m.envelope.id != lost).unwrap();
+        let caused_by = |id: &str| {
+            set_aside
+                .iter()
+                .find(|m| m.envelope.causation_id.as_deref() == Some(id))
+                .unwrap()
+        };
+        let unroutable = caused_by(&scheduled);
+        let no_exchange = caused_by(&to_nowhere);
         let nowhere = set_aside.iter().find(|m| m.envelope.id == lost).unwrap();
-        println!("{kind:?}: set aside: {:?} / {:?}", unroutable.error, nowhere.error);
+        println!(
+            "{kind:?}: set aside: {:?} / {:?} / {:?}",
+            unroutable.error, no_exchange.error, nowhere.error
+        );
+        assert!(
+            no_exchange.error.as_deref().unwrap().contains("does not exist"),
+            "{no_exchange:?}"
+        );
+        assert_eq!(no_exchange.original_exchange.as_deref(), Some(missing.as_str()));
+        assert_eq!(no_exchange.original_routing_key.as_deref(), Some("k"));
         assert!(
             unroutable.error.as_deref().unwrap().contains("312"),
             "{kind:?}: {unroutable:?}"
@@ -719,8 +747,8 @@ fn statement_26_a_delivery_that_cannot_go_is_set_aside_for_replay_and_an_early_o
             }
         }
         assert_eq!(take_out(&conn, &level_name(12), &far_ids).await, 1);
-        let ours: BTreeSet<String> = [lost].into();
-        assert_eq!(take_out(&conn, &dlq, &ours).await, 1);
+        let ours: BTreeSet<String> = [lost, no_exchange.envelope.id.clone()].into();
+        assert_eq!(take_out(&conn, &dlq, &ours).await, 2);
         let _ = ch.close().await;
         scheduler.close().await.unwrap();
         to.remove(&conn).await;
@@ -777,6 +805,95 @@ fn measure_scheduled_deliveries_per_second_of_10000_messages_due_at_once() {
         scheduler.close().await.unwrap();
         let _ = ch.close().await;
         delete_queues(&conn, &[&q]).await;
+        conn.close().await.unwrap();
+    });
+}
+
+#[test]
+fn statement_26_the_ladder_is_declared_as_documented_and_agrees_with_a_service_that_writes_longs() {
+    on_brokers(false, |b, _| async move {
+        let kind = b.kind;
+        let conn = b.conn().await;
+        let scheduler = Scheduler::start(&conn).await.unwrap();
+        // Recorded, so that a recovery declares it all again.
+        let declared = conn.declared();
+        for d in acemq_core::schedule::ladder_declarations() {
+            assert!(declared.contains(&d), "{kind:?}: {d:?} is recorded");
+        }
+        let ch = conn.consuming_connection().channel().await.unwrap();
+        for level in 0..acemq_core::schedule::LEVELS {
+            // What a service writing every integer as a long declares: RabbitMQ
+            // takes `I` and `l` of one value as the same.
+            let ttl_ms = (1i64 << level) * 1000;
+            let mut arguments = FieldTable::new();
+            arguments.insert("x-message-ttl", FieldValue::I64(ttl_ms));
+            let below = if level == 0 {
+                DELIVERY.to_string()
+            } else {
+                level_name(level - 1)
+            };
+            arguments.insert("x-dead-letter-exchange", below.as_str());
+            ch.queue_declare(QueueDeclare {
+                queue: level_name(level).as_str().into(),
+                durable: true,
+                arguments,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: level {level} with a long TTL: {e}"));
+        }
+        // A TTL of 2^22 s cannot be an `I`: wrapped round, it is refused.
+        let probe = unique("sched.ttl-probe");
+        let mut arguments = FieldTable::new();
+        arguments.insert("x-message-ttl", FieldValue::I32((1u64 << 22).wrapping_mul(1000) as i32));
+        let refused = ch
+            .queue_declare(QueueDeclare {
+                queue: probe.as_str().into(),
+                durable: true,
+                arguments,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        println!("{kind:?}: level 22's TTL as a 32-bit int: {refused}");
+        assert!(refused.to_string().contains("value_negative"), "{kind:?}: {refused}");
+        scheduler.close().await.unwrap();
+        conn.close().await.unwrap();
+    });
+}
+
+#[test]
+fn statement_26_a_scheduler_rides_through_a_recovery_of_its_connection() {
+    on_brokers(false, |b, _| async move {
+        let kind = b.kind;
+        let name = unique("sched.recover");
+        let config = acemq_core::Config {
+            connection_name: Some(name.clone()),
+            recovery_delay: Duration::from_millis(50),
+            recovery_delay_max: Duration::from_millis(400),
+            ..Default::default()
+        };
+        let conn = b.conn_with(config).await;
+        let scheduler = Scheduler::start(&conn).await.unwrap();
+        let to = dest(&conn).await;
+        let publisher = conn.publisher::<u64>("", &to.q);
+        let sent = Instant::now();
+        let envelope = Envelope::new();
+        let id = envelope.id.clone();
+        publisher
+            .send_envelope_after(envelope, &2, Duration::from_secs(2))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.force_close(&format!("{name}-consume"));
+        let got = to.wait_for(1, Duration::from_secs(10)).await;
+        check_delivered(&got[0], &id, None);
+        let took = got[0].at - sent;
+        println!("{kind:?}: delivered after {took:?}, across a forced close of the consuming connection");
+        assert!(took >= Duration::from_secs(2), "{kind:?}: early");
+        assert!(!scheduler.is_finished(), "{kind:?}: the scheduler is still running");
+        scheduler.close().await.unwrap();
+        to.remove(&conn).await;
         conn.close().await.unwrap();
     });
 }
