@@ -37,3 +37,5 @@ cargo run --quiet --example orders
 AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
 # Recovery: connections cut three times while it publishes and consumes.
 cargo run --quiet --example recovery
+# The hops: a pipeline, a routing slip and a scheduled message.
+cargo run --quiet --example pipeline
