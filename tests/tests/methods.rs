@@ -313,3 +313,54 @@ async fn dropping_every_handle_closes_the_connection() {
 fn config_is_clone(c: &Config) -> Config {
     c.clone()
 }
+
+/// How a redeclare compares the queue type, as RabbitMQ 3.10.8 does it
+/// (and acemq-memory with it): a queue declared without `x-queue-type` is
+/// classic, so `classic` and no argument are equivalent either way; a
+/// declare without the argument over a quorum queue, or of another type,
+/// is refused with 406.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeclare_compares_the_queue_type_as_rabbitmq_does() {
+    use amqp_codec::{FieldTable, FieldValue, QueueDeclare};
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let declare = |name: &str, kind: Option<&str>| {
+                let mut arguments = FieldTable::new();
+                if let Some(kind) = kind {
+                    arguments.insert("x-queue-type", FieldValue::from(kind));
+                }
+                QueueDeclare {
+                    queue: name.into(),
+                    durable: true,
+                    arguments,
+                    ..Default::default()
+                }
+            };
+            let (quorum, classic) = (unique("type.quorum"), unique("type.classic"));
+            let named_classic = unique("type.named-classic");
+            let ch = conn.channel().await.unwrap();
+            ch.queue_declare(declare(&quorum, Some("quorum"))).await.unwrap();
+            ch.queue_declare(declare(&classic, None)).await.unwrap();
+            ch.queue_declare(declare(&named_classic, Some("classic")))
+                .await
+                .unwrap();
+            let mut outcomes = Vec::new();
+            for (queue, kind) in [
+                (&quorum, None),
+                (&quorum, Some("classic")),
+                (&classic, Some("classic")),
+                (&classic, Some("quorum")),
+                (&named_classic, None),
+            ] {
+                let ch = conn.channel().await.unwrap();
+                let outcome = ch.queue_declare(declare(queue, kind)).await;
+                outcomes.push(outcome.err().and_then(|e| e.reply_code()));
+            }
+            println!("{:?}: {outcomes:?}", b.kind);
+            assert_eq!(outcomes, [Some(406), Some(406), None, Some(406), None], "{:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await;
+}
