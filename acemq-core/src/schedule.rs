@@ -310,11 +310,12 @@ pub fn wall_clock() -> SystemTime {
     let virtual_now = Instant::now().into_std();
     let real_now = std::time::Instant::now();
     let system = SystemTime::now();
-    if virtual_now >= real_now {
-        system + (virtual_now - real_now)
+    let moved = if virtual_now >= real_now {
+        system.checked_add(virtual_now - real_now)
     } else {
-        system - (real_now - virtual_now)
-    }
+        system.checked_sub(real_now - virtual_now)
+    };
+    moved.unwrap_or(system)
 }
 
 /// A wait in whole seconds, rounded up.
@@ -516,6 +517,7 @@ impl SchedulerBuilder {
             record: record.clone(),
             shutdown: shutdown_rx.clone(),
             exchanges: Mutex::default(),
+            asking: tokio::sync::Mutex::new(()),
         });
         let attachment = Attachment {
             channel,
@@ -605,6 +607,8 @@ struct Shared {
     /// and when: a publish to a missing one would close the library
     /// channel under every other publish in flight.
     exchanges: Mutex<std::collections::HashMap<ShortString, (Instant, bool)>>,
+    /// Held while a passive declare asks.
+    asking: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -613,10 +617,20 @@ impl Shared {
         if exchange.is_empty() {
             return Ok(true);
         }
-        if let Some((asked, exists)) = lock(&self.exchanges).get(exchange) {
-            if asked.elapsed() < EXCHANGE_RECHECK {
-                return Ok(*exists);
-            }
+        let known = || {
+            lock(&self.exchanges)
+                .get(exchange)
+                .filter(|(asked, _)| asked.elapsed() < EXCHANGE_RECHECK)
+                .map(|(_, exists)| *exists)
+        };
+        if let Some(exists) = known() {
+            return Ok(exists);
+        }
+        // One question at a time: the deliveries waiting on the answer
+        // share it instead of each opening a channel to ask.
+        let _asking = self.asking.lock().await;
+        if let Some(exists) = known() {
+            return Ok(exists);
         }
         let (exists, _) = self
             .conn
