@@ -311,7 +311,9 @@ async fn hand_hop(conn: &Connection, input: &str, output: &str, messages: u64) -
             delivery_mode: Some(2),
             ..Default::default()
         };
-        let confirm = publish_ch.publish("", output, true, props, delivery.body.clone()).unwrap();
+        let confirm = publish_ch
+            .publish("", output, true, props, delivery.body.clone())
+            .unwrap();
         window.push_back((delivery, confirm));
         if window.len() >= 1000 {
             let (delivery, confirm) = window.pop_front().unwrap();
