@@ -572,6 +572,10 @@ async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_betw
             match &b.memory {
                 Some(memory) => memory.faults().restart(),
                 None => {
+                    // Quorum queues killed within a second of their
+                    // declaration can come back without a leader for a
+                    // minute (see statement 17's restart test): let them settle.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
                     chaos::kill().await;
                     chaos::restart().await;
                 }
