@@ -312,3 +312,35 @@ pub fn counter_total(snapshotter: &metrics_util::debugging::Snapshotter, metric:
         })
         .sum()
 }
+
+/// Runs `scenario` on a current-thread runtime of its own, under the test
+/// deadline, with a metrics recorder local to it (so the counts are this
+/// scenario's alone, whatever else runs), and returns the counter `metric`
+/// summed by the value of its `label`.
+pub fn counted_by<F>(metric: &str, label: &str, scenario: F) -> std::collections::BTreeMap<String, u64>
+where
+    F: std::future::Future<Output = ()>,
+{
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    metrics::with_local_recorder(&recorder, || runtime.block_on(deadline(scenario)));
+    let mut counts = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() != metric {
+            continue;
+        }
+        let by = key
+            .key()
+            .labels()
+            .find(|l| l.key() == label)
+            .map(|l| l.value().to_string());
+        if let (Some(by), metrics_util::debugging::DebugValue::Counter(n)) = (by, value) {
+            *counts.entry(by).or_default() += n;
+        }
+    }
+    counts
+}

@@ -189,36 +189,14 @@ fn statement_17_on_recovery_and_acemq_recovery_total_see_lost_retrying_and_recov
         let all = runtime.block_on(async { breakable().await });
         for b in all {
             let kind = b.kind;
-            let recorder = metrics_util::debugging::DebuggingRecorder::new();
-            let snapshotter = recorder.snapshotter();
-            let local = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
             let events = Events::default();
-            metrics::with_local_recorder(&recorder, || {
-                local.block_on(deadline(async {
-                    let _serial = chaos::serial().await;
-                    let conn = b.conn_with(events.config(Config::default())).await;
-                    force_close_all(&b).await;
-                    events.recovered(2).await;
-                    conn.close().await.unwrap();
-                }))
+            let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
+                let _serial = chaos::serial().await;
+                let conn = b.conn_with(events.config(Config::default())).await;
+                force_close_all(&b).await;
+                events.recovered(2).await;
+                conn.close().await.unwrap();
             });
-            let mut counts = std::collections::BTreeMap::new();
-            for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-                if key.key().name() != acemq_core::metrics_names::RECOVERY_TOTAL {
-                    continue;
-                }
-                let event = key
-                    .key()
-                    .labels()
-                    .find(|l| l.key() == "event")
-                    .map(|l| l.value().to_string());
-                if let (Some(event), metrics_util::debugging::DebugValue::Counter(n)) = (event, value) {
-                    *counts.entry(event).or_insert(0u64) += n;
-                }
-            }
             assert_eq!(counts.get("lost"), Some(&2), "{kind:?}: {counts:?}");
             assert_eq!(counts.get("recovered"), Some(&2), "{kind:?}: {counts:?}");
             assert_eq!(
@@ -500,29 +478,12 @@ fn statement_18_a_settlement_of_a_delivery_from_the_dead_connection_is_never_sen
         let all = runtime.block_on(async { breakable().await });
         for b in all {
             let kind = b.kind;
-            let recorder = metrics_util::debugging::DebuggingRecorder::new();
-            let snapshotter = recorder.snapshotter();
-            let local = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            metrics::with_local_recorder(&recorder, || local.block_on(deadline(settlement_scenario(&b))));
-            let dropped = snapshotter
-                .snapshot()
-                .into_vec()
-                .into_iter()
-                .filter(|(key, ..)| {
-                    key.key().name() == acemq_core::metrics_names::RECOVERY_TOTAL
-                        && key
-                            .key()
-                            .labels()
-                            .any(|l| l.key() == "event" && l.value() == "settlement_dropped")
-                })
-                .map(|(_, _, _, v)| match v {
-                    metrics_util::debugging::DebugValue::Counter(n) => n,
-                    _ => 0,
-                })
-                .sum::<u64>();
+            let counts = acemq_tests::counted_by(
+                acemq_core::metrics_names::RECOVERY_TOTAL,
+                "event",
+                settlement_scenario(&b),
+            );
+            let dropped = counts.get("settlement_dropped").copied().unwrap_or(0);
             assert_eq!(dropped, 1, "{kind:?}: the held delivery's ack was dropped and counted");
         }
     });
