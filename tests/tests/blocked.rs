@@ -332,3 +332,79 @@ async fn a_retry_while_publishing_is_blocked_holds_the_delivery_until_the_block_
     })
     .await
 }
+
+/// How many deliveries of `queue` are unacked, as the broker counts them.
+fn unacked(b: &Broker, queue: &str) -> u64 {
+    if let Some(memory) = &b.memory {
+        return memory.queue_info("/", queue).map_or(0, |q| q.unacked);
+    }
+    let listing = acemq_tests::rabbitmqctl(&["list_queues", "name", "messages_unacknowledged"]);
+    listing
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .find(|(name, _)| *name == queue)
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// DESIGN statement 24: the input of `Ack::then` is acked only after the
+/// output's confirm. While the broker blocks publishing, the output cannot
+/// be confirmed: the input stays unacked, and is acked once the block lifts
+/// and the output is in.
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_24_then_acks_its_input_only_after_the_outputs_confirm() {
+    acemq_tests::deadline(async {
+        let _turn = ALARM.lock().await;
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let (input, output, other) = (
+                unique("then-block.in"),
+                unique("then-block.out"),
+                unique("then-block.x"),
+            );
+            for q in [&input, &output, &other] {
+                acemq_core::Topology::new().queue(q).declare(&conn).await.unwrap();
+            }
+            conn.publisher::<u32>("", &input).send(&1).await.unwrap();
+            let alarm = AlarmGuard::raise(&b);
+            let trigger = conn.publisher::<u32>("", &other);
+            let trigger = tokio::spawn(async move { trigger.send(&0).await });
+            wait_blocked(&conn).await;
+            let consumer = acemq_core::consume(&conn, &input, |m: acemq_core::Message<u32>| async move {
+                acemq_core::Ack::then(&m.payload)
+            })
+            .then(&conn.publisher::<u32>("", &output))
+            .await
+            .unwrap();
+            let ch = conn.consuming_connection().channel().await.unwrap();
+            let until = Instant::now() + Duration::from_secs(20);
+            while unacked(&b, &input) == 0 {
+                assert!(Instant::now() < until, "{:?}: the input was never delivered", b.kind);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert_eq!(
+                unacked(&b, &input),
+                1,
+                "{:?}: held, not acked, while the output waits",
+                b.kind
+            );
+            assert_eq!(acemq_tests::depth(&ch, &output).await, 0, "{:?}", b.kind);
+            drop(alarm);
+            let until = Instant::now() + Duration::from_secs(20);
+            while acemq_tests::depth(&ch, &output).await == 0 || unacked(&b, &input) != 0 {
+                assert!(
+                    Instant::now() < until,
+                    "{:?}: the output and the ack after the unblock",
+                    b.kind
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(acemq_tests::depth(&ch, &input).await, 0, "{:?}", b.kind);
+            let _ = trigger.await;
+            consumer.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
