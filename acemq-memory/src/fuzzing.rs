@@ -5,8 +5,11 @@
 use std::time::{Duration, Instant};
 
 use amqp_codec::{
-    encode_method, BasicConsume, BasicQos, ChannelOpen, ConfirmSelect, ConnectionOpen, ConnectionStartOk,
-    ConnectionTuneOk, FieldTable, FieldValue, Method, QueueDeclare, PROTOCOL_HEADER,
+    encode_content, encode_method, BasicAck, BasicCancel, BasicConsume, BasicGet, BasicNack, BasicProperties,
+    BasicPublish, BasicQos, BasicRecover, BasicReject, ChannelClose, ChannelOpen, ConfirmSelect, ConnectionClose,
+    ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, ExchangeBind, ExchangeDeclare, ExchangeDelete, FieldArray,
+    FieldTable, FieldValue, Method, QueueBind, QueueDeclare, QueueDelete, QueuePurge, QueueUnbind, TxCommit,
+    TxRollback, TxSelect, PROTOCOL_HEADER,
 };
 use bytes::BytesMut;
 
@@ -145,4 +148,330 @@ pub fn client_bytes(data: &[u8]) {
     machine.remove_conn(client.id(), now);
     machine.remove_conn(consumer.id(), now);
     let _ = machine.poll_timeout();
+}
+
+fn publish(
+    out: &mut BytesMut,
+    channel: u16,
+    exchange: &str,
+    key: &str,
+    mandatory: bool,
+    props: &BasicProperties,
+    body: &[u8],
+) {
+    let method: Method = BasicPublish {
+        exchange: exchange.into(),
+        routing_key: key.into(),
+        mandatory,
+        ..Default::default()
+    }
+    .into();
+    let _ = encode_content(channel, &method, props, body, 4096, out);
+}
+
+/// What a seed's client sends after the handshake.
+type Script = Box<dyn Fn(&mut BytesMut)>;
+
+/// The seed corpus of the `broker` fuzz target: for each, its name and the
+/// bytes the target is given (a mode byte, see [`client_bytes`], then what
+/// the client sends). Written to `fuzz/corpus/broker/` and replayed on stable
+/// by acemq-memory's `fuzz_corpus` test.
+pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let persistent = BasicProperties {
+        delivery_mode: Some(2),
+        message_id: Some("m-1".into()),
+        ..Default::default()
+    };
+    let mut headers = FieldTable::new();
+    headers.insert("x-acemq-attempt", FieldValue::I32(2));
+    headers.insert(
+        "x-death",
+        FieldValue::Array(FieldArray(vec![FieldValue::Table(FieldTable::new())])),
+    );
+    let with_headers = BasicProperties {
+        headers: Some(headers),
+        expiration: Some("0".into()),
+        priority: Some(5),
+        ..Default::default()
+    };
+    let mut deep = FieldValue::Void;
+    for _ in 0..80 {
+        deep = FieldValue::Array(FieldArray(vec![deep]));
+    }
+    let mut deep_headers = FieldTable::new();
+    deep_headers.insert("deep", deep);
+    let poison = BasicProperties {
+        headers: Some(deep_headers),
+        ..Default::default()
+    };
+    let scripts: Vec<(&'static str, Script)> = vec![
+        (
+            "publish_confirmed",
+            Box::new(move |o| publish(o, 1, "", "fuzz", false, &persistent, b"hello")),
+        ),
+        (
+            "publish_unroutable_mandatory",
+            Box::new(|o| publish(o, 1, "", "nowhere", true, &BasicProperties::default(), b"x")),
+        ),
+        (
+            "publish_headers_expiring",
+            Box::new(move |o| publish(o, 1, "", "fuzz.qq", true, &with_headers, &[7; 300])),
+        ),
+        (
+            "publish_poison_properties",
+            Box::new(move |o| publish(o, 1, "", "fuzz", false, &poison, b"{}")),
+        ),
+        (
+            "publish_large_body",
+            Box::new(|o| {
+                publish(
+                    o,
+                    1,
+                    "",
+                    "fuzz.stream",
+                    false,
+                    &BasicProperties::default(),
+                    &[1; 20_000],
+                )
+            }),
+        ),
+        (
+            "get_ack_nack_reject",
+            Box::new(|o| {
+                publish(o, 1, "", "fuzz", false, &BasicProperties::default(), b"a");
+                publish(o, 1, "", "fuzz", false, &BasicProperties::default(), b"b");
+                push(
+                    o,
+                    2,
+                    BasicGet {
+                        queue: "fuzz".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    BasicAck {
+                        delivery_tag: 1,
+                        multiple: false,
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    BasicNack {
+                        delivery_tag: 2,
+                        multiple: true,
+                        requeue: true,
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    BasicReject {
+                        delivery_tag: 9,
+                        requeue: false,
+                    },
+                );
+                push(o, 2, BasicRecover { requeue: true });
+            }),
+        ),
+        (
+            "exchanges_and_bindings",
+            Box::new(|o| {
+                push(
+                    o,
+                    2,
+                    ExchangeDeclare {
+                        exchange: "fx".into(),
+                        kind: "topic".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    ExchangeDeclare {
+                        exchange: "fy".into(),
+                        kind: "fanout".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    ExchangeBind {
+                        destination: "fy".into(),
+                        source: "fx".into(),
+                        routing_key: "a.#".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    QueueBind {
+                        queue: "fuzz".into(),
+                        exchange: "fy".into(),
+                        ..Default::default()
+                    },
+                );
+                publish(o, 1, "fx", "a.b", true, &BasicProperties::default(), b"routed");
+                push(
+                    o,
+                    2,
+                    QueueUnbind {
+                        queue: "fuzz".into(),
+                        exchange: "fy".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    ExchangeDelete {
+                        exchange: "fx".into(),
+                        ..Default::default()
+                    },
+                );
+            }),
+        ),
+        (
+            "queue_arguments_purge_delete",
+            Box::new(|o| {
+                let mut arguments = FieldTable::new();
+                arguments.insert("x-message-ttl", FieldValue::I32(0));
+                arguments.insert("x-max-length", FieldValue::I64(1));
+                arguments.insert("x-dead-letter-exchange", FieldValue::from(""));
+                arguments.insert("x-dead-letter-routing-key", FieldValue::from("fuzz"));
+                push(
+                    o,
+                    2,
+                    QueueDeclare {
+                        queue: "fz".into(),
+                        arguments,
+                        ..Default::default()
+                    },
+                );
+                publish(o, 1, "", "fz", false, &BasicProperties::default(), b"dies");
+                push(
+                    o,
+                    2,
+                    QueuePurge {
+                        queue: "fz".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    QueueDelete {
+                        queue: "fz".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    QueueDeclare {
+                        exclusive: true,
+                        ..Default::default()
+                    },
+                );
+            }),
+        ),
+        (
+            "consume_cancel_qos",
+            Box::new(|o| {
+                push(
+                    o,
+                    2,
+                    BasicQos {
+                        prefetch_count: 1,
+                        global: true,
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    2,
+                    BasicConsume {
+                        queue: "fuzz".into(),
+                        consumer_tag: "c".into(),
+                        no_ack: true,
+                        ..Default::default()
+                    },
+                );
+                publish(o, 1, "", "fuzz", false, &BasicProperties::default(), b"to c");
+                push(
+                    o,
+                    2,
+                    BasicCancel {
+                        consumer_tag: "c".into(),
+                        no_wait: false,
+                    },
+                );
+            }),
+        ),
+        (
+            "transactions",
+            Box::new(|o| {
+                push(o, 2, TxSelect {});
+                publish(o, 2, "", "fuzz", false, &BasicProperties::default(), b"t1");
+                push(o, 2, TxCommit {});
+                publish(o, 2, "", "fuzz", false, &BasicProperties::default(), b"t2");
+                push(o, 2, TxRollback {});
+            }),
+        ),
+        (
+            "closes",
+            Box::new(|o| {
+                push(
+                    o,
+                    2,
+                    ChannelClose {
+                        reply_code: 200,
+                        reply_text: "bye".into(),
+                        ..Default::default()
+                    },
+                );
+                push(
+                    o,
+                    0,
+                    ConnectionClose {
+                        reply_code: 200,
+                        reply_text: "bye".into(),
+                        ..Default::default()
+                    },
+                );
+            }),
+        ),
+        (
+            "frame_too_large",
+            Box::new(|o| o.extend_from_slice(&[1, 0, 1, 0x7f, 0xff, 0xff, 0xff, 0, 0])),
+        ),
+        (
+            "content_without_method",
+            Box::new(|o| o.extend_from_slice(&[3, 0, 1, 0, 0, 0, 2, b'h', b'i', 0xce])),
+        ),
+    ];
+    let mut out = Vec::new();
+    // Each script after a valid handshake, whole and in 7-byte chunks with
+    // clock jumps, alarms and forced closes; and the raw protocol edge cases.
+    for (name, script) in &scripts {
+        for mode in [0b0000_0001u8, 0b0011_1101] {
+            let mut bytes = BytesMut::new();
+            script(&mut bytes);
+            let mut seed = vec![mode];
+            seed.extend_from_slice(&bytes);
+            out.push((*name, seed));
+        }
+    }
+    out.push(("no_handshake_garbage", vec![0, b'A', b'M', b'Q', b'P', 0, 0, 9, 1]));
+    out.push(("handshake_only_heartbeat", vec![0b0100_0001]));
+    let mut header_then_bytes = vec![0b0000_0010];
+    header_then_bytes.extend_from_slice(&PROTOCOL_HEADER);
+    header_then_bytes.extend_from_slice(&[1, 0, 0, 0, 0, 0, 4, 0, 10, 0, 11, 0xce]);
+    out.push(("header_then_a_start_ok_of_nothing", header_then_bytes));
+    out
 }
