@@ -10,18 +10,19 @@
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, FieldValue, ShortString};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::ack::{Ack, BoxError};
-use crate::amqp::{self, Delivery};
+use crate::amqp::Delivery;
+use crate::attached::{self, settle_sent};
 use crate::codec::{Codec, Json};
 use crate::conn::Conn;
 use crate::envelope::{
@@ -29,8 +30,7 @@ use crate::envelope::{
 };
 use crate::error::Error;
 use crate::hop::Destination;
-use crate::proto::CloseReason;
-use crate::recovery::{lock, reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
+use crate::recovery::{lock, ConsumerRecord};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::topology::{self, DLX};
 
@@ -86,9 +86,7 @@ impl Consumer {
     ///
     /// Returns the error the consumer had already ended with, if it had.
     pub async fn close(self) -> Result<(), Error> {
-        self.record.shutdown.send_replace(true);
-        self.done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))?;
-        self.record.ended.borrow().clone().unwrap_or(Ok(()))
+        self.record.close(self.done).await
     }
 
     /// Waits until the consumer has ended, and says how: `Ok` once closed,
@@ -97,12 +95,7 @@ impl Consumer {
     /// recovery ([`Error::Closed`]), a reattachment that failed or a
     /// recovery that gave up.
     pub async fn closed(&self) -> Result<(), Error> {
-        let mut ended = self.record.ended.clone();
-        let outcome = ended.wait_for(Option::is_some).await;
-        match outcome {
-            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
-            Err(_) => Ok(()),
-        }
+        self.record.closed().await
     }
 
     /// Whether the consumer has stopped (closed, or ended with an error).
@@ -277,38 +270,14 @@ where
             self.conn.record_declarations(&declarations);
         }
 
-        let inner = &self.conn.inner;
         let method = BasicConsume {
             queue: self.queue.as_str().into(),
             arguments: self.arguments,
             ..Default::default()
         };
         let stream = method.arguments.contains_key("x-stream-offset");
-        let prefetch = self.prefetch;
-        let ((channel, deliveries), generation) = inner
-            .on_consuming(|connection| {
-                let method = method.clone();
-                async move {
-                    let channel = connection.channel().await?;
-                    channel.qos(prefetch).await?;
-                    let deliveries = channel.basic_consume(method).await?;
-                    Ok((channel, deliveries))
-                }
-            })
-            .await?;
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let (ended_tx, ended) = watch::channel(None);
-        let (attach, attachments) = mpsc::unbounded_channel();
-        let record = Arc::new(ConsumerRecord {
-            queue: Mutex::new(self.queue.clone()),
-            method: Mutex::new(with_tag(method, deliveries.tag())),
-            prefetch: self.prefetch,
-            stream: Mutex::new(StreamPosition::default()),
-            attach,
-            shutdown,
-            ended,
-        });
-        inner.add_consumer(record.clone());
+        let started = attached::start(&self.conn.inner, method, self.prefetch).await?;
+        let record = started.record.clone();
         let shared = Arc::new(Shared {
             conn: self.conn.clone(),
             queue: self.queue.clone(),
@@ -316,27 +285,18 @@ where
             codec: self.codec,
             policy,
             handler_slots: Semaphore::new(self.concurrency.unwrap_or(usize::from(self.prefetch))),
-            shutdown: shutdown_rx.clone(),
+            shutdown: started.shutdown.clone(),
             record: record.clone(),
             stream,
             then: self.then,
             _payload: PhantomData,
         });
-        let attachment = Attachment {
-            channel,
-            deliveries,
-            generation,
-        };
-        let conn = self.conn.clone();
-        let running = record.clone();
-        let done = tokio::spawn(async move {
-            let outcome = run(shared, attachment, attachments, shutdown_rx, self.drain_timeout).await;
-            if let Err(err) = &outcome {
-                tracing::error!(queue = %running.queue.lock().unwrap_or_else(|p| p.into_inner()), %err, "the consumer ended");
-            }
-            conn.inner.remove_consumer(&running);
-            ended_tx.send_replace(Some(outcome));
-        });
+        let done = started.spawn(
+            self.conn.inner.clone(),
+            self.queue.clone(),
+            self.drain_timeout,
+            move |tasks, delivery| spawn_delivery(&shared, tasks, delivery),
+        );
         Ok(Consumer {
             queue: self.queue,
             record,
@@ -361,92 +321,6 @@ struct Shared<T, F, C> {
     _payload: PhantomData<fn() -> T>,
 }
 
-/// Why the deliveries of an attachment stopped.
-enum Stop {
-    /// Closing: `Consumer::close` or `Conn::close`.
-    Shutdown,
-    /// The stream ended (cancelled, channel or connection gone).
-    Ended,
-}
-
-async fn run<T, F, Fut, C>(
-    shared: Arc<Shared<T, F, C>>,
-    mut attachment: Attachment,
-    mut attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
-    mut shutdown: watch::Receiver<bool>,
-    drain_timeout: Duration,
-) -> Result<(), Error>
-where
-    T: DeserializeOwned + Send + 'static,
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Ack> + Send + 'static,
-    C: Codec,
-{
-    let mut tasks = JoinSet::new();
-    // Made once: a fresh wait per delivery would register with the watch
-    // (a lock) every time round the loop.
-    let mut stop = std::pin::pin!(crate::recovery::until_set(&mut shutdown));
-    let outcome = loop {
-        let why = loop {
-            tokio::select! {
-                biased;
-                _ = &mut stop => break Stop::Shutdown,
-                delivery = attachment.deliveries.next() => match delivery {
-                    Some(delivery) => {
-                        spawn_delivery(&shared, &mut tasks, delivery);
-                        // What else has arrived goes too, without another turn.
-                        while let Some(delivery) = attachment.deliveries.try_next() {
-                            spawn_delivery(&shared, &mut tasks, delivery);
-                        }
-                        // Finished handlers are reaped here as well, so a busy
-                        // stream never lets them pile up.
-                        while tasks.try_join_next().is_some() {}
-                    }
-                    None => break Stop::Ended,
-                },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            }
-        };
-        if matches!(why, Stop::Shutdown) {
-            break Ok(());
-        }
-        let connection = attachment.channel.connection().clone();
-        if !connection.is_closed() {
-            // The channel or the consumer went, not the connection: the
-            // broker cancelled it (its queue was deleted) or closed the channel.
-            tracing::warn!(queue = %shared.queue, "the consumer ended: its queue or channel went away");
-            break Err(Error::ConsumerCancelled {
-                queue: shared.queue.clone(),
-            });
-        }
-        if shared.conn.config().without_recovery {
-            let reason = connection.close_reason().unwrap_or(CloseReason::ConnectionLost);
-            break Err(Error::Closed(reason));
-        }
-        tracing::info!(queue = %shared.queue, "the consuming connection was lost; waiting for its recovery");
-        match next_attachment(&shared, &attachment, &mut attachments, &mut stop, &mut tasks).await {
-            Ok(Some(next)) => attachment = next,
-            Ok(None) => break Ok(()),
-            Err(err) => break Err(err),
-        }
-    };
-    // Stop the flow, then give back what no handler has seen.
-    if let Err(err) = attachment.deliveries.cancel().await {
-        tracing::debug!(queue = %shared.queue, %err, "cancelling the consumer");
-    }
-    while let Some(delivery) = attachment.deliveries.try_next() {
-        let _ = delivery.nack(true);
-    }
-    let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!(queue = %shared.queue, ?drain_timeout, "handlers still running after the drain timeout; their messages go back to the broker");
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    }
-    let _ = attachment.channel.close().await;
-    outcome
-}
-
 /// Starts the task of one delivery; a stream consumer notes its offset first.
 fn spawn_delivery<T, F, Fut, C>(shared: &Arc<Shared<T, F, C>>, tasks: &mut JoinSet<()>, delivery: Delivery)
 where
@@ -467,65 +341,6 @@ where
 fn stream_offset(delivery: &Delivery) -> Option<i64> {
     let properties = delivery.properties.as_ref().ok()?;
     properties.headers.as_ref()?.get("x-stream-offset")?.as_i64()
-}
-
-/// Waits for the supervisor to reattach the consumer after a loss; handlers
-/// still running go on meanwhile. `None` when closing. If the connection is
-/// back but nothing was handed over (the consumer started while the
-/// supervisor was restoring), it reattaches itself.
-async fn next_attachment<T, F, C, S>(
-    shared: &Shared<T, F, C>,
-    dead: &Attachment,
-    attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,
-    stop: &mut Pin<&mut S>,
-    tasks: &mut JoinSet<()>,
-) -> Result<Option<Attachment>, Error>
-where
-    S: Future,
-{
-    let mut snapshots = shared.conn.inner.consuming.subscribe();
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.as_mut() => return Ok(None),
-            next = attachments.recv() => match next {
-                Some(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
-                Some(Ok(_stale)) => {}
-                Some(Err(err)) => return Err(err),
-                None => return Err(Error::Closed(CloseReason::ByClient)),
-            },
-            changed = async {
-                snapshots
-                    .wait_for(|s| {
-                        match s.phase {
-                            crate::recovery::Phase::Up => s.generation > dead.generation,
-                            crate::recovery::Phase::Down(_) => true,
-                            crate::recovery::Phase::Recovering => false,
-                        }
-                    })
-                    .await
-                    .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
-            } => {
-                let Ok((phase, conn, generation)) = changed else {
-                    return Err(Error::Closed(CloseReason::ByClient));
-                };
-                if let crate::recovery::Phase::Down(err) = phase {
-                    return Err(err);
-                }
-                // The supervisor hands attachments over before it says the
-                // link is up: one for us would be waiting now.
-                match attachments.try_recv() {
-                    Ok(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
-                    Ok(Err(err)) => return Err(err),
-                    _ => {
-                        tracing::debug!(queue = %shared.queue, "reattaching a consumer the supervisor did not know yet");
-                        return reattach(&conn, &shared.record, generation).await.map(Some);
-                    }
-                }
-            }
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-        }
-    }
 }
 
 /// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
@@ -603,25 +418,6 @@ where
     }
     .instrument(span)
     .await
-}
-
-/// Checks that a settlement went to the driver. One for a delivery of a
-/// connection that has since died cannot be sent (the tag would be unknown
-/// on a new connection, which would close the channel with 406): it is
-/// dropped and counted, and the broker redelivers the message.
-fn settle_sent(delivery: &Delivery, sent: Result<(), amqp::Error>) -> Result<(), Error> {
-    match sent {
-        Ok(()) => Ok(()),
-        Err(_) if delivery.acker.connection_gone() => {
-            metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
-            tracing::debug!(
-                delivery_tag = delivery.delivery_tag,
-                "the delivery's connection is gone; its settlement is dropped and the broker redelivers it"
-            );
-            Ok(())
-        }
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// Runs one delivery to its end; returns the outcome's name. Each step is

@@ -34,6 +34,7 @@
 
 pub mod ack;
 pub mod amqp;
+mod attached;
 pub mod check;
 pub mod codec;
 mod config;

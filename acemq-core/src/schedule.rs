@@ -114,11 +114,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch, OnceCell};
-use tokio::task::JoinSet;
+use tokio::sync::{watch, OnceCell};
 use tokio::time::Instant;
 
-use crate::amqp::{self, Delivery};
+use crate::amqp::Delivery;
+use crate::attached::{self, settle_sent};
 use crate::codec::Codec;
 use crate::confirm::report;
 use crate::conn::Conn;
@@ -128,9 +128,8 @@ use crate::envelope::{
     ORIGINAL_ROUTING_KEY_HEADER, REPLAYED_HEADER,
 };
 use crate::error::Error;
-use crate::proto::CloseReason;
 use crate::publish::Publisher;
-use crate::recovery::{lock, reattach, until_set, with_tag, Attachment, ConsumerRecord, Inner, Phase, StreamPosition};
+use crate::recovery::{lock, ConsumerRecord, Inner};
 use crate::topology::{self, DLX};
 
 /// How many levels the ladder has: level NN holds a message 2^NN s.
@@ -482,57 +481,26 @@ impl SchedulerBuilder {
         topology::apply(&conn, &set_aside).await?;
         conn.record_declarations(&set_aside);
 
-        let inner = &conn.inner;
         let method = BasicConsume {
             queue: DELIVERY.into(),
             ..Default::default()
         };
-        let prefetch = self.prefetch;
-        let ((channel, deliveries), generation) = inner
-            .on_consuming(|connection| {
-                let method = method.clone();
-                async move {
-                    let channel = connection.channel().await?;
-                    channel.qos(prefetch).await?;
-                    let deliveries = channel.basic_consume(method).await?;
-                    Ok((channel, deliveries))
-                }
-            })
-            .await?;
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let (ended_tx, ended) = watch::channel(None);
-        let (attach, attachments) = mpsc::unbounded_channel();
-        let record = Arc::new(ConsumerRecord {
-            queue: Mutex::new(DELIVERY.to_string()),
-            method: Mutex::new(with_tag(method, deliveries.tag())),
-            prefetch: self.prefetch,
-            stream: Mutex::new(StreamPosition::default()),
-            attach,
-            shutdown,
-            ended,
-        });
-        inner.add_consumer(record.clone());
+        let started = attached::start(&conn.inner, method, self.prefetch).await?;
+        let record = started.record.clone();
         let shared = Arc::new(Shared {
             conn: conn.clone(),
-            record: record.clone(),
-            shutdown: shutdown_rx.clone(),
+            shutdown: started.shutdown.clone(),
             exchanges: Mutex::default(),
             asking: tokio::sync::Mutex::new(()),
         });
-        let attachment = Attachment {
-            channel,
-            deliveries,
-            generation,
-        };
-        let drain_timeout = self.drain_timeout;
-        let done = tokio::spawn(async move {
-            let outcome = run(&shared, attachment, attachments, shutdown_rx, drain_timeout).await;
-            if let Err(err) = &outcome {
-                tracing::error!(queue = DELIVERY, %err, "the scheduler ended");
-            }
-            shared.conn.inner.remove_consumer(&shared.record);
-            ended_tx.send_replace(Some(outcome));
-        });
+        let done = started.spawn(
+            conn.inner.clone(),
+            DELIVERY.to_string(),
+            self.drain_timeout,
+            move |tasks, delivery| {
+                tasks.spawn(deliver(shared.clone(), delivery));
+            },
+        );
         Ok(Scheduler { record, done })
     }
 }
@@ -577,20 +545,13 @@ impl Scheduler {
     /// held because it came early goes back to the queue), then closes the
     /// channel. Returns the error it had already ended with, if it had.
     pub async fn close(self) -> Result<(), Error> {
-        self.record.shutdown.send_replace(true);
-        self.done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))?;
-        self.record.ended.borrow().clone().unwrap_or(Ok(()))
+        self.record.close(self.done).await
     }
 
     /// Waits until the scheduler has ended, and says how (as
     /// [`crate::Consumer::closed`]).
     pub async fn closed(&self) -> Result<(), Error> {
-        let mut ended = self.record.ended.clone();
-        let outcome = ended.wait_for(Option::is_some).await;
-        match outcome {
-            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
-            Err(_) => Ok(()),
-        }
+        self.record.closed().await
     }
 
     /// Whether it has stopped (closed, or ended with an error).
@@ -601,7 +562,6 @@ impl Scheduler {
 
 struct Shared {
     conn: Conn,
-    record: Arc<ConsumerRecord>,
     shutdown: watch::Receiver<bool>,
     /// Whether each destination exchange exists, as a passive declare said
     /// and when: a publish to a missing one would close the library
@@ -662,126 +622,6 @@ impl Shared {
     /// Forgets what is known of `exchange`: it is asked again next time.
     fn forget_exchange(&self, exchange: &ShortString) {
         lock(&self.exchanges).remove(exchange);
-    }
-}
-
-async fn run(
-    shared: &Arc<Shared>,
-    mut attachment: Attachment,
-    mut attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
-    mut shutdown: watch::Receiver<bool>,
-    drain_timeout: Duration,
-) -> Result<(), Error> {
-    let mut tasks = JoinSet::new();
-    let mut stop = std::pin::pin!(until_set(&mut shutdown));
-    let outcome = loop {
-        let closing = loop {
-            tokio::select! {
-                biased;
-                _ = &mut stop => break true,
-                delivery = attachment.deliveries.next() => match delivery {
-                    Some(delivery) => {
-                        tasks.spawn(deliver(shared.clone(), delivery));
-                        while let Some(delivery) = attachment.deliveries.try_next() {
-                            tasks.spawn(deliver(shared.clone(), delivery));
-                        }
-                        while tasks.try_join_next().is_some() {}
-                    }
-                    None => break false,
-                },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            }
-        };
-        if closing {
-            break Ok(());
-        }
-        let connection = attachment.channel.connection().clone();
-        if !connection.is_closed() {
-            tracing::warn!(
-                queue = DELIVERY,
-                "the scheduler's consumer ended: its queue or channel went away"
-            );
-            break Err(Error::ConsumerCancelled { queue: DELIVERY.into() });
-        }
-        if shared.conn.config().without_recovery {
-            break Err(Error::Closed(
-                connection.close_reason().unwrap_or(CloseReason::ConnectionLost),
-            ));
-        }
-        tracing::info!(
-            queue = DELIVERY,
-            "the consuming connection was lost; the scheduler waits for its recovery"
-        );
-        match next_attachment(shared, &attachment, &mut attachments, &mut stop, &mut tasks).await {
-            Ok(Some(next)) => attachment = next,
-            Ok(None) => break Ok(()),
-            Err(err) => break Err(err),
-        }
-    };
-    if let Err(err) = attachment.deliveries.cancel().await {
-        tracing::debug!(queue = DELIVERY, %err, "cancelling the scheduler's consumer");
-    }
-    while let Some(delivery) = attachment.deliveries.try_next() {
-        let _ = delivery.nack(true);
-    }
-    let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!(
-            ?drain_timeout,
-            "scheduled deliveries still under way after the drain timeout; they go back to the broker"
-        );
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    }
-    let _ = attachment.channel.close().await;
-    outcome
-}
-
-/// Waits for the supervisor to reattach the consumer after a loss (or
-/// reattaches it, if the link is back and nothing was handed over); `None`
-/// when closing.
-async fn next_attachment<S: std::future::Future>(
-    shared: &Shared,
-    dead: &Attachment,
-    attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,
-    stop: &mut std::pin::Pin<&mut S>,
-    tasks: &mut JoinSet<()>,
-) -> Result<Option<Attachment>, Error> {
-    let mut snapshots = shared.conn.inner.consuming.subscribe();
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.as_mut() => return Ok(None),
-            next = attachments.recv() => match next {
-                Some(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
-                Some(Ok(_stale)) => {}
-                Some(Err(err)) => return Err(err),
-                None => return Err(Error::Closed(CloseReason::ByClient)),
-            },
-            changed = async {
-                snapshots
-                    .wait_for(|s| match s.phase {
-                        Phase::Up => s.generation > dead.generation,
-                        Phase::Down(_) => true,
-                        Phase::Recovering => false,
-                    })
-                    .await
-                    .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
-            } => {
-                let Ok((phase, conn, generation)) = changed else {
-                    return Err(Error::Closed(CloseReason::ByClient));
-                };
-                if let Phase::Down(err) = phase {
-                    return Err(err);
-                }
-                match attachments.try_recv() {
-                    Ok(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
-                    Ok(Err(err)) => return Err(err),
-                    _ => return reattach(&conn, &shared.record, generation).await.map(Some),
-                }
-            }
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-        }
     }
 }
 
@@ -1060,19 +900,6 @@ async fn wait_unless_closing(shared: &Shared, wait: Duration) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(wait) => true,
         _ = shutdown.wait_for(|stop| *stop) => false,
-    }
-}
-
-/// A settlement for a delivery whose connection has died cannot be sent:
-/// it is dropped and counted, and the broker delivers the message again.
-fn settle_sent(delivery: &Delivery, sent: Result<(), amqp::Error>) -> Result<(), Error> {
-    match sent {
-        Ok(()) => Ok(()),
-        Err(_) if delivery.acker.connection_gone() => {
-            metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
-            Ok(())
-        }
-        Err(err) => Err(err.into()),
     }
 }
 

@@ -1,0 +1,284 @@
+//! The task of every consumer a `Conn` records for recovery (`consume`'s
+//! and the `Scheduler`'s): started on the consuming connection of the
+//! moment, it hands each delivery to its owner, waits through a loss for the
+//! supervisor to reattach it (or reattaches itself), and on close cancels,
+//! hands back what nobody started on, drains the work under way up to the
+//! drain timeout and closes its channel. How it ended is published on its
+//! record, for `closed()` and `Conn::close`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amqp_codec::BasicConsume;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::amqp::{self, Delivery};
+use crate::error::Error;
+use crate::proto::CloseReason;
+use crate::recovery::{reattach, until_set, with_tag, Attachment, ConsumerRecord, Inner, Phase, StreamPosition};
+
+/// A consumer started and recorded, whose task is still to be spawned.
+pub(crate) struct Started {
+    pub(crate) record: Arc<ConsumerRecord>,
+    /// Set when it is to stop.
+    pub(crate) shutdown: watch::Receiver<bool>,
+    attachment: Attachment,
+    attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
+    ended: watch::Sender<Option<Result<(), Error>>>,
+}
+
+/// `basic.consume` of `method` after `basic.qos(prefetch)`, on a channel of
+/// the consuming connection (waiting through a recovery), recorded with the
+/// tag the broker gave so that recovery reattaches it.
+pub(crate) async fn start(inner: &Inner, method: BasicConsume, prefetch: u16) -> Result<Started, Error> {
+    let ((channel, deliveries), generation) = inner
+        .on_consuming(|connection| {
+            let method = method.clone();
+            async move {
+                let channel = connection.channel().await?;
+                channel.qos(prefetch).await?;
+                let deliveries = channel.basic_consume(method).await?;
+                Ok((channel, deliveries))
+            }
+        })
+        .await?;
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let (ended, ended_rx) = watch::channel(None);
+    let (attach, attachments) = mpsc::unbounded_channel();
+    let record = Arc::new(ConsumerRecord {
+        queue: Mutex::new(method.queue.to_string()),
+        method: Mutex::new(with_tag(method, deliveries.tag())),
+        prefetch,
+        stream: Mutex::new(StreamPosition::default()),
+        attach,
+        shutdown: shutdown_tx,
+        ended: ended_rx,
+    });
+    inner.add_consumer(record.clone());
+    Ok(Started {
+        record,
+        shutdown,
+        attachment: Attachment {
+            channel,
+            deliveries,
+            generation,
+        },
+        attachments,
+        ended,
+    })
+}
+
+impl Started {
+    /// Runs it on a task of its own: `each` starts the work of a delivery
+    /// in the given set. `what` names it in logs. When it ends it leaves
+    /// the `Conn`'s records and publishes how it ended.
+    pub(crate) fn spawn<E>(
+        self,
+        inner: Arc<Inner>,
+        what: String,
+        drain_timeout: Duration,
+        each: E,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        E: FnMut(&mut JoinSet<()>, Delivery) + Send + 'static,
+    {
+        let Started {
+            record,
+            shutdown,
+            attachment,
+            attachments,
+            ended,
+        } = self;
+        tokio::spawn(async move {
+            let outcome = run(
+                &inner,
+                &record,
+                &what,
+                attachment,
+                attachments,
+                shutdown,
+                drain_timeout,
+                each,
+            )
+            .await;
+            if let Err(err) = &outcome {
+                tracing::error!(queue = %what, %err, "the consumer ended");
+            }
+            inner.remove_consumer(&record);
+            ended.send_replace(Some(outcome));
+        })
+    }
+}
+
+impl ConsumerRecord {
+    /// Stops the consumer and waits for its task; the error it had already
+    /// ended with, if it had.
+    pub(crate) async fn close(&self, done: tokio::task::JoinHandle<()>) -> Result<(), Error> {
+        self.shutdown.send_replace(true);
+        done.await.map_err(|e| Error::ConsumerFailed(Arc::new(e)))?;
+        self.ended.borrow().clone().unwrap_or(Ok(()))
+    }
+
+    /// Waits until the consumer has ended: `Ok` once closed, or its error.
+    pub(crate) async fn closed(&self) -> Result<(), Error> {
+        let mut ended = self.ended.clone();
+        let outcome = ended.wait_for(Option::is_some).await;
+        match outcome {
+            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run<E>(
+    inner: &Inner,
+    record: &ConsumerRecord,
+    what: &str,
+    mut attachment: Attachment,
+    mut attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
+    mut shutdown: watch::Receiver<bool>,
+    drain_timeout: Duration,
+    mut each: E,
+) -> Result<(), Error>
+where
+    E: FnMut(&mut JoinSet<()>, Delivery),
+{
+    let mut tasks = JoinSet::new();
+    // Made once: a fresh wait per delivery would register with the watch
+    // (a lock) every time round the loop.
+    let mut stop = std::pin::pin!(until_set(&mut shutdown));
+    let outcome = loop {
+        let closing = loop {
+            tokio::select! {
+                biased;
+                _ = &mut stop => break true,
+                delivery = attachment.deliveries.next() => match delivery {
+                    Some(delivery) => {
+                        each(&mut tasks, delivery);
+                        // What else has arrived goes too, without another turn.
+                        while let Some(delivery) = attachment.deliveries.try_next() {
+                            each(&mut tasks, delivery);
+                        }
+                        // Finished work is reaped here as well, so a busy
+                        // stream never lets it pile up.
+                        while tasks.try_join_next().is_some() {}
+                    }
+                    None => break false,
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        if closing {
+            break Ok(());
+        }
+        let connection = attachment.channel.connection().clone();
+        if !connection.is_closed() {
+            // The channel or the consumer went, not the connection: the
+            // broker cancelled it (its queue was deleted) or closed the channel.
+            tracing::warn!(queue = %what, "the consumer ended: its queue or channel went away");
+            break Err(Error::ConsumerCancelled {
+                queue: what.to_string(),
+            });
+        }
+        if inner.config.without_recovery {
+            let reason = connection.close_reason().unwrap_or(CloseReason::ConnectionLost);
+            break Err(Error::Closed(reason));
+        }
+        tracing::info!(queue = %what, "the consuming connection was lost; waiting for its recovery");
+        match next_attachment(inner, record, &attachment, &mut attachments, &mut stop, &mut tasks).await {
+            Ok(Some(next)) => attachment = next,
+            Ok(None) => break Ok(()),
+            Err(err) => break Err(err),
+        }
+    };
+    // Stop the flow, then give back what nobody has started on.
+    if let Err(err) = attachment.deliveries.cancel().await {
+        tracing::debug!(queue = %what, %err, "cancelling the consumer");
+    }
+    while let Some(delivery) = attachment.deliveries.try_next() {
+        let _ = delivery.nack(true);
+    }
+    let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(queue = %what, ?drain_timeout, "work still running after the drain timeout; its messages go back to the broker");
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    let _ = attachment.channel.close().await;
+    outcome
+}
+
+/// Waits for the supervisor to reattach the consumer after a loss; the work
+/// under way goes on meanwhile. `None` when closing. If the connection is
+/// back but nothing was handed over (the consumer started while the
+/// supervisor was restoring), it reattaches itself.
+async fn next_attachment<S: Future>(
+    inner: &Inner,
+    record: &ConsumerRecord,
+    dead: &Attachment,
+    attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,
+    stop: &mut Pin<&mut S>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Option<Attachment>, Error> {
+    let mut snapshots = inner.consuming.subscribe();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.as_mut() => return Ok(None),
+            next = attachments.recv() => match next {
+                Some(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
+                Some(Ok(_stale)) => {}
+                Some(Err(err)) => return Err(err),
+                None => return Err(Error::Closed(CloseReason::ByClient)),
+            },
+            changed = async {
+                snapshots
+                    .wait_for(|s| match s.phase {
+                        Phase::Up => s.generation > dead.generation,
+                        Phase::Down(_) => true,
+                        Phase::Recovering => false,
+                    })
+                    .await
+                    .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
+            } => {
+                let Ok((phase, conn, generation)) = changed else {
+                    return Err(Error::Closed(CloseReason::ByClient));
+                };
+                if let Phase::Down(err) = phase {
+                    return Err(err);
+                }
+                // The supervisor hands attachments over before it says the
+                // link is up: one for us would be waiting now.
+                match attachments.try_recv() {
+                    Ok(Ok(next)) if next.generation > dead.generation => return Ok(Some(next)),
+                    Ok(Err(err)) => return Err(err),
+                    _ => return reattach(&conn, record, generation).await.map(Some),
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+}
+
+/// Checks that a settlement went to the driver. One for a delivery of a
+/// connection that has since died cannot be sent (the tag would be unknown
+/// on a new connection, which would close the channel with 406): it is
+/// dropped and counted, and the broker redelivers the message.
+pub(crate) fn settle_sent(delivery: &Delivery, sent: Result<(), amqp::Error>) -> Result<(), Error> {
+    match sent {
+        Ok(()) => Ok(()),
+        Err(_) if delivery.acker.connection_gone() => {
+            metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
+            tracing::debug!(
+                delivery_tag = delivery.delivery_tag,
+                "the delivery's connection is gone; its settlement is dropped and the broker redelivers it"
+            );
+            Ok(())
+        }
+        Err(err) => Err(err.into()),
+    }
+}
