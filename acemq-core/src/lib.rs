@@ -48,6 +48,8 @@ mod hop;
 pub mod hops;
 pub mod io;
 pub mod metrics_names;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod proto;
 mod publish;
 mod recovery;

@@ -83,13 +83,6 @@ impl Flight {
         }
     }
 
-    /// Writes it and waits for its confirm; written again after a recovery
-    /// when the connection died before the confirm came.
-    pub(crate) async fn confirmed(&self, conn: &Conn, message_id: &str) -> Result<Confirmation, Error> {
-        let pending = self.write(conn, false).await?;
-        self.confirm_through_recovery(conn, Some(pending), message_id).await
-    }
-
     /// Waits for the confirm of `pending` (or, with `None`, writes it again
     /// first); across a loss, writes it again and waits anew.
     async fn confirm_through_recovery(
@@ -158,21 +151,35 @@ impl Conn {
         body: Bytes,
         message_id: &str,
     ) -> Result<SendResult, Error> {
+        self.write_library(publish, properties, body, message_id.to_owned())
+            .await?
+            .confirmed(self)
+            .await
+    }
+
+    /// The first half of [`Conn::publish_library`]: waits out a block, then
+    /// writes the message; [`LibraryWrite::confirmed`] is the second half.
+    /// Several writes before their confirms keep a batch in flight.
+    pub(crate) async fn write_library(
+        &self,
+        publish: BasicPublish,
+        properties: BasicProperties,
+        body: Bytes,
+        message_id: String,
+    ) -> Result<LibraryWrite, Error> {
         self.wait_unblocked().await?;
-        let (exchange, routing_key) = (publish.exchange.clone(), publish.routing_key.clone());
         let flight = Flight::library(publish, properties, body);
-        let confirmation = flight.confirmed(self, message_id).await?;
-        match settle(confirmation, message_id, &exchange, &routing_key)? {
-            SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed {
-                message_id: message_id.to_owned(),
-            }),
-            confirmed => Ok(confirmed),
-        }
+        let pending = flight.write(self, false).await?;
+        Ok(LibraryWrite {
+            flight,
+            pending,
+            message_id,
+        })
     }
 
     /// Returns once the publishing connection is not blocked, or fails with
     /// [`Error::PublishingPaused`] after `blocked_timeout` of block.
-    async fn wait_unblocked(&self) -> Result<(), Error> {
+    pub(crate) async fn wait_unblocked(&self) -> Result<(), Error> {
         let Some(reason) = self.inner.publishing.blocked_reason() else {
             return Ok(());
         };
@@ -189,6 +196,34 @@ impl Conn {
     /// persistent, confirmed (unless the connection is without confirms).
     pub fn publisher<T: Serialize>(&self, exchange: &str, routing_key: &str) -> Publisher<T, Json> {
         Publisher::new(self.clone(), exchange, routing_key)
+    }
+}
+
+/// A library publish written and not yet confirmed (from
+/// [`Conn::write_library`]).
+pub(crate) struct LibraryWrite {
+    flight: Flight,
+    pending: PublishConfirm,
+    message_id: String,
+}
+
+impl LibraryWrite {
+    /// Waits for the broker (writing the message again after a recovery):
+    /// a nack, a return and a library channel without confirms are errors.
+    pub(crate) async fn confirmed(self, conn: &Conn) -> Result<SendResult, Error> {
+        let LibraryWrite {
+            flight,
+            pending,
+            message_id,
+        } = self;
+        let confirmation = flight
+            .confirm_through_recovery(conn, Some(pending), &message_id)
+            .await?;
+        let (exchange, routing_key) = (&flight.publish.exchange, &flight.publish.routing_key);
+        match settle(confirmation, &message_id, exchange, routing_key)? {
+            SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed { message_id }),
+            confirmed => Ok(confirmed),
+        }
     }
 }
 
@@ -367,6 +402,25 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         if let Some(reason) = inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
         }
+        let (publish, properties, body) = self.message(envelope, payload)?;
+        let flight = Flight {
+            publish,
+            properties: Arc::new(properties),
+            body,
+            library: false,
+        };
+        let pending = flight.write(&self.conn, false).await?;
+        Ok((flight, pending))
+    }
+
+    /// The message this publisher sends for `envelope` and `payload`: its
+    /// publish method, properties (content-type, delivery mode, timestamp,
+    /// the envelope) and encoded body.
+    pub(crate) fn message(
+        &self,
+        envelope: &Envelope,
+        payload: &T,
+    ) -> Result<(BasicPublish, BasicProperties, Bytes), Error> {
         let body = self.codec.encode(payload).map_err(Error::Encode)?;
         let mut properties = BasicProperties {
             content_type: Some(
@@ -385,14 +439,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             mandatory: self.mandatory,
             ..Default::default()
         };
-        let flight = Flight {
-            publish,
-            properties: Arc::new(properties),
-            body: Bytes::from(body),
-            library: false,
-        };
-        let pending = flight.write(&self.conn, false).await?;
-        Ok((flight, pending))
+        Ok((publish, properties, Bytes::from(body)))
     }
 }
 
