@@ -2,14 +2,18 @@
 # The project's test command. It sets up everything the tests need, so a
 # green run never depends on something done by hand: it installs Debian's
 # rabbitmq-server when missing, starts a private node and a private
-# three-node cluster (scripts/rabbitmq.sh), runs every test of the workspace
-# against them, and stops them again unless they were already running before.
+# three-node cluster (scripts/rabbitmq.sh), installs Debian's postgresql when
+# missing and starts a private cluster for the outbox (scripts/postgres.sh),
+# runs every test of the workspace against them, and stops them again unless
+# they were already running before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started_here=0
 cluster_here=0
+postgres_here=0
 stop_node() {
+    if [ "$postgres_here" = 1 ]; then scripts/postgres.sh stop || true; fi
     if [ "$cluster_here" = 1 ]; then scripts/rabbitmq.sh cluster stop || true; fi
     if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
 }
@@ -23,11 +27,18 @@ if ! scripts/rabbitmq.sh cluster status >/dev/null 2>&1; then
     scripts/rabbitmq.sh cluster start
     cluster_here=1
 fi
+# A private PostgreSQL cluster for the outbox tests (tests/tests/outbox.rs).
+if ! scripts/postgres.sh status >/dev/null 2>&1; then
+    scripts/postgres.sh start
+    postgres_here=1
+fi
 
 # ACEMQ_RABBITMQ_URL, ACEMQ_RABBITMQ_TLS_URL, ACEMQ_RABBITMQ_CA, ...
 eval "$(scripts/rabbitmq.sh env | sed 's/^/export /')"
 # ACEMQ_RABBITMQ_CLUSTER_URL, ACEMQ_RABBITMQ_CLUSTER_PORTS
 eval "$(scripts/rabbitmq.sh cluster env | sed 's/^/export /')"
+# ACEMQ_POSTGRES_URL
+eval "$(scripts/postgres.sh env | sed 's/^/export /')"
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
@@ -39,3 +50,5 @@ AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
 cargo run --quiet --example recovery
 # The hops: a pipeline, a routing slip and a scheduled message.
 cargo run --quiet --example pipeline
+# The outbox: an order and its event in one SQLite transaction.
+cargo run --quiet --example outbox --features outbox

@@ -23,6 +23,10 @@ pub use acemq_memory::deadline::{deadline, deadline_blocking, step, waiting_for}
 /// closes, and an in-test TCP proxy that cuts or blackholes connections.
 pub mod chaos;
 
+/// The databases of the outbox scenarios: the private PostgreSQL cluster
+/// and SQLite files.
+pub mod db;
+
 /// Which broker a scenario runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
