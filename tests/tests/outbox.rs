@@ -777,3 +777,130 @@ async fn statement_27_load_ten_thousand_rows_from_eight_tasks_are_each_published
     })
     .await
 }
+
+// ----------------------------------------------------------------- recovery
+
+/// Both connections of the relay's `Conn` are force-closed (320) while it
+/// drains 2,000 rows:
+/// its sends ride through the recovery, and every row arrives, under its id,
+/// with none refused.
+async fn relay_rides_through_recovery<DB: TestDb>(b: &Broker, _place: Place, pool: Pool<DB>) {
+    let outbox = Outbox::new(pool.clone());
+    outbox.migrate().await.unwrap();
+    let conn_name = unique("outbox-relay");
+    let events: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = events.clone();
+    let conn = b
+        .conn_with(Config {
+            recovery_delay: Duration::from_millis(100),
+            connection_name: Some(conn_name.clone()),
+            on_recovery: Some(Arc::new(move |event| seen.lock().unwrap().push(event.to_string()))),
+            ..Config::default()
+        })
+        .await;
+    let q = queue(&conn).await;
+    let ids = enqueue_many(&outbox, &pool, &conn, &q, 2000).await;
+    let relay = outbox.relay(&conn).batch(100).start();
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while depth(&ch, &q).await < 500 {
+        assert!(Instant::now() < until, "the relay does not publish");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    b.force_close(&format!("{conn_name}-publish"));
+    if b.is_rabbitmq() {
+        b.force_close(&format!("{conn_name}-consume"));
+    }
+    drained(&outbox).await;
+    relay.stop().await;
+    let recovered = events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| e.contains("recovered the publish connection"));
+    assert!(
+        recovered,
+        "{:?}/{}: the publishing connection recovered: {:?}",
+        b.kind,
+        name::<DB>(),
+        events.lock().unwrap()
+    );
+    let refused = DB::strings(&pool, "SELECT message_id FROM acemq_outbox WHERE attempts > 0").await;
+    assert!(
+        refused.is_empty(),
+        "{:?}/{}: refused across the recovery: {refused:?}",
+        b.kind,
+        name::<DB>()
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    while !conn.is_connected() {
+        assert!(Instant::now() < until, "the consuming connection did not recover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    let n = depth(&ch, &q).await as usize;
+    let got: HashSet<String> = take(&conn, &q, n).await.into_iter().collect();
+    assert_eq!(
+        got,
+        ids.iter().cloned().collect::<HashSet<_>>(),
+        "{:?}/{}: every row arrived",
+        b.kind,
+        name::<DB>()
+    );
+    println!(
+        "{:?}/{}: {n} deliveries for {} rows across the recovery",
+        b.kind,
+        name::<DB>(),
+        ids.len()
+    );
+    conn.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_27_the_relay_rides_through_a_recovery() {
+    on_databases_and_brokers!(relay_rides_through_recovery);
+}
+
+// ------------------------------------------------------------------ metrics
+
+/// Three rows that go and one that cannot: counted by outcome.
+async fn counted<DB: TestDb>(pool: Pool<DB>) {
+    let outbox = Outbox::new(pool.clone());
+    outbox.migrate().await.unwrap();
+    let conn = Conn::open(&format!("memory://{}", unique("outbox-metrics")), Config::default())
+        .await
+        .unwrap();
+    let q = queue(&conn).await;
+    enqueue_many(&outbox, &pool, &conn, &q, 3).await;
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue(
+            &mut tx,
+            &conn.publisher::<u32>("", &unique("nowhere")),
+            Envelope::new(),
+            &0,
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let batch = outbox.relay(&conn).run_once().await.unwrap();
+    assert_eq!((batch.claimed, batch.dispatched, batch.refused), (4, 3, 1));
+    conn.close().await.unwrap();
+}
+
+#[test]
+fn statement_27_the_relay_counts_what_it_dispatched_and_refused() {
+    let expected = BTreeMap::from([("dispatched".to_owned(), 3), ("refused".to_owned(), 1)]);
+    let sqlite = acemq_tests::counted_by(acemq_core::outbox::OUTBOX_TOTAL, "outcome", async {
+        counted(db::sqlite().await.1).await
+    });
+    assert_eq!(sqlite, expected, "SQLite");
+    let postgres = acemq_tests::counted_by(acemq_core::outbox::OUTBOX_TOTAL, "outcome", async {
+        if let Some((_, pool)) = db::postgres().await {
+            counted(pool).await;
+        }
+    });
+    if std::env::var("ACEMQ_POSTGRES_URL").is_ok() {
+        assert_eq!(postgres, expected, "PostgreSQL");
+    }
+}
