@@ -362,6 +362,15 @@ async fn consumer_priorities_serve_the_highest_with_credit_first() {
                 );
 
                 high.channel().basic_ack(0, true).unwrap();
+                // A round trip on the same channel: the ack has reached the
+                // queue before the next publish does (a quorum queue settles
+                // through its log, apart from the publishes).
+                let passive = QueueDeclare {
+                    queue: q.as_str().into(),
+                    passive: true,
+                    ..Default::default()
+                };
+                high.channel().queue_declare(passive).await.unwrap();
                 for i in 7..10 {
                     publish(&ch, &q, None, &format!("m{i}")).await;
                 }
