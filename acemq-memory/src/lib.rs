@@ -25,10 +25,12 @@
 //! - **Priority queues** (`x-max-priority`, an integer 0..=255, classic
 //!   queues only): waiting messages go out highest `priority` first, in
 //!   publish order within a priority; a priority above the maximum counts as
-//!   the maximum, none as 0; a requeued message goes back to its place. A
-//!   quorum queue or stream refuses the argument (406 `invalid arg
-//!   'x-max-priority' for queue 'q' in vhost '/' of queue type
-//!   rabbit_quorum_queue`); a redeclare must repeat it.
+//!   the maximum, none as 0; a requeued message goes back to its place;
+//!   `x-max-length` drops from the head of that order (the highest
+//!   priority), and TTL expires from it too. A quorum queue or stream
+//!   refuses the argument (406 `invalid arg 'x-max-priority' for queue 'q'
+//!   in vhost '/' of queue type rabbit_quorum_queue`); a redeclare must
+//!   repeat it.
 //! - **Single active consumer** (`x-single-active-consumer`, a bool, classic
 //!   and quorum queues): every consumer gets its `consume-ok`, only the
 //!   first registered gets deliveries; a later one never preempts it, even
@@ -59,17 +61,14 @@
 //!
 //! ## Known differences from RabbitMQ 3.10.8
 //!
-//! - Priority queues expire messages (`x-message-ttl`, `expiration`) only
-//!   from the head of the whole queue; RabbitMQ keeps a queue per priority
-//!   and expires from the head of each. `x-max-length` drops from the head
-//!   of the delivery order (not compared with RabbitMQ).
-//! - A quorum queue with a single active consumer: RabbitMQ's `declare-ok`
-//!   also counts cancelled consumers that still hold unacked messages;
-//!   acemq-memory counts the active consumer only.
+//! - A quorum queue's `declare-ok` counts, on RabbitMQ, a cancelled
+//!   consumer until the messages it still holds unacked are settled (with a
+//!   single active consumer: the active one plus those); acemq-memory counts
+//!   the consumers attached (with a single active consumer: the active one).
 //! - Consumer priorities: among consumers of equal priority the round-robin
 //!   resumes where the last delivery left off, so after a consumer was
-//!   blocked the order among equals can differ from RabbitMQ's (which
-//!   consumers get messages does not).
+//!   blocked the order among equals can differ from RabbitMQ's (that the
+//!   highest priority with credit is served first does not).
 //! - Streams: an entry's size on disk is an estimate of the AMQP 1.0
 //!   record osiris writes (it matched the messages per segment RabbitMQ
 //!   showed for 10-, 100- and 500-byte bodies published one at a time);
