@@ -107,8 +107,8 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
-    /// Whether it is served before `other`: higher priority first, then in
-    /// publish order.
+    /// Whether it is served before a message of `priority` published as
+    /// `seq`: higher priority first, then in publish order.
     fn ahead_of(&self, priority: u8, seq: u64) -> bool {
         self.priority > priority || (self.priority == priority && self.seq < seq)
     }
