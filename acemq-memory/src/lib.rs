@@ -40,7 +40,8 @@
 //!   queue the earliest registered); when its channel closes they come back,
 //!   redelivered, to the active one. A classic queue refuses an exclusive
 //!   consumer (403); a quorum queue's `declare-ok` counts the active
-//!   consumer only.
+//!   consumer only (and, as without single active consumer, a cancelled
+//!   one until the messages it holds unacked are settled).
 //! - **Consumer priorities** (`x-priority` of `basic.consume`, any integer):
 //!   the highest priority consumers get the messages, round-robin among
 //!   them, while they have prefetch credit; lower ones only while every
@@ -57,14 +58,11 @@
 //! - Each queue type refuses the arguments RabbitMQ knows but it does not
 //!   take, naming the first in table order, before any value is checked;
 //!   quorum queues serve returned messages before the others, in the order
-//!   they came back.
+//!   they came back, and count a cancelled consumer until the messages it
+//!   holds unacked are settled.
 //!
 //! ## Known differences from RabbitMQ 3.10.8
 //!
-//! - A quorum queue's `declare-ok` counts, on RabbitMQ, a cancelled
-//!   consumer until the messages it still holds unacked are settled (with a
-//!   single active consumer: the active one plus those); acemq-memory counts
-//!   the consumers attached (with a single active consumer: the active one).
 //! - Consumer priorities: among consumers of equal priority the round-robin
 //!   resumes where the last delivery left off, so after a consumer was
 //!   blocked the order among equals can differ from RabbitMQ's (that the

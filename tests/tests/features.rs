@@ -287,6 +287,9 @@ async fn single_active_consumer_hands_over_in_registration_order() {
                     publish(&ch, &q, None, body).await;
                 }
                 assert_eq!(next(&mut second, 2).await, ["m3", "m4"], "{}", on("second took over"));
+                // A quorum queue counts the active consumer, and a cancelled
+                // one until its unacked messages are settled.
+                assert_eq!(consumer_count(&conn, &q).await, 2, "{}", on("count after the cancel"));
                 first.channel().close().await.unwrap();
                 assert_eq!(
                     next(&mut second, 3).await,
@@ -299,6 +302,13 @@ async fn single_active_consumer_hands_over_in_registration_order() {
                     Vec::<String>::new(),
                     "{}",
                     on("third still waits")
+                );
+                let counted = if kind == "quorum" { 1 } else { 2 };
+                assert_eq!(
+                    consumer_count(&conn, &q).await,
+                    counted,
+                    "{}",
+                    on("count after the close")
                 );
 
                 second.channel().close().await.unwrap();

@@ -10,6 +10,7 @@ use amqp_codec::ShortString;
 use super::args::QueueKind;
 use super::ids::ConnId;
 use super::queue::{ConsumerRef, Queue};
+use super::{BrokerMachine, Unacked};
 
 impl ConsumerRef {
     fn is(&self, key: &(ConnId, u16, ShortString)) -> bool {
@@ -54,7 +55,31 @@ impl Queue {
     pub fn clear_consumers(&mut self) {
         self.consumers.clear();
         self.active = None;
+        self.lingering.clear();
         self.update_levels();
+    }
+
+    /// A consumer was cancelled holding `unacked` messages: a quorum queue
+    /// goes on counting it until they are settled.
+    pub fn cancelled_holding(&mut self, conn: ConnId, channel: u16, tag: ShortString, unacked: u32) {
+        if self.settings.kind == QueueKind::Quorum && unacked > 0 {
+            self.lingering.push(((conn, channel, tag), unacked));
+        }
+    }
+
+    /// One unacked message of a cancelled consumer was settled or returned.
+    pub fn settled_by(&mut self, conn: ConnId, channel: u16, tag: &ShortString) {
+        let Some(at) = self
+            .lingering
+            .iter()
+            .position(|((c, ch, t), _)| *c == conn && *ch == channel && t == tag)
+        else {
+            return;
+        };
+        self.lingering[at].1 -= 1;
+        if self.lingering[at].1 == 0 {
+            self.lingering.remove(at);
+        }
     }
 
     /// Who takes over from a single active consumer that went: a classic
@@ -97,5 +122,129 @@ impl Queue {
                 .map(move |i| (start + i) % n)
                 .filter(move |&idx| self.consumers[idx].priority == level)
         }))
+    }
+}
+
+impl BrokerMachine {
+    /// Unacked deliveries of cancelled consumers on channel `ch` of `id`
+    /// left the channel (settled or returned): their quorum queues stop
+    /// counting those consumers once none is left.
+    pub(crate) fn settled_by_cancelled<'a>(
+        &mut self,
+        vhost: &str,
+        id: ConnId,
+        ch: u16,
+        entries: impl Iterator<Item = &'a Unacked>,
+    ) {
+        let Some(vh) = self.vhosts.get_mut(vhost) else { return };
+        for entry in entries {
+            let Some(tag) = &entry.consumer else { continue };
+            if let Some(q) = vh.queues.get_mut(&entry.queue) {
+                if !q.lingering.is_empty() {
+                    q.settled_by(id, ch, tag);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use amqp_codec::{
+        BasicAck, BasicCancel, BasicConsume, BasicNack, BasicPublish, BasicQos, FieldTable, Method, Properties,
+        QueueDeclare,
+    };
+
+    use crate::broker::queue::Header;
+    use crate::broker::{BrokerMachine, ConnId, Publication};
+    use crate::session::Session;
+    use crate::BrokerConfig;
+
+    fn method(machine: &mut BrokerMachine, id: ConnId, ch: u16, m: impl Into<Method>, now: Instant) {
+        machine
+            .channel_method(id, ch, m.into(), now)
+            .expect("the broker takes it");
+    }
+
+    fn count(machine: &BrokerMachine, queue: &str) -> usize {
+        machine.vhosts["/"].queues[&queue.into()].consumer_count()
+    }
+
+    /// Channel 2 consumes `q` (a quorum queue) as `tag` and gets one message.
+    fn consuming(machine: &mut BrokerMachine, id: ConnId, tag: &str, now: Instant) {
+        method(
+            machine,
+            id,
+            2,
+            BasicQos {
+                prefetch_count: 10,
+                ..Default::default()
+            },
+            now,
+        );
+        let consume = BasicConsume {
+            queue: "q".into(),
+            consumer_tag: tag.into(),
+            ..Default::default()
+        };
+        method(machine, id, 2, consume, now);
+        let publication = Publication {
+            publish: BasicPublish {
+                routing_key: "q".into(),
+                ..Default::default()
+            },
+            header: Header::Decoded(Properties::default()),
+            body: "m".into(),
+        };
+        machine.publish(id, 1, publication, now).expect("published");
+        let cancel = BasicCancel {
+            consumer_tag: tag.into(),
+            no_wait: false,
+        };
+        method(machine, id, 2, cancel, now);
+    }
+
+    #[test]
+    fn a_quorum_queue_counts_a_cancelled_consumer_until_its_messages_are_settled() {
+        let now = Instant::now();
+        let mut machine = BrokerMachine::new(BrokerConfig::default(), now);
+        let mut session = Session::new(&mut machine, now);
+        session.handle_input(&mut machine, &mut crate::fuzzing::handshake(0), now);
+        let id = session.id();
+        let mut arguments = FieldTable::new();
+        arguments.insert("x-queue-type", "quorum");
+        let declare = QueueDeclare {
+            queue: "q".into(),
+            durable: true,
+            arguments,
+            ..Default::default()
+        };
+        method(&mut machine, id, 1, declare, now);
+
+        consuming(&mut machine, id, "acked", now);
+        assert_eq!(count(&machine, "q"), 1, "cancelled, holding one message");
+        method(
+            &mut machine,
+            id,
+            2,
+            BasicAck {
+                delivery_tag: 1,
+                multiple: false,
+            },
+            now,
+        );
+        assert_eq!(count(&machine, "q"), 0, "its message acked");
+
+        consuming(&mut machine, id, "nacked", now);
+        assert_eq!(count(&machine, "q"), 1);
+        let nack = BasicNack {
+            delivery_tag: 2,
+            multiple: false,
+            requeue: true,
+        };
+        method(&mut machine, id, 2, nack, now);
+        assert_eq!(count(&machine, "q"), 0, "its message returned");
     }
 }

@@ -345,12 +345,17 @@ impl BrokerMachine {
                 channel.unacked.remove(pos).into_iter().collect()
             }
         };
+        let mut of_cancelled = false;
         for entry in &taken {
             if let Some(tag) = &entry.consumer {
-                if let Some(consumer) = channel.consumers.iter_mut().find(|c| &c.tag == tag) {
-                    consumer.in_flight = consumer.in_flight.saturating_sub(1);
+                match channel.consumers.iter_mut().find(|c| &c.tag == tag) {
+                    Some(consumer) => consumer.in_flight = consumer.in_flight.saturating_sub(1),
+                    None => of_cancelled = true,
                 }
             }
+        }
+        if of_cancelled {
+            self.settled_by_cancelled(&vhost, id, ch, taken.iter());
         }
         let mut touched: Vec<ShortString> = Vec::new();
         let mut pending: Option<(ShortString, u64)> = None;
@@ -403,6 +408,7 @@ impl BrokerMachine {
         for consumer in &mut channel.consumers {
             consumer.in_flight = 0;
         }
+        self.settled_by_cancelled(&vhost, id, ch, unacked.iter());
         let mut touched = Vec::new();
         for entry in unacked {
             self.return_to_queue(&vhost, entry, &mut touched);

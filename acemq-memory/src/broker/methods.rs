@@ -544,6 +544,13 @@ impl BrokerMachine {
         if let Some(consumer) = removed {
             let handed_over =
                 self.detach_consumer(&from.vhost, from.id, from.ch, &consumer.tag, &consumer.queue, from.now);
+            if let Some(q) = self
+                .vhosts
+                .get_mut(&*from.vhost)
+                .and_then(|v| v.queues.get_mut(&consumer.queue))
+            {
+                q.cancelled_holding(from.id, from.ch, consumer.tag.clone(), consumer.in_flight);
+            }
             if handed_over {
                 self.dispatch(&from.vhost, &consumer.queue, from.now);
             }

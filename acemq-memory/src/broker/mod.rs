@@ -398,6 +398,7 @@ impl BrokerMachine {
                 touched.push(consumer.queue);
             }
         }
+        self.settled_by_cancelled(&vhost, id, ch, unacked.iter());
         // In delivery order: a quorum queue serves returns in the order they came back.
         for entry in unacked {
             self.return_to_queue(&vhost, entry, &mut touched);

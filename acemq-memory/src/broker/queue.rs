@@ -171,6 +171,9 @@ pub(crate) struct Queue {
     pub consumer_levels: Vec<i64>,
     /// Single active consumer: the one that gets deliveries.
     pub active: Option<(ConnId, u16, ShortString)>,
+    /// Quorum queues: cancelled consumers that still hold unacked
+    /// messages, with how many (RabbitMQ counts them as consumers).
+    pub lingering: Vec<((ConnId, u16, ShortString), u32)>,
     /// Quorum queues: how many messages at the head of `ready` were
     /// returned (served first, in the order they came back).
     returned: usize,
@@ -204,6 +207,7 @@ impl Queue {
             round_robin: 0,
             consumer_levels: Vec::new(),
             active: None,
+            lingering: Vec::new(),
             returned: 0,
             unacked: 0,
             last_used: now,
@@ -331,13 +335,19 @@ impl Queue {
     }
 
     /// The consumer count `queue.declare-ok` reports: a quorum queue with a
-    /// single active consumer counts only the active one.
+    /// single active consumer counts only the active one, and a quorum
+    /// queue counts cancelled consumers until their unacked messages are
+    /// settled.
     pub fn consumer_count(&self) -> usize {
-        if self.settings.kind == QueueKind::Quorum && self.settings.single_active_consumer {
+        if self.settings.kind != QueueKind::Quorum {
+            return self.consumers.len();
+        }
+        let attached = if self.settings.single_active_consumer {
             self.consumers.len().min(1)
         } else {
             self.consumers.len()
-        }
+        };
+        attached + self.lingering.len()
     }
 
     /// Drops expired messages, but only from the head: a message with a long
