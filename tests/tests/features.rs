@@ -237,7 +237,8 @@ async fn priority_queue_delivers_highest_priority_first() {
 /// its channel closes, those come back, redelivered, to the one active now.
 /// A classic queue hands over to the highest consumer priority first, a
 /// quorum queue in registration order; a quorum queue counts only the
-/// active consumer; a classic one refuses an exclusive consumer.
+/// active consumer (and a cancelled one until its unacked messages are
+/// settled); a classic one refuses an exclusive consumer.
 #[tokio::test(flavor = "multi_thread")]
 async fn single_active_consumer_hands_over_in_registration_order() {
     acemq_tests::deadline(async {
