@@ -35,6 +35,15 @@ pub(crate) struct QueueSettings {
     pub dead_letter_exchange: Option<ShortString>,
     pub dead_letter_routing_key: Option<ShortString>,
     pub delivery_limit: Option<u64>,
+    /// `x-max-priority` (classic queues): the highest message priority
+    /// kept apart; a higher one counts as this one.
+    pub max_priority: Option<u8>,
+    /// `x-single-active-consumer`: one consumer gets every delivery.
+    pub single_active_consumer: bool,
+    /// Streams' retention: `x-max-age` in milliseconds.
+    pub max_age_ms: Option<u64>,
+    /// Streams: `x-stream-max-segment-size-bytes`.
+    pub max_segment_size: Option<u64>,
 }
 
 /// The arguments RabbitMQ 3.10 compares on redeclare, in its order.
@@ -203,7 +212,7 @@ pub(crate) fn assert_queue_args_equivalence(
     assert_args_equivalence(current, received, &rs_queue(queue, vhost), EQUIVALENCE_KEYS)
 }
 
-fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
+pub(crate) fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
     AmqpError::precondition(format!("invalid arg '{key}' for {}: {why}", rs_queue(queue, vhost)))
 }
 
@@ -251,6 +260,79 @@ fn str_arg(args: &FieldTable, key: &str, queue: &ShortString, vhost: &str) -> Re
     }
 }
 
+/// The declare arguments RabbitMQ 3.10.8 knows but refuses for a queue
+/// type, as observed: `invalid arg 'K' for queue 'Q' in vhost 'V' of queue
+/// type rabbit_quorum_queue`. Arguments it does not know pass everywhere.
+fn unsupported_arguments(kind: QueueKind) -> (&'static str, &'static [&'static str]) {
+    match kind {
+        QueueKind::Classic => (
+            "rabbit_classic_queue",
+            &[
+                "x-max-in-memory-length",
+                "x-max-in-memory-bytes",
+                "x-quorum-initial-group-size",
+                "x-max-age",
+                "x-stream-max-segment-size-bytes",
+                "x-initial-cluster-size",
+                "x-queue-leader-locator",
+                "x-delivery-limit",
+                "x-dead-letter-strategy",
+            ],
+        ),
+        QueueKind::Quorum => (
+            "rabbit_quorum_queue",
+            &[
+                "x-max-priority",
+                "x-queue-mode",
+                "x-max-age",
+                "x-stream-max-segment-size-bytes",
+                "x-initial-cluster-size",
+                "x-queue-master-locator",
+            ],
+        ),
+        QueueKind::Stream => (
+            "rabbit_stream_queue",
+            &[
+                "x-expires",
+                "x-message-ttl",
+                "x-dead-letter-exchange",
+                "x-dead-letter-routing-key",
+                "x-max-length",
+                "x-max-in-memory-length",
+                "x-max-in-memory-bytes",
+                "x-max-priority",
+                "x-overflow",
+                "x-queue-mode",
+                "x-single-active-consumer",
+                "x-quorum-initial-group-size",
+                "x-queue-master-locator",
+                "x-delivery-limit",
+                "x-dead-letter-strategy",
+            ],
+        ),
+    }
+}
+
+/// RabbitMQ's check that every known argument suits the queue type; the
+/// first refused one in table order is named, before any value is checked.
+fn check_queue_type_arguments(
+    args: &FieldTable,
+    kind: QueueKind,
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    let (module, refused) = unsupported_arguments(kind);
+    for (key, _) in args.entries() {
+        if refused.iter().any(|r| r.as_bytes() == key.as_bytes()) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {module}",
+                rs_queue(queue, vhost)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Validates a queue's arguments and reads its settings.
 pub(crate) fn queue_settings(
     args: &FieldTable,
@@ -282,6 +364,7 @@ pub(crate) fn queue_settings(
             ))
         }
     };
+    check_queue_type_arguments(args, kind, queue, vhost)?;
     let overflow = match args.get("x-overflow") {
         None => Overflow::DropHead,
         Some(FieldValue::LongString(s)) => match s.as_bytes() {
@@ -317,6 +400,7 @@ pub(crate) fn queue_settings(
         ));
     }
     let delivery_limit = int_arg(args, "x-delivery-limit", false, queue, vhost)?;
+    let features = super::feature_args::feature_settings(args, queue, vhost)?;
     Ok(QueueSettings {
         kind,
         message_ttl: int_arg(args, "x-message-ttl", false, queue, vhost)?,
@@ -330,6 +414,10 @@ pub(crate) fn queue_settings(
             QueueKind::Quorum => delivery_limit.or(default_delivery_limit),
             _ => None,
         },
+        max_priority: features.max_priority,
+        single_active_consumer: features.single_active_consumer,
+        max_age_ms: features.max_age_ms,
+        max_segment_size: features.max_segment_size,
     })
 }
 
@@ -381,6 +469,27 @@ mod tests {
         assert_eq!(
             err.text,
             "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '2000' of type 'signedint' but current is none"
+        );
+    }
+
+    #[test]
+    fn a_queue_type_refuses_the_arguments_it_does_not_take_before_checking_values() {
+        let mut args = FieldTable::new();
+        args.insert("x-max-priority", "not even an integer");
+        args.insert("x-single-active-consumer", true);
+        args.insert("x-queue-type", "stream");
+        let err = queue_settings(&args, &"q".into(), "/", None).unwrap_err();
+        assert_eq!(
+            err.text,
+            "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'q' in vhost '/' of queue type rabbit_stream_queue"
+        );
+        let mut args = FieldTable::new();
+        args.insert("x-delivery-limit", 5);
+        args.insert("x-unknown-to-rabbitmq", "passes");
+        let err = queue_settings(&args, &"q".into(), "/", None).unwrap_err();
+        assert_eq!(
+            err.text,
+            "PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue 'q' in vhost '/' of queue type rabbit_classic_queue"
         );
     }
 }

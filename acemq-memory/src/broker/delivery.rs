@@ -284,31 +284,26 @@ impl BrokerMachine {
             let quorum = q.settings.kind == QueueKind::Quorum;
             q.expire_head(now, true, &mut dead);
             while !q.ready.is_empty() && !q.consumers.is_empty() {
-                let n = q.consumers.len();
-                let start = q.round_robin;
-                let mut delivered = false;
-                for i in 0..n {
-                    let idx = (start + i) % n;
-                    let Some(m) = q.ready.front() else { break };
+                let Some(m) = q.ready.front() else { break };
+                let mut chosen = None;
+                for idx in q.candidates() {
                     let extra = (quorum && m.delivery_count > 0)
                         .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
                     match try_deliver(conns, woken, &q.consumers[idx], m, extra) {
                         Attempt::Busy => continue,
                         outcome => {
-                            let Some(m) = q.pop_ready() else { break };
-                            if let Attempt::Tracked(tag) = outcome {
-                                track(conns, &q.consumers[idx], &q.name, tag, m);
-                                q.unacked += 1;
-                            }
-                            q.round_robin = (idx + 1) % n;
-                            delivered = true;
+                            chosen = Some((idx, outcome));
                             break;
                         }
                     }
                 }
-                if !delivered {
-                    break;
+                let Some((idx, outcome)) = chosen else { break };
+                let Some(m) = q.pop_ready() else { break };
+                if let Attempt::Tracked(tag) = outcome {
+                    track(conns, &q.consumers[idx], &q.name, tag, m);
+                    q.unacked += 1;
                 }
+                q.round_robin = (idx + 1) % q.consumers.len();
                 q.expire_head(now, true, &mut dead);
             }
             if fresh {
@@ -350,12 +345,17 @@ impl BrokerMachine {
                 channel.unacked.remove(pos).into_iter().collect()
             }
         };
+        let mut of_cancelled = false;
         for entry in &taken {
             if let Some(tag) = &entry.consumer {
-                if let Some(consumer) = channel.consumers.iter_mut().find(|c| &c.tag == tag) {
-                    consumer.in_flight = consumer.in_flight.saturating_sub(1);
+                match channel.consumers.iter_mut().find(|c| &c.tag == tag) {
+                    Some(consumer) => consumer.in_flight = consumer.in_flight.saturating_sub(1),
+                    None => of_cancelled = true,
                 }
             }
+        }
+        if of_cancelled {
+            self.settled_by_cancelled(&vhost, id, ch, taken.iter());
         }
         let mut touched: Vec<ShortString> = Vec::new();
         let mut pending: Option<(ShortString, u64)> = None;
@@ -408,8 +408,9 @@ impl BrokerMachine {
         for consumer in &mut channel.consumers {
             consumer.in_flight = 0;
         }
+        self.settled_by_cancelled(&vhost, id, ch, unacked.iter());
         let mut touched = Vec::new();
-        for entry in unacked.into_iter().rev() {
+        for entry in unacked {
             self.return_to_queue(&vhost, entry, &mut touched);
         }
         for q in touched {
@@ -689,13 +690,15 @@ fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnI
                     break;
                 };
                 let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
-                if !(global_ok && own_ok) || consumer.stream_next >= q.log.len() as u64 {
+                if !(global_ok && own_ok) {
                     break;
                 }
-                let offset = consumer.stream_next;
-                consumer.stream_next += 1;
+                let Some(entry) = q.log.entry_from(consumer.stream_next) else {
+                    break;
+                };
+                let offset = entry.offset;
+                consumer.stream_next = offset + 1;
                 consumer.in_flight += 1;
-                let Some(entry) = q.log.get(offset as usize) else { break };
                 let tag = channel.next_tag;
                 channel.next_tag += 1;
                 let deliver = DeliverRef {

@@ -18,7 +18,9 @@ use amqp_codec::{
 use super::args::{self, assert_field_equivalence, assert_queue_args_equivalence, queue_settings, QueueKind};
 use super::delivery::Settle;
 use super::exchange::{Binding, Destination, Exchange, ExchangeKind};
+use super::feature_args;
 use super::queue::{ConsumerRef, Queue};
+use super::stream::StartAt;
 use super::{BrokerMachine, Channel, Confirms, ConnId, Consumer, TxOp};
 use crate::error::{rs_exchange, rs_queue, AmqpError};
 
@@ -328,7 +330,7 @@ impl BrokerMachine {
     fn queue_counts(&mut self, from: &Origin, name: &ShortString) -> Result<(usize, usize), AmqpError> {
         let q = self.queue_for_use(from.id, &from.vhost, name)?;
         q.last_used = from.now;
-        Ok((q.message_count(), q.consumers.len()))
+        Ok((q.message_count(), q.consumer_count()))
     }
 
     /// Creates the queue, or checks a redeclaration; its counts, or `None`
@@ -484,7 +486,11 @@ impl BrokerMachine {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
         let q = self.queue_for_use(id, vhost, &queue)?;
-        if q.consumers.iter().any(|c| c.exclusive) || (m.exclusive && !q.consumers.is_empty()) {
+        let priority = feature_args::consumer_priority(&m.arguments, &queue, vhost)?;
+        // RabbitMQ 3.10.8 refuses an exclusive consumer on a classic queue
+        // with a single active consumer, even an idle one.
+        let single_classic = q.settings.single_active_consumer && q.settings.kind == QueueKind::Classic;
+        if q.consumers.iter().any(|c| c.exclusive) || (m.exclusive && (!q.consumers.is_empty() || single_classic)) {
             return Err(AmqpError::access_refused(format!(
                 "{} in exclusive use",
                 rs_queue(&queue, vhost)
@@ -506,13 +512,13 @@ impl BrokerMachine {
             }
             stream_next = stream_start(q, m.arguments.get("x-stream-offset"))?;
         }
-        q.consumers.push(ConsumerRef {
+        q.attach_consumer(ConsumerRef {
             conn: id,
             channel: ch,
             tag: tag.clone(),
             exclusive: m.exclusive,
+            priority,
         });
-        q.had_consumers = true;
         q.last_used = now;
         let Some(channel) = self.channel(id, ch) else {
             return Ok(());
@@ -536,7 +542,18 @@ impl BrokerMachine {
             Some(channel.consumers.remove(at))
         });
         if let Some(consumer) = removed {
-            self.detach_consumer(&from.vhost, from.id, from.ch, &consumer.tag, &consumer.queue, from.now);
+            let handed_over =
+                self.detach_consumer(&from.vhost, from.id, from.ch, &consumer.tag, &consumer.queue, from.now);
+            if let Some(q) = self
+                .vhosts
+                .get_mut(&*from.vhost)
+                .and_then(|v| v.queues.get_mut(&consumer.queue))
+            {
+                q.cancelled_holding(from.id, from.ch, consumer.tag.clone(), consumer.in_flight);
+            }
+            if handed_over {
+                self.dispatch(&from.vhost, &consumer.queue, from.now);
+            }
         }
         let ok = BasicCancelOk {
             consumer_tag: m.consumer_tag,
@@ -697,7 +714,7 @@ fn redeclared(q: &mut Queue, from: &Origin, m: &QueueDeclare, name: &ShortString
     assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
     assert_queue_args_equivalence(&q.arguments, &m.arguments, name, vhost)?;
     q.last_used = from.now;
-    Ok((q.message_count(), q.consumers.len()))
+    Ok((q.message_count(), q.consumer_count()))
 }
 
 /// Quorum queues and streams are durable, never exclusive, never
@@ -723,26 +740,11 @@ fn check_replicated_queue(m: &QueueDeclare, name: &ShortString, vhost: &str) -> 
 
 /// Where a stream consumer starts reading, from its `x-stream-offset`.
 fn stream_start(q: &Queue, offset: Option<&FieldValue>) -> Result<u64, AmqpError> {
-    let len = q.log.len() as u64;
-    let invalid = |v: &FieldValue| AmqpError::precondition(format!("Invalid stream offset arg: {}", args::show(v)));
-    Ok(match offset {
-        None => len,
-        Some(FieldValue::LongString(s)) => match s.as_bytes() {
-            b"first" => 0,
-            b"last" => len.saturating_sub(1),
-            b"next" => len,
-            _ => return Err(invalid(offset.unwrap_or(&FieldValue::Void))),
-        },
-        Some(FieldValue::Timestamp(secs)) => {
-            let ms = secs.saturating_mul(1000);
-            q.log
-                .iter()
-                .position(|e| e.timestamp_ms >= ms)
-                .map_or(len, |p| p as u64)
-        }
-        Some(v) => match v.as_i64() {
-            Some(n) => (n.max(0) as u64).min(len),
-            None => return Err(invalid(v)),
-        },
-    })
+    match StartAt::parse(offset) {
+        Ok(at) => Ok(q.log.start(at)),
+        Err(()) => Err(AmqpError::precondition(format!(
+            "Invalid stream offset arg: {}",
+            args::show(offset.unwrap_or(&FieldValue::Void))
+        ))),
+    }
 }

@@ -10,13 +10,16 @@
 //! make it panic.
 
 mod args;
+mod consumers;
 mod dead_letter;
 mod delivery;
 mod exchange;
 mod fast_hash;
+mod feature_args;
 mod ids;
 mod methods;
 mod queue;
+mod stream;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -389,11 +392,15 @@ impl BrokerMachine {
         channel.tx = None;
         let consumers = std::mem::take(&mut channel.consumers);
         let unacked = std::mem::take(&mut channel.unacked);
-        for consumer in consumers {
-            self.detach_consumer(&vhost, id, ch, &consumer.tag, &consumer.queue, now);
-        }
         let mut touched = Vec::new();
-        for entry in unacked.into_iter().rev() {
+        for consumer in consumers {
+            if self.detach_consumer(&vhost, id, ch, &consumer.tag, &consumer.queue, now) {
+                touched.push(consumer.queue);
+            }
+        }
+        self.settled_by_cancelled(&vhost, id, ch, unacked.iter());
+        // In delivery order: a quorum queue serves returns in the order they came back.
+        for entry in unacked {
             self.return_to_queue(&vhost, entry, &mut touched);
         }
         for q in touched {
@@ -402,7 +409,8 @@ impl BrokerMachine {
     }
 
     /// Removes a consumer from its queue; an auto-delete queue that loses its
-    /// last consumer goes.
+    /// last consumer goes. Returns whether another consumer became the
+    /// queue's single active consumer (the queue then needs a dispatch).
     fn detach_consumer(
         &mut self,
         vhost: &str,
@@ -411,16 +419,17 @@ impl BrokerMachine {
         tag: &ShortString,
         queue: &ShortString,
         now: Instant,
-    ) {
+    ) -> bool {
         let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(queue)) else {
-            return;
+            return false;
         };
-        q.consumers
-            .retain(|c| !(c.conn == id && c.channel == ch && &c.tag == tag));
+        let handed_over = q.remove_consumer(id, ch, tag);
         q.last_used = now;
         if q.auto_delete && q.had_consumers && q.consumers.is_empty() {
             self.delete_queue_internal(vhost, queue);
+            return false;
         }
+        handed_over
     }
 
     /// Puts an unacked message back (redelivered), counting a quorum
@@ -576,7 +585,7 @@ impl BrokerMachine {
             vhost.exchanges.retain(|_, x| x.durable);
             vhost.queues.retain(|_, q| q.durable && q.exclusive_owner.is_none());
             for q in vhost.queues.values_mut() {
-                q.consumers.clear();
+                q.clear_consumers();
                 q.unacked = 0;
                 q.last_used = now;
                 if q.settings.kind == QueueKind::Classic {

@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::args::{set_table_value, Overflow, QueueKind, QueueSettings};
 use super::ids::ConnId;
+use super::stream::StreamLog;
 
 /// A message's properties: decoded, or kept raw when the codec could not
 /// decode them (RabbitMQ passes such a header through untouched).
@@ -101,6 +102,16 @@ pub(crate) struct Queued {
     pub redelivered: bool,
     /// Quorum queues: how many times it was returned.
     pub delivery_count: u64,
+    /// Priority queues: its priority, capped at `x-max-priority` (0 elsewhere).
+    pub priority: u8,
+}
+
+impl Queued {
+    /// Whether it is served before a message of `priority` published as
+    /// `seq`: higher priority first, then in publish order.
+    fn ahead_of(&self, priority: u8, seq: u64) -> bool {
+        self.priority > priority || (self.priority == priority && self.seq < seq)
+    }
 }
 
 /// A consumer, as the queue knows it.
@@ -110,13 +121,8 @@ pub(crate) struct ConsumerRef {
     pub channel: u16,
     pub tag: ShortString,
     pub exclusive: bool,
-}
-
-/// One entry of a stream's log.
-#[derive(Debug, Clone)]
-pub(crate) struct StreamEntry {
-    pub timestamp_ms: u64,
-    pub msg: Arc<Message>,
+    /// `x-priority` of `basic.consume` (0 without one).
+    pub priority: i64,
 }
 
 /// Why a message left a queue for a dead-letter exchange.
@@ -158,13 +164,24 @@ pub(crate) struct Queue {
     pub ready: VecDeque<Queued>,
     pub ready_bytes: u64,
     next_seq: u64,
+    /// In the order they registered.
     pub consumers: Vec<ConsumerRef>,
     pub round_robin: usize,
+    /// The distinct consumer priorities, highest first.
+    pub consumer_levels: Vec<i64>,
+    /// Single active consumer: the one that gets deliveries.
+    pub active: Option<(ConnId, u16, ShortString)>,
+    /// Quorum queues: cancelled consumers that still hold unacked
+    /// messages, with how many (RabbitMQ counts them as consumers).
+    pub lingering: Vec<((ConnId, u16, ShortString), u32)>,
+    /// Quorum queues: how many messages at the head of `ready` were
+    /// returned (served first, in the order they came back).
+    returned: usize,
     /// Messages delivered and not yet settled.
     pub unacked: u64,
     pub last_used: Instant,
     pub had_consumers: bool,
-    pub log: Vec<StreamEntry>,
+    pub log: StreamLog,
 }
 
 impl Queue {
@@ -183,16 +200,20 @@ impl Queue {
             auto_delete,
             exclusive_owner,
             arguments,
-            settings,
             ready: VecDeque::new(),
             ready_bytes: 0,
             next_seq: 0,
             consumers: Vec::new(),
             round_robin: 0,
+            consumer_levels: Vec::new(),
+            active: None,
+            lingering: Vec::new(),
+            returned: 0,
             unacked: 0,
             last_used: now,
             had_consumers: false,
-            log: Vec::new(),
+            log: StreamLog::new(&settings),
+            settings,
         }
     }
 
@@ -240,10 +261,7 @@ impl Queue {
         dropped: &mut Vec<(Queued, DeathReason)>,
     ) -> Enqueued {
         if self.is_stream() {
-            self.log.push(StreamEntry {
-                timestamp_ms: wall_ms,
-                msg,
-            });
+            self.log.append(msg, wall_ms);
             return Enqueued::Accepted;
         }
         let size = msg.body.len() as u64;
@@ -261,7 +279,12 @@ impl Queue {
         self.next_seq += 1;
         let queued = self.queued(msg, seq, now);
         self.ready_bytes += size;
-        self.ready.push_back(queued);
+        if queued.priority == 0 {
+            self.ready.push_back(queued);
+        } else {
+            let at = self.ready.partition_point(|m| m.ahead_of(queued.priority, queued.seq));
+            self.ready.insert(at, queued);
+        }
         while self.over_limits() {
             match self.pop_ready() {
                 Some(head) => dropped.push((head, DeathReason::MaxLen)),
@@ -276,26 +299,55 @@ impl Queue {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let priority = match self.settings.max_priority {
+            Some(max) => msg.properties().and_then(|p| p.priority).unwrap_or(0).min(max),
+            None => 0,
+        };
         Queued {
             msg,
             seq,
             expires_at: ttl.and_then(|ms| now.checked_add(Duration::from_millis(ms))),
             redelivered: false,
             delivery_count: 0,
+            priority,
         }
     }
 
     pub fn pop_ready(&mut self) -> Option<Queued> {
         let head = self.ready.pop_front()?;
         self.ready_bytes -= head.msg.body.len() as u64;
+        self.returned = self.returned.saturating_sub(1);
         Some(head)
     }
 
-    /// Puts a returned message back in its original place.
+    /// Puts a returned message back: in a classic queue in its original
+    /// place (among its priority), in a quorum queue after the messages
+    /// returned before it, ahead of the rest (RabbitMQ's `returns`).
     pub fn requeue(&mut self, queued: Queued) {
         self.ready_bytes += queued.msg.body.len() as u64;
-        let at = self.ready.partition_point(|m| m.seq < queued.seq);
-        self.ready.insert(at, queued);
+        let at = if self.settings.kind == QueueKind::Quorum {
+            self.returned += 1;
+            self.returned - 1
+        } else {
+            self.ready.partition_point(|m| m.ahead_of(queued.priority, queued.seq))
+        };
+        self.ready.insert(at.min(self.ready.len()), queued);
+    }
+
+    /// The consumer count `queue.declare-ok` reports: a quorum queue with a
+    /// single active consumer counts only the active one, and a quorum
+    /// queue counts cancelled consumers until their unacked messages are
+    /// settled.
+    pub fn consumer_count(&self) -> usize {
+        if self.settings.kind != QueueKind::Quorum {
+            return self.consumers.len();
+        }
+        let attached = if self.settings.single_active_consumer {
+            self.consumers.len().min(1)
+        } else {
+            self.consumers.len()
+        };
+        attached + self.lingering.len()
     }
 
     /// Drops expired messages, but only from the head: a message with a long
@@ -346,6 +398,7 @@ impl Queue {
         let n = self.ready.len();
         self.ready.clear();
         self.ready_bytes = 0;
+        self.returned = 0;
         n
     }
 }
