@@ -30,45 +30,32 @@ pub trait TestDb: OutboxDatabase {
     fn strings(pool: &Pool<Self>, sql: &str) -> impl Future<Output = Vec<Vec<Option<String>>>> + Send;
 }
 
-impl TestDb for Postgres {
-    async fn execute(conn: &mut Self::Connection, sql: &str) -> u64 {
-        sqlx::query(sql)
-            .execute(conn)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .rows_affected()
-    }
+/// The same statements on both databases (sqlx's types differ, the code does not).
+macro_rules! test_db {
+    ($($db:ty),*) => {$(
+        impl TestDb for $db {
+            async fn execute(conn: &mut Self::Connection, sql: &str) -> u64 {
+                sqlx::query(sql)
+                    .execute(conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                    .rows_affected()
+            }
 
-    async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<Vec<Option<String>>> {
-        let rows = sqlx::query(sql)
-            .fetch_all(pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        rows.iter()
-            .map(|row| (0..row.len()).map(|i| row.get::<Option<String>, _>(i)).collect())
-            .collect()
-    }
+            async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<Vec<Option<String>>> {
+                let rows = sqlx::query(sql)
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                rows.iter()
+                    .map(|row| (0..row.len()).map(|i| row.get::<Option<String>, _>(i)).collect())
+                    .collect()
+            }
+        }
+    )*};
 }
 
-impl TestDb for Sqlite {
-    async fn execute(conn: &mut Self::Connection, sql: &str) -> u64 {
-        sqlx::query(sql)
-            .execute(conn)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .rows_affected()
-    }
-
-    async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<Vec<Option<String>>> {
-        let rows = sqlx::query(sql)
-            .fetch_all(pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        rows.iter()
-            .map(|row| (0..row.len()).map(|i| row.get::<Option<String>, _>(i)).collect())
-            .collect()
-    }
-}
+test_db!(Postgres, Sqlite);
 
 /// Where a scenario's database is, so that another process (a child the
 /// test kills) can open the same one.

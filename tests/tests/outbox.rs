@@ -764,8 +764,17 @@ async fn load<DB: TestDb>(b: &Broker, _place: Place, pool: Pool<DB>) {
 #[tokio::test(flavor = "multi_thread")]
 async fn statement_27_load_ten_thousand_rows_from_eight_tasks_are_each_published_once() {
     deadline(async {
-        for b in brokers().await {
-            if b.kind == acemq_tests::Kind::RabbitTls {
+        // One broker: RabbitMQ over TCP when it is there (the figure that
+        // matters), else acemq-memory.
+        let all: Vec<Broker> = brokers().await.into_iter().collect();
+        let rabbit = all.iter().any(|b| b.kind == acemq_tests::Kind::RabbitTcp);
+        for b in all {
+            let wanted = if rabbit {
+                acemq_tests::Kind::RabbitTcp
+            } else {
+                acemq_tests::Kind::Memory
+            };
+            if b.kind != wanted {
                 continue;
             }
             if let Some((place, pool)) = db::postgres().await {

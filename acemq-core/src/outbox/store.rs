@@ -138,7 +138,7 @@ where
 }
 
 // Both databases take `$N` placeholders, so the statements that do not
-// differ are written once.
+// differ are written once (and run by `statements_alike!`).
 const INSERT: &str = "INSERT INTO acemq_outbox \
      (message_id, exchange, routing_key, properties, body, created_at, next_attempt_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $6)";
@@ -149,23 +149,67 @@ const BACKLOG: &str =
 const INBOX_INSERT: &str = "INSERT INTO acemq_inbox (message_id, consumer, received_at) VALUES ($1, $2, $3) \
      ON CONFLICT (message_id, consumer) DO NOTHING";
 
+/// The methods whose SQL is the same on both databases (both take `$N`
+/// placeholders), written once; only the result types differ.
+macro_rules! statements_alike {
+    () => {
+        async fn insert(conn: &mut Self::Connection, row: NewRow<'_>) -> Result<(), sqlx::Error> {
+            sqlx::query(INSERT)
+                .bind(row.message_id)
+                .bind(row.exchange)
+                .bind(row.routing_key)
+                .bind(row.properties)
+                .bind(row.body)
+                .bind(row.now_ms)
+                .execute(conn)
+                .await
+                .map(|_| ())
+        }
+
+        async fn remove_dispatched(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(REMOVE_DISPATCHED)
+                .bind(before_ms)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn remove_inbox(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(REMOVE_INBOX).bind(before_ms).execute(pool).await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
+            let row = sqlx::query(BACKLOG).fetch_one(pool).await?;
+            Ok(Backlog {
+                waiting: row.try_get("waiting")?,
+                oldest_created_ms: row.try_get("oldest")?,
+            })
+        }
+
+        async fn inbox_insert(
+            conn: &mut Self::Connection,
+            message_id: &str,
+            consumer: &str,
+            now_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(INBOX_INSERT)
+                .bind(message_id)
+                .bind(consumer)
+                .bind(now_ms)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+
 impl Store for Postgres {
+    statements_alike!();
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(include_str!("../../migrations/outbox_postgres.sql"))
             .execute(pool)
-            .await
-            .map(|_| ())
-    }
-
-    async fn insert(conn: &mut Self::Connection, row: NewRow<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(INSERT)
-            .bind(row.message_id)
-            .bind(row.exchange)
-            .bind(row.routing_key)
-            .bind(row.properties)
-            .bind(row.body)
-            .bind(row.now_ms)
-            .execute(conn)
             .await
             .map(|_| ())
     }
@@ -232,58 +276,14 @@ impl Store for Postgres {
         tx.commit().await?;
         Ok(marked)
     }
-
-    async fn remove_dispatched(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(REMOVE_DISPATCHED).bind(before_ms).execute(pool).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn remove_inbox(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(REMOVE_INBOX).bind(before_ms).execute(pool).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
-        let row = sqlx::query(BACKLOG).fetch_one(pool).await?;
-        Ok(Backlog {
-            waiting: row.try_get("waiting")?,
-            oldest_created_ms: row.try_get("oldest")?,
-        })
-    }
-
-    async fn inbox_insert(
-        conn: &mut Self::Connection,
-        message_id: &str,
-        consumer: &str,
-        now_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(INBOX_INSERT)
-            .bind(message_id)
-            .bind(consumer)
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
 }
 
 impl Store for Sqlite {
+    statements_alike!();
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(include_str!("../../migrations/outbox_sqlite.sql"))
             .execute(pool)
-            .await
-            .map(|_| ())
-    }
-
-    async fn insert(conn: &mut Self::Connection, row: NewRow<'_>) -> Result<(), sqlx::Error> {
-        sqlx::query(INSERT)
-            .bind(row.message_id)
-            .bind(row.exchange)
-            .bind(row.routing_key)
-            .bind(row.properties)
-            .bind(row.body)
-            .bind(row.now_ms)
-            .execute(conn)
             .await
             .map(|_| ())
     }
@@ -348,38 +348,5 @@ impl Store for Sqlite {
         }
         tx.commit().await?;
         Ok(marked)
-    }
-
-    async fn remove_dispatched(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(REMOVE_DISPATCHED).bind(before_ms).execute(pool).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn remove_inbox(pool: &Pool<Self>, before_ms: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(REMOVE_INBOX).bind(before_ms).execute(pool).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
-        let row = sqlx::query(BACKLOG).fetch_one(pool).await?;
-        Ok(Backlog {
-            waiting: row.try_get("waiting")?,
-            oldest_created_ms: row.try_get("oldest")?,
-        })
-    }
-
-    async fn inbox_insert(
-        conn: &mut Self::Connection,
-        message_id: &str,
-        consumer: &str,
-        now_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(INBOX_INSERT)
-            .bind(message_id)
-            .bind(consumer)
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
     }
 }
