@@ -95,6 +95,13 @@
 //! `publish_timeout` to run, so a lease never runs out under a publish, and
 //! a dead relay's rows are free when the lease ends.
 //!
+//! # Order
+//!
+//! A relay publishes a batch in the order the rows were inserted, and
+//! batches one after another. With several relays, or a refused row that
+//! waits out its back-off, later rows can go before earlier ones: consumers
+//! that need an order must not rely on the outbox for it.
+//!
 //! # Metrics
 //!
 //! `acemq_outbox_total{outcome=dispatched|refused}`, the gauges
@@ -183,6 +190,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// `payload` (same exchange, routing key, properties and body) in the
     /// transaction `tx`, to be published by a relay once `tx` commits.
     /// Returns its message-id. Nothing is published if `tx` rolls back.
+    /// The relay's publish is always mandatory, whatever the publisher's
+    /// setting: a row that reaches no queue stays in the table, refused.
     pub async fn enqueue<T: Serialize, C: Codec>(
         &self,
         tx: &mut Transaction<'_, DB>,
