@@ -1,0 +1,128 @@
+//! acemq-memory ≡ RabbitMQ: random sequences of operations over two
+//! connections, three queues (classic, quorum, stream) and four exchanges
+//! run on both brokers, and their transcripts (every reply, delivery,
+//! confirm, return, close and queue count) must be equal once normalised
+//! (`acemq_tests::differential::normalise`).
+//!
+//! `ACEMQ_DIFF_CASES` sets how many sequences to run (default
+//! [`CI_CASES`], sized to CI's budget of two minutes); `ACEMQ_DIFF_SEED`
+//! (a number) makes the run repeatable. A failure is shrunk by proptest to
+//! a minimal sequence, printed as a `Vec<Op>` to commit below as a
+//! regression test. `scripts/differential.sh --cases N` runs more.
+//! `ACEMQ_DIFF_SHOW=1` prints both transcripts of each replayed sequence.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use acemq_memory::deadline::deadline_of;
+use acemq_tests::differential::ops::*;
+use acemq_tests::differential::{compare, rabbitmq_url, transcripts};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+/// Sequences per CI run.
+const CI_CASES: u32 = 150;
+/// The longest sequence generated.
+const MAX_LEN: usize = 24;
+/// How long one sequence (on both brokers) may take.
+const PER_SEQUENCE: Duration = Duration::from_secs(120);
+
+fn runtime() -> tokio::runtime::Runtime {
+    // One thread: the engine's driver runs only when the runner awaits, so
+    // a command queued right after another (an ack, then the round trip
+    // that sees its refusal) is written in the same batch.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The RabbitMQ to compare with, or `None` (outside CI only) to skip.
+fn rabbitmq(rt: &tokio::runtime::Runtime) -> Option<String> {
+    rt.block_on(rabbitmq_url())
+}
+
+#[test]
+fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
+    let rt = runtime();
+    let Some(url) = rabbitmq(&rt) else { return };
+    let cases = std::env::var("ACEMQ_DIFF_CASES")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(CI_CASES);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    let mut runner = match std::env::var("ACEMQ_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    {
+        Some(seed) => {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+        }
+        None => TestRunner::new(config),
+    };
+    let ran = AtomicUsize::new(0);
+    let started = Instant::now();
+    let result = runner.run(&sequence(MAX_LEN), |ops| {
+        ran.fetch_add(1, Ordering::Relaxed);
+        rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url)))
+            .map(|_| ())
+            .map_err(TestCaseError::fail)
+    });
+    eprintln!(
+        "differential: {} sequences run ({cases} cases and any shrinking) in {:.1?}",
+        ran.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Replays one committed sequence on both brokers.
+fn replay(ops: Vec<Op>) {
+    let rt = runtime();
+    let Some(url) = rabbitmq(&rt) else { return };
+    if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
+        let (memory, rabbit) = rt.block_on(transcripts(&ops, &url));
+        eprintln!(
+            "acemq-memory:\n  {}\nRabbitMQ:\n  {}",
+            memory.join("\n  "),
+            rabbit.join("\n  ")
+        );
+    }
+    if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url))) {
+        panic!("{diff}");
+    }
+}
+
+#[test]
+fn a_publish_to_a_declared_queue_is_got_back() {
+    replay(vec![
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            args: QueueArgs::default(),
+            durable: true,
+            passive: false,
+            other_type: false,
+        },
+        Op::Publish {
+            ch: Ch(1),
+            to: Target::Default,
+            key: Key::Queue(Q::Classic),
+            mandatory: true,
+            props: Props::default(),
+        },
+        Op::Get {
+            ch: Ch(2),
+            q: Q::Classic,
+            no_ack: false,
+        },
+    ]);
+}
