@@ -1038,8 +1038,7 @@ impl Run {
                 self.collect_channel(Ch((k * CHANNELS + i) as u8));
             }
             // Connection events: returns outside confirms, cancels, closes.
-            loop {
-                let Some(conn) = self.conns[k].as_mut() else { break };
+            while let Some(conn) = self.conns[k].as_mut() {
                 let event = match conn.events.try_recv() {
                     Ok(e) => e,
                     Err(broadcast::error::TryRecvError::Lagged(n)) => {
