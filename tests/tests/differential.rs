@@ -126,3 +126,31 @@ fn a_publish_to_a_declared_queue_is_got_back() {
         },
     ]);
 }
+
+// Regression tests: sequences the property test shrank to, replayed on
+// both brokers.
+
+fn declare(q: Q, args: QueueArgs) -> Op {
+    Op::DeclareQueue {
+        ch: Ch(0),
+        q,
+        args,
+        durable: true,
+        passive: false,
+        other_type: false,
+    }
+}
+
+#[test]
+fn a_dead_letter_routing_key_without_an_exchange_is_refused_in_rabbitmqs_words() {
+    replay(vec![
+        declare(
+            Q::Classic,
+            QueueArgs {
+                dead_letter_routing_key: Some(Key::A),
+                ..QueueArgs::default()
+            },
+        ),
+        declare(Q::Classic, QueueArgs::default()),
+    ]);
+}

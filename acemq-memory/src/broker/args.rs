@@ -313,7 +313,8 @@ pub(crate) fn queue_settings(
             "x-dead-letter-routing-key",
             queue,
             vhost,
-            "Key x-dead-letter-exchange should be specified along with x-dead-letter-routing-key",
+            // RabbitMQ 3.10.8's words (later versions explain it in a sentence).
+            "routing_key_but_no_dlx_defined",
         ));
     }
     let delivery_limit = int_arg(args, "x-delivery-limit", false, queue, vhost)?;
