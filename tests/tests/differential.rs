@@ -154,3 +154,37 @@ fn a_dead_letter_routing_key_without_an_exchange_is_refused_in_rabbitmqs_words()
         declare(Q::Classic, QueueArgs::default()),
     ]);
 }
+
+#[test]
+fn unbinding_what_is_not_bound_is_ok_even_without_queue_or_exchange() {
+    replay(vec![
+        Op::UnbindQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            x: X::Direct,
+            key: Key::A,
+            args: Match::None,
+        },
+        Op::UnbindExchange {
+            ch: Ch(0),
+            destination: X::Topic,
+            source: X::Direct,
+            key: Key::A,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        Op::DeclareExchange {
+            ch: Ch(1),
+            x: X::Direct,
+            durable: true,
+            passive: false,
+            other_type: false,
+        },
+        Op::UnbindQueue {
+            ch: Ch(1),
+            q: Q::Classic,
+            x: X::Direct,
+            key: Key::A,
+            args: Match::None,
+        },
+    ]);
+}

@@ -254,9 +254,20 @@ impl BrokerMachine {
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(());
         };
-        if source.is_empty() {
+        if source.is_empty() || matches!(&destination, Destination::Exchange(d) if d.is_empty()) {
             return Err(default_exchange_refused());
         }
+        let binding = Binding {
+            destination,
+            key: key.clone(),
+            arguments: arguments.clone(),
+        };
+        // RabbitMQ 3.10.8 removes a binding that is not there without a
+        // word, whether its exchange and queue exist or not.
+        if !add && !vh.exchanges.get(source).is_some_and(|x| x.bindings.contains(&binding)) {
+            return Ok(());
+        }
+        let destination = binding.destination.clone();
         if !vh.exchanges.contains_key(source) {
             return Err(AmqpError::no_exchange(source, vhost));
         }
@@ -268,11 +279,6 @@ impl BrokerMachine {
             Destination::Queue(q) if !vh.queues.contains_key(q) => return Err(AmqpError::no_queue(q, vhost)),
             _ => {}
         }
-        let binding = Binding {
-            destination,
-            key: key.clone(),
-            arguments: arguments.clone(),
-        };
         let mut emptied = None;
         if let Some(x) = vh.exchanges.get_mut(source) {
             if add {
@@ -400,7 +406,19 @@ impl BrokerMachine {
         if m.exchange.is_empty() {
             return Err(default_exchange_refused());
         }
-        self.queue_for_use(from.id, vhost, &queue)?;
+        // Only a binding that is there is checked (exclusive owner included).
+        let bound = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.exchanges.get(&m.exchange))
+            .is_some_and(|x| {
+                x.bindings.iter().any(|b| {
+                    b.destination == Destination::Queue(queue.clone()) && b.key == key && b.arguments == m.arguments
+                })
+            });
+        if bound {
+            self.queue_for_use(from.id, vhost, &queue)?;
+        }
         self.bind(vhost, &m.exchange, Destination::Queue(queue), &key, &m.arguments, false)?;
         // queue.unbind has no `no_wait`.
         self.reply(from, false, QueueUnbindOk {});
