@@ -188,3 +188,32 @@ fn unbinding_what_is_not_bound_is_ok_even_without_queue_or_exchange() {
         },
     ]);
 }
+
+#[test]
+fn an_argument_of_another_queue_type_is_refused_by_name_of_the_type() {
+    replay(vec![
+        declare(
+            Q::Classic,
+            QueueArgs {
+                delivery_limit: Some(Int::I(1)),
+                ..QueueArgs::default()
+            },
+        ),
+        declare(Q::Classic, QueueArgs::default()),
+        declare(
+            Q::Stream,
+            QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+        ),
+        // Before the value is validated.
+        declare(
+            Q::Stream,
+            QueueArgs {
+                dead_letter_routing_key: Some(Key::A),
+                ..QueueArgs::default()
+            },
+        ),
+    ]);
+}

@@ -334,6 +334,80 @@ pub(crate) fn queue_settings(
     })
 }
 
+/// The queue arguments each type takes, as RabbitMQ 3.10.8's queue type
+/// modules list them (`capabilities/0`, `queue_arguments`).
+const CLASSIC_ARGUMENTS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+];
+const QUORUM_ARGUMENTS: &[&str] = &[
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-expires",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-overflow",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-delivery-limit",
+    "x-message-ttl",
+    "x-queue-leader-locator",
+];
+const STREAM_ARGUMENTS: &[&str] = &[
+    "x-max-length-bytes",
+    "x-queue-type",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+];
+
+/// Refuses an argument that another queue type takes but `kind` does not
+/// (RabbitMQ ignores arguments no type knows).
+/// An unknown `x-queue-type` is refused later, by [`queue_settings`].
+pub(crate) fn check_type_arguments(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let kind = match args.get("x-queue-type").and_then(FieldValue::as_str) {
+        Some("quorum") => QueueKind::Quorum,
+        Some("stream") => QueueKind::Stream,
+        _ => QueueKind::Classic,
+    };
+    let (takes, module) = match kind {
+        QueueKind::Classic => (CLASSIC_ARGUMENTS, "rabbit_classic_queue"),
+        QueueKind::Quorum => (QUORUM_ARGUMENTS, "rabbit_quorum_queue"),
+        QueueKind::Stream => (STREAM_ARGUMENTS, "rabbit_stream_queue"),
+    };
+    let known = |k: &str| {
+        [CLASSIC_ARGUMENTS, QUORUM_ARGUMENTS, STREAM_ARGUMENTS]
+            .iter()
+            .any(|l| l.contains(&k))
+    };
+    for (key, _) in args.iter() {
+        let key = key.to_string_lossy();
+        if known(&key) && !takes.contains(&&*key) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {module}",
+                rs_queue(queue, vhost)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Sets `key` as RabbitMQ's `set_table_value` does: replace or add, then
 /// sort the table by key (byte order, stable).
 pub(crate) fn set_table_value(table: &mut FieldTable, key: &str, value: FieldValue) {

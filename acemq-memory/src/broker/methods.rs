@@ -351,13 +351,17 @@ impl BrokerMachine {
                 "queue name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
+        // RabbitMQ checks a redeclaration for equivalence only; the
+        // arguments of a new queue are checked against what its type takes,
+        // then validated.
+        if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
+            return redeclared(q, from, m, name).map(Some);
+        }
+        args::check_type_arguments(&m.arguments, name, vhost)?;
         let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(None);
         };
-        if let Some(q) = vh.queues.get_mut(name) {
-            return redeclared(q, from, m, name).map(Some);
-        }
         if matches!(settings.kind, QueueKind::Quorum | QueueKind::Stream) {
             check_replicated_queue(m, name, vhost)?;
         }
