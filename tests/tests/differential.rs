@@ -217,3 +217,36 @@ fn an_argument_of_another_queue_type_is_refused_by_name_of_the_type() {
         ),
     ]);
 }
+
+#[test]
+fn a_redeclaration_as_another_type_is_refused_for_the_type_first() {
+    replay(vec![
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            args: QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+    ]);
+}
+
+#[test]
+fn a_non_durable_quorum_queue_is_refused_for_durability_before_its_arguments() {
+    replay(vec![Op::DeclareQueue {
+        ch: Ch(0),
+        q: Q::Classic,
+        args: QueueArgs {
+            max_length: Some(Int::I(1)),
+            ..QueueArgs::default()
+        },
+        durable: false,
+        passive: false,
+        other_type: true,
+    }]);
+}

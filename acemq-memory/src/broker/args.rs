@@ -39,6 +39,8 @@ pub(crate) struct QueueSettings {
 
 /// The arguments RabbitMQ 3.10 compares on redeclare, in its order.
 const EQUIVALENCE_KEYS: &[&str] = &[
+    // RabbitMQ 3.10.8 compares the type before every other argument.
+    "x-queue-type",
     "x-expires",
     "x-message-ttl",
     "x-dead-letter-exchange",
@@ -51,7 +53,6 @@ const EQUIVALENCE_KEYS: &[&str] = &[
     "x-overflow",
     "x-queue-mode",
     "x-single-active-consumer",
-    "x-queue-type",
     "x-quorum-initial-group-size",
     "x-max-age",
     "x-stream-max-segment-size-bytes",
@@ -334,6 +335,16 @@ pub(crate) fn queue_settings(
     })
 }
 
+/// The type a declaration asks for, before its arguments are validated
+/// (an unknown `x-queue-type` is refused later, by [`queue_settings`]).
+pub(crate) fn declared_kind(args: &FieldTable) -> QueueKind {
+    match args.get("x-queue-type").and_then(FieldValue::as_str) {
+        Some("quorum") => QueueKind::Quorum,
+        Some("stream") => QueueKind::Stream,
+        _ => QueueKind::Classic,
+    }
+}
+
 /// The queue arguments each type takes, as RabbitMQ 3.10.8's queue type
 /// modules list them (`capabilities/0`, `queue_arguments`).
 const CLASSIC_ARGUMENTS: &[&str] = &[
@@ -379,14 +390,8 @@ const STREAM_ARGUMENTS: &[&str] = &[
 
 /// Refuses an argument that another queue type takes but `kind` does not
 /// (RabbitMQ ignores arguments no type knows).
-/// An unknown `x-queue-type` is refused later, by [`queue_settings`].
 pub(crate) fn check_type_arguments(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
-    let kind = match args.get("x-queue-type").and_then(FieldValue::as_str) {
-        Some("quorum") => QueueKind::Quorum,
-        Some("stream") => QueueKind::Stream,
-        _ => QueueKind::Classic,
-    };
-    let (takes, module) = match kind {
+    let (takes, module) = match declared_kind(args) {
         QueueKind::Classic => (CLASSIC_ARGUMENTS, "rabbit_classic_queue"),
         QueueKind::Quorum => (QUORUM_ARGUMENTS, "rabbit_quorum_queue"),
         QueueKind::Stream => (STREAM_ARGUMENTS, "rabbit_stream_queue"),

@@ -351,20 +351,20 @@ impl BrokerMachine {
                 "queue name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
-        // RabbitMQ checks a redeclaration for equivalence only; the
-        // arguments of a new queue are checked against what its type takes,
-        // then validated.
+        // RabbitMQ checks a redeclaration for equivalence only; a new queue
+        // for its type's properties, then for arguments its type does not
+        // take, then the values.
         if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
             return redeclared(q, from, m, name).map(Some);
+        }
+        if matches!(args::declared_kind(&m.arguments), QueueKind::Quorum | QueueKind::Stream) {
+            check_replicated_queue(m, name, vhost)?;
         }
         args::check_type_arguments(&m.arguments, name, vhost)?;
         let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(None);
         };
-        if matches!(settings.kind, QueueKind::Quorum | QueueKind::Stream) {
-            check_replicated_queue(m, name, vhost)?;
-        }
         let owner = m.exclusive.then_some(from.id);
         let q = Queue::new(
             name.clone(),
