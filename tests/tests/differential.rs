@@ -250,3 +250,62 @@ fn a_non_durable_quorum_queue_is_refused_for_durability_before_its_arguments() {
         other_type: true,
     }]);
 }
+
+#[test]
+fn a_settlement_in_a_transaction_is_checked_at_once_and_undone_by_a_rollback() {
+    let publish = Op::Publish {
+        ch: Ch(0),
+        to: Target::Default,
+        key: Key::Queue(Q::Classic),
+        mandatory: false,
+        props: Props::default(),
+    };
+    let get = Op::Get {
+        ch: Ch(2),
+        q: Q::Classic,
+        no_ack: false,
+    };
+    replay(vec![
+        Op::TxSelect { ch: Ch(2) },
+        Op::Reject {
+            ch: Ch(2),
+            pick: 0,
+            requeue: false,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        publish.clone(),
+        publish,
+        Op::TxSelect { ch: Ch(2) },
+        get.clone(),
+        get,
+        Op::Ack {
+            ch: Ch(2),
+            pick: 1,
+            multiple: true,
+        },
+        Op::TxRollback { ch: Ch(2) },
+        // Both are unacked again, and acked again in the transaction ...
+        Op::Ack {
+            ch: Ch(2),
+            pick: 0,
+            multiple: false,
+        },
+        Op::Ack {
+            ch: Ch(2),
+            pick: 1,
+            multiple: false,
+        },
+        // ... which is never committed: they go back to the queue.
+        Op::CloseChannel { ch: Ch(2) },
+        get_from(Ch(3)),
+        get_from(Ch(3)),
+    ]);
+}
+
+fn get_from(ch: Ch) -> Op {
+    Op::Get {
+        ch,
+        q: Q::Classic,
+        no_ack: true,
+    }
+}

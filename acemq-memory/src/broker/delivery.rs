@@ -330,14 +330,24 @@ impl BrokerMachine {
         how: Settle,
         now: Instant,
     ) -> Result<(), AmqpError> {
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return Ok(());
+        let taken = self.take_unacked(id, ch, tag, multiple)?;
+        self.apply_settlement(id, ch, taken, how, now);
+        Ok(())
+    }
+
+    /// Takes the deliveries a settlement covers off the channel's unacked
+    /// list (an unknown tag is refused now, in a transaction too).
+    pub(crate) fn take_unacked(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+    ) -> Result<Vec<Unacked>, AmqpError> {
+        let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
+            return Ok(Vec::new());
         };
-        let vhost = conn.vhost.clone();
-        let Some(channel) = conn.channel_mut(ch) else {
-            return Ok(());
-        };
-        let taken: Vec<Unacked> = if multiple && tag == 0 {
+        Ok(if multiple && tag == 0 {
             channel.unacked.drain(..).collect()
         } else {
             let pos = channel
@@ -349,6 +359,17 @@ impl BrokerMachine {
             } else {
                 channel.unacked.remove(pos).into_iter().collect()
             }
+        })
+    }
+
+    /// Carries out a settlement of deliveries taken with [`Self::take_unacked`].
+    pub(crate) fn apply_settlement(&mut self, id: ConnId, ch: u16, taken: Vec<Unacked>, how: Settle, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let vhost = conn.vhost.clone();
+        let Some(channel) = conn.channel_mut(ch) else {
+            return;
         };
         for entry in &taken {
             if let Some(tag) = &entry.consumer {
@@ -386,7 +407,6 @@ impl BrokerMachine {
         for q in touched {
             self.dispatch(&vhost, &q, now);
         }
-        Ok(())
     }
 
     fn settled(&mut self, vhost: &str, queue: &ShortString, count: u64, touched: &mut Vec<ShortString>) {

@@ -575,31 +575,46 @@ impl BrokerMachine {
     /// `basic.ack`, `basic.reject`, `basic.nack`: settled now, or at commit
     /// in a transaction.
     fn basic_settle(&mut self, from: &Origin, method: Method) -> Result<(), AmqpError> {
-        if let Some(tx) = self.channel(from.id, from.ch).and_then(|c| c.tx.as_mut()) {
-            tx.push(TxOp::Settle(method));
+        if self.channel(from.id, from.ch).is_some_and(|c| c.tx.is_some()) {
+            let Some((tag, multiple, how)) = settlement(method) else {
+                return Ok(());
+            };
+            let taken = self.take_unacked(from.id, from.ch, tag, multiple)?;
+            if let Some(tx) = self.channel(from.id, from.ch).and_then(|c| c.tx.as_mut()) {
+                tx.push(TxOp::Settle(taken, how));
+            }
             return Ok(());
         }
         self.settle_method(from.id, from.ch, method, from.now)
     }
 
     fn settle_method(&mut self, id: ConnId, ch: u16, method: Method, now: Instant) -> Result<(), AmqpError> {
-        let (tag, multiple, how) = match method {
-            Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
-            Method::BasicReject(m) => (
-                m.delivery_tag,
-                false,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            Method::BasicNack(m) => (
-                m.delivery_tag,
-                m.multiple,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            _ => return Ok(()),
+        let Some((tag, multiple, how)) = settlement(method) else {
+            return Ok(());
         };
         self.settle(id, ch, tag, multiple, how, now)
     }
+}
 
+/// The tag, `multiple` and kind of a settlement method.
+fn settlement(method: Method) -> Option<(u64, bool, Settle)> {
+    Some(match method {
+        Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
+        Method::BasicReject(m) => (
+            m.delivery_tag,
+            false,
+            if m.requeue { Settle::Requeue } else { Settle::Discard },
+        ),
+        Method::BasicNack(m) => (
+            m.delivery_tag,
+            m.multiple,
+            if m.requeue { Settle::Requeue } else { Settle::Discard },
+        ),
+        _ => return None,
+    })
+}
+
+impl BrokerMachine {
     /// `basic.recover` (answered with `recover-ok`) and `basic.recover-async`
     /// (not answered): only with `requeue`.
     fn basic_recover(&mut self, from: &Origin, requeue: bool, answer: bool) -> Result<(), AmqpError> {
@@ -654,7 +669,7 @@ impl BrokerMachine {
                 TxOp::Publish(content) => {
                     self.route_and_enqueue(from.id, from.ch, &from.vhost, *content, None, from.now)
                 }
-                TxOp::Settle(method) => self.settle_method(from.id, from.ch, method, from.now)?,
+                TxOp::Settle(taken, how) => self.apply_settlement(from.id, from.ch, taken, how, from.now),
             }
         }
         self.reply(from, false, TxCommitOk {});
@@ -668,7 +683,15 @@ impl BrokerMachine {
         let Some(tx) = channel.tx.as_mut() else {
             return Err(AmqpError::precondition("channel is not transactional"));
         };
-        tx.clear();
+        // Settlements made in the transaction are undone: their deliveries
+        // are unacked again, in tag order, as RabbitMQ 3.10.8 does.
+        let ops = std::mem::take(tx);
+        for op in ops {
+            if let TxOp::Settle(taken, _) = op {
+                channel.unacked.extend(taken);
+            }
+        }
+        channel.unacked.make_contiguous().sort_by_key(|u| u.tag);
         self.reply(from, false, TxRollbackOk {});
         Ok(())
     }

@@ -94,7 +94,9 @@ pub(crate) struct Confirms {
 #[derive(Debug)]
 pub(crate) enum TxOp {
     Publish(Box<Publication>),
-    Settle(Method),
+    /// Deliveries already taken off the unacked list (RabbitMQ checks the
+    /// tag at once); a rollback puts them back.
+    Settle(Vec<Unacked>, delivery::Settle),
 }
 
 /// A whole `basic.publish`: the method, the header, the body.
@@ -386,7 +388,13 @@ impl BrokerMachine {
         let Some(channel) = conn.channel_mut(ch) else { return };
         channel.closing = true;
         channel.assembler.reset();
-        channel.tx = None;
+        // Settlements of an uncommitted transaction never happened.
+        for op in channel.tx.take().unwrap_or_default() {
+            if let TxOp::Settle(taken, _) = op {
+                channel.unacked.extend(taken);
+            }
+        }
+        channel.unacked.make_contiguous().sort_by_key(|u| u.tag);
         let consumers = std::mem::take(&mut channel.consumers);
         let unacked = std::mem::take(&mut channel.unacked);
         for consumer in consumers {
