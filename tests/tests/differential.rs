@@ -219,7 +219,7 @@ fn an_argument_of_another_queue_type_is_refused_by_name_of_the_type() {
 }
 
 #[test]
-fn a_redeclaration_as_another_type_is_refused_for_the_type_first() {
+fn a_redeclaration_is_compared_in_the_order_of_the_queue_types_arguments() {
     replay(vec![
         Op::DeclareQueue {
             ch: Ch(0),
@@ -233,7 +233,33 @@ fn a_redeclaration_as_another_type_is_refused_for_the_type_first() {
             other_type: true,
         },
         declare(Q::Classic, QueueArgs::default()),
+        // A classic queue (the stream slot, as the next type) compares in
+        // the classic order: the TTL before the type.
+        Op::DeclareQueue {
+            ch: Ch(1),
+            q: Q::Stream,
+            args: QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        declare(Q::Stream, QueueArgs::default()),
     ]);
+}
+
+#[test]
+fn a_new_queue_is_validated_for_the_arguments_its_type_takes_before_others_are_refused() {
+    replay(vec![declare(
+        Q::Classic,
+        QueueArgs {
+            dead_letter_routing_key: Some(Key::A),
+            delivery_limit: Some(Int::I(1)),
+            ..QueueArgs::default()
+        },
+    )]);
 }
 
 #[test]

@@ -37,31 +37,6 @@ pub(crate) struct QueueSettings {
     pub delivery_limit: Option<u64>,
 }
 
-/// The arguments RabbitMQ 3.10 compares on redeclare, in its order.
-const EQUIVALENCE_KEYS: &[&str] = &[
-    // RabbitMQ 3.10.8 compares the type before every other argument.
-    "x-queue-type",
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-in-memory-length",
-    "x-max-in-memory-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-single-active-consumer",
-    "x-quorum-initial-group-size",
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-initial-cluster-size",
-    "x-queue-leader-locator",
-    "x-delivery-limit",
-    "x-dead-letter-strategy",
-];
-
 /// RabbitMQ's name for a field type, as it appears in reply texts.
 pub(crate) fn type_name(value: &FieldValue) -> &'static str {
     match value {
@@ -196,12 +171,15 @@ pub(crate) fn assert_field_equivalence(
 
 /// The queue equivalence check on arguments.
 pub(crate) fn assert_queue_args_equivalence(
+    kind: QueueKind,
     current: &FieldTable,
     received: &FieldTable,
     queue: &ShortString,
     vhost: &str,
 ) -> Result<(), AmqpError> {
-    assert_args_equivalence(current, received, &rs_queue(queue, vhost), EQUIVALENCE_KEYS)
+    // RabbitMQ 3.10.8 compares the arguments the queue's type takes, in
+    // the order of that type's list.
+    assert_args_equivalence(current, received, &rs_queue(queue, vhost), type_arguments(kind))
 }
 
 fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
@@ -252,14 +230,8 @@ fn str_arg(args: &FieldTable, key: &str, queue: &ShortString, vhost: &str) -> Re
     }
 }
 
-/// Validates a queue's arguments and reads its settings.
-pub(crate) fn queue_settings(
-    args: &FieldTable,
-    queue: &ShortString,
-    vhost: &str,
-    default_delivery_limit: Option<u64>,
-) -> Result<QueueSettings, AmqpError> {
-    let kind = match args.get("x-queue-type") {
+fn parse_kind(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<QueueKind, AmqpError> {
+    Ok(match args.get("x-queue-type") {
         None => QueueKind::Classic,
         Some(FieldValue::LongString(s)) => match s.as_bytes() {
             b"classic" => QueueKind::Classic,
@@ -282,8 +254,11 @@ pub(crate) fn queue_settings(
                 format!("{{unacceptable_type,{}}}", type_name(other)),
             ))
         }
-    };
-    let overflow = match args.get("x-overflow") {
+    })
+}
+
+fn overflow_arg(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<Overflow, AmqpError> {
+    Ok(match args.get("x-overflow") {
         None => Overflow::DropHead,
         Some(FieldValue::LongString(s)) => match s.as_bytes() {
             b"drop-head" => Overflow::DropHead,
@@ -306,7 +281,72 @@ pub(crate) fn queue_settings(
                 format!("{{unacceptable_type,{}}}", type_name(other)),
             ))
         }
-    };
+    })
+}
+
+/// RabbitMQ 3.10.8's `declare_args()`: the order in which the arguments
+/// of a new queue are validated.
+const DECLARE_ARGS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+];
+
+/// RabbitMQ 3.10.8's `check_declare_arguments`, for a new queue: the type
+/// first, then the values of the arguments its type takes (in
+/// [`DECLARE_ARGS`] order), then any argument another type takes but this
+/// one does not (in the table's order). Arguments no type knows are ignored.
+pub(crate) fn check_declare_arguments(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let kind = parse_kind(args, queue, vhost)?;
+    let takes = type_arguments(kind);
+    for key in DECLARE_ARGS
+        .iter()
+        .filter(|k| takes.contains(k) && args.contains_key(k))
+    {
+        match *key {
+            "x-expires" => drop(int_arg(args, key, true, queue, vhost)?),
+            "x-message-ttl" | "x-max-length" | "x-max-length-bytes" => drop(int_arg(args, key, false, queue, vhost)?),
+            "x-dead-letter-exchange" => drop(str_arg(args, key, queue, vhost)?),
+            "x-dead-letter-routing-key" => {
+                str_arg(args, key, queue, vhost)?;
+                if !args.contains_key("x-dead-letter-exchange") {
+                    // RabbitMQ 3.10.8's words (later versions explain it in a sentence).
+                    return Err(invalid(key, queue, vhost, "routing_key_but_no_dlx_defined"));
+                }
+            }
+            "x-overflow" => drop(overflow_arg(args, queue, vhost)?),
+            _ => {}
+        }
+    }
+    check_type_arguments(args, kind, queue, vhost)
+}
+
+/// Validates a queue's arguments and reads its settings.
+pub(crate) fn queue_settings(
+    args: &FieldTable,
+    queue: &ShortString,
+    vhost: &str,
+    default_delivery_limit: Option<u64>,
+) -> Result<QueueSettings, AmqpError> {
+    let kind = parse_kind(args, queue, vhost)?;
+    let overflow = overflow_arg(args, queue, vhost)?;
     let dead_letter_exchange = str_arg(args, "x-dead-letter-exchange", queue, vhost)?;
     let dead_letter_routing_key = str_arg(args, "x-dead-letter-routing-key", queue, vhost)?;
     if dead_letter_routing_key.is_some() && dead_letter_exchange.is_none() {
@@ -342,6 +382,15 @@ pub(crate) fn declared_kind(args: &FieldTable) -> QueueKind {
         Some("quorum") => QueueKind::Quorum,
         Some("stream") => QueueKind::Stream,
         _ => QueueKind::Classic,
+    }
+}
+
+/// The queue arguments `kind` takes.
+fn type_arguments(kind: QueueKind) -> &'static [&'static str] {
+    match kind {
+        QueueKind::Classic => CLASSIC_ARGUMENTS,
+        QueueKind::Quorum => QUORUM_ARGUMENTS,
+        QueueKind::Stream => STREAM_ARGUMENTS,
     }
 }
 
@@ -390,11 +439,12 @@ const STREAM_ARGUMENTS: &[&str] = &[
 
 /// Refuses an argument that another queue type takes but `kind` does not
 /// (RabbitMQ ignores arguments no type knows).
-pub(crate) fn check_type_arguments(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
-    let (takes, module) = match declared_kind(args) {
-        QueueKind::Classic => (CLASSIC_ARGUMENTS, "rabbit_classic_queue"),
-        QueueKind::Quorum => (QUORUM_ARGUMENTS, "rabbit_quorum_queue"),
-        QueueKind::Stream => (STREAM_ARGUMENTS, "rabbit_stream_queue"),
+fn check_type_arguments(args: &FieldTable, kind: QueueKind, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let takes = type_arguments(kind);
+    let module = match kind {
+        QueueKind::Classic => "rabbit_classic_queue",
+        QueueKind::Quorum => "rabbit_quorum_queue",
+        QueueKind::Stream => "rabbit_stream_queue",
     };
     let known = |k: &str| {
         [CLASSIC_ARGUMENTS, QUORUM_ARGUMENTS, STREAM_ARGUMENTS]
@@ -444,9 +494,9 @@ mod tests {
         a.insert("x-message-ttl", FieldValue::I32(1000));
         let mut b = FieldTable::new();
         b.insert("x-message-ttl", FieldValue::I64(1000));
-        assert!(assert_queue_args_equivalence(&a, &b, &"q".into(), "/").is_ok());
+        assert!(assert_queue_args_equivalence(QueueKind::Classic, &a, &b, &"q".into(), "/").is_ok());
         b.insert("x-message-ttl", FieldValue::U16(999));
-        let err = assert_queue_args_equivalence(&a, &b, &"q".into(), "/").unwrap_err();
+        let err = assert_queue_args_equivalence(QueueKind::Classic, &a, &b, &"q".into(), "/").unwrap_err();
         assert_eq!(
             err.text,
             "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received '999' but current is '1000'"
@@ -457,7 +507,8 @@ mod tests {
     fn missing_argument_text_matches_rabbitmq() {
         let mut b = FieldTable::new();
         b.insert("x-message-ttl", FieldValue::I32(2000));
-        let err = assert_queue_args_equivalence(&FieldTable::new(), &b, &"q".into(), "/").unwrap_err();
+        let err =
+            assert_queue_args_equivalence(QueueKind::Classic, &FieldTable::new(), &b, &"q".into(), "/").unwrap_err();
         assert_eq!(
             err.text,
             "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '2000' of type 'signedint' but current is none"

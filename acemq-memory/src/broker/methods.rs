@@ -352,15 +352,14 @@ impl BrokerMachine {
             )));
         }
         // RabbitMQ checks a redeclaration for equivalence only; a new queue
-        // for its type's properties, then for arguments its type does not
-        // take, then the values.
+        // for its type's properties, then its arguments.
         if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
             return redeclared(q, from, m, name).map(Some);
         }
         if matches!(args::declared_kind(&m.arguments), QueueKind::Quorum | QueueKind::Stream) {
             check_replicated_queue(m, name, vhost)?;
         }
-        args::check_type_arguments(&m.arguments, name, vhost)?;
+        args::check_declare_arguments(&m.arguments, name, vhost)?;
         let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(None);
@@ -740,7 +739,7 @@ fn redeclared(q: &mut Queue, from: &Origin, m: &QueueDeclare, name: &ShortString
     let what = rs_queue(name, vhost);
     assert_field_equivalence(q.durable, m.durable, &what, "durable")?;
     assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
-    assert_queue_args_equivalence(&q.arguments, &m.arguments, name, vhost)?;
+    assert_queue_args_equivalence(q.settings.kind, &q.arguments, &m.arguments, name, vhost)?;
     q.last_used = from.now;
     Ok((q.message_count(), q.consumers.len()))
 }
