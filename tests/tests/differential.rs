@@ -11,7 +11,7 @@
 //! regression test. `scripts/differential.sh --cases N` runs more.
 //! `ACEMQ_DIFF_SHOW=1` prints both transcripts of each replayed sequence.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use acemq_memory::deadline::deadline_of;
@@ -67,12 +67,22 @@ fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
         None => TestRunner::new(config),
     };
     let ran = AtomicUsize::new(0);
+    let shown = AtomicBool::new(false);
     let started = Instant::now();
     let result = runner.run(&sequence(MAX_LEN), |ops| {
-        ran.fetch_add(1, Ordering::Relaxed);
+        let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % 100 == 0 {
+            eprintln!("differential: {n} sequences in {:.1?}", started.elapsed());
+        }
         rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url)))
             .map(|_| ())
-            .map_err(TestCaseError::fail)
+            .map_err(|diff| {
+                // Shrinking takes a while: the first difference is shown at once.
+                if !shown.swap(true, Ordering::Relaxed) {
+                    eprintln!("differential: a difference, shrinking it now:\n{diff}");
+                }
+                TestCaseError::fail(diff)
+            })
     });
     eprintln!(
         "differential: {} sequences run ({cases} cases and any shrinking) in {:.1?}",
@@ -263,18 +273,25 @@ fn a_new_queue_is_validated_for_the_arguments_its_type_takes_before_others_are_r
 }
 
 #[test]
-fn a_non_durable_quorum_queue_is_refused_for_durability_before_its_arguments() {
-    replay(vec![Op::DeclareQueue {
+fn a_non_durable_quorum_queue_is_refused_for_durability_once_its_arguments_pass() {
+    let non_durable = |args| Op::DeclareQueue {
         ch: Ch(0),
-        q: Q::Classic,
-        args: QueueArgs {
-            max_length: Some(Int::I(1)),
-            ..QueueArgs::default()
-        },
+        q: Q::Quorum,
+        args,
         durable: false,
         passive: false,
-        other_type: true,
-    }]);
+        other_type: false,
+    };
+    replay(vec![
+        non_durable(QueueArgs {
+            max_length: Some(Int::I(1)),
+            ..QueueArgs::default()
+        }),
+        non_durable(QueueArgs {
+            dead_letter_routing_key: Some(Key::A),
+            ..QueueArgs::default()
+        }),
+    ]);
 }
 
 #[test]

@@ -352,14 +352,14 @@ impl BrokerMachine {
             )));
         }
         // RabbitMQ checks a redeclaration for equivalence only; a new queue
-        // for its type's properties, then its arguments.
+        // for its arguments, then its type's properties.
         if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
             return redeclared(q, from, m, name).map(Some);
         }
+        args::check_declare_arguments(&m.arguments, name, vhost)?;
         if matches!(args::declared_kind(&m.arguments), QueueKind::Quorum | QueueKind::Stream) {
             check_replicated_queue(m, name, vhost)?;
         }
-        args::check_declare_arguments(&m.arguments, name, vhost)?;
         let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(None);
