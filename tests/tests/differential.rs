@@ -352,3 +352,18 @@ fn get_from(ch: Ch) -> Op {
         no_ack: true,
     }
 }
+
+#[test]
+fn purging_a_stream_closes_the_connection_with_540() {
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        Op::PurgeQueue {
+            ch: Ch(1),
+            q: Q::Stream,
+        },
+        Op::PurgeQueue {
+            ch: Ch(0),
+            q: Q::Stream,
+        },
+    ]);
+}

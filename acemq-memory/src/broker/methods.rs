@@ -431,7 +431,14 @@ impl BrokerMachine {
     fn queue_purge(&mut self, from: &Origin, m: QueuePurge) -> Result<(), AmqpError> {
         let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
         let q = self.queue_for_use(from.id, &from.vhost, &queue)?;
-        let n = if q.is_stream() { 0 } else { q.purge() };
+        if q.is_stream() {
+            // RabbitMQ 3.10.8 closes the connection (540).
+            return Err(AmqpError::not_implemented(format!(
+                "queue.purge not supported by stream queues {}",
+                rs_queue(&queue, &from.vhost)
+            )));
+        }
+        let n = q.purge();
         let ok = QueuePurgeOk {
             message_count: n as u32,
         };
