@@ -367,3 +367,27 @@ fn purging_a_stream_closes_the_connection_with_540() {
         },
     ]);
 }
+
+#[test]
+fn a_stream_offset_for_a_consumer_of_a_classic_queue_is_refused() {
+    replay(vec![
+        // The stream slot, declared as the next type: classic.
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Stream,
+            args: QueueArgs::default(),
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        Op::Consume {
+            ch: Ch(1),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::First,
+        },
+    ]);
+}

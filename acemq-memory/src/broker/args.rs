@@ -385,6 +385,36 @@ pub(crate) fn declared_kind(args: &FieldTable) -> QueueKind {
     }
 }
 
+/// RabbitMQ 3.10.8's `check_consume_arguments`, the key part: a consumer
+/// argument another queue type takes but this one does not is refused
+/// (values are checked where they are used).
+pub(crate) fn check_consume_arguments(
+    args: &FieldTable,
+    kind: QueueKind,
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    const CLASSIC: &[&str] = &["x-cancel-on-ha-failover", "x-priority", "x-credit"];
+    const QUORUM: &[&str] = &["x-priority", "x-credit"];
+    const STREAM: &[&str] = &["x-stream-offset", "x-credit"];
+    let (takes, module) = match kind {
+        QueueKind::Classic => (CLASSIC, "rabbit_classic_queue"),
+        QueueKind::Quorum => (QUORUM, "rabbit_quorum_queue"),
+        QueueKind::Stream => (STREAM, "rabbit_stream_queue"),
+    };
+    let known = |k: &str| [CLASSIC, QUORUM, STREAM].iter().any(|l| l.contains(&k));
+    for (key, _) in args.iter() {
+        let key = key.to_string_lossy();
+        if known(&key) && !takes.contains(&&*key) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {module}",
+                rs_queue(queue, vhost)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The queue arguments `kind` takes.
 fn type_arguments(kind: QueueKind) -> &'static [&'static str] {
     match kind {

@@ -512,6 +512,7 @@ impl BrokerMachine {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
         let q = self.queue_for_use(id, vhost, &queue)?;
+        args::check_consume_arguments(&m.arguments, q.settings.kind, &queue, vhost)?;
         if q.consumers.iter().any(|c| c.exclusive) || (m.exclusive && !q.consumers.is_empty()) {
             return Err(AmqpError::access_refused(format!(
                 "{} in exclusive use",
