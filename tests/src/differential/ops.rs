@@ -555,18 +555,19 @@ pub fn op() -> impl Strategy<Value = Op> {
 /// are only interesting once something exists.
 pub fn sequence(max_len: usize) -> impl Strategy<Value = Vec<Op>> {
     let setup = prop_oneof![
-        declare_queue(),
-        (ch(), x()).prop_map(|(ch, x)| Op::DeclareExchange {
+        2 => declare_queue(),
+        2 => (ch(), x()).prop_map(|(ch, x)| Op::DeclareExchange {
             ch,
             x,
             durable: true,
             passive: false,
             other_type: false
         }),
-        (ch(), q(), x(), key(), matching()).prop_map(|(ch, q, x, key, args)| Op::BindQueue { ch, q, x, key, args }),
+        2 => (ch(), q(), x(), key(), matching()).prop_map(|(ch, q, x, key, args)| Op::BindQueue { ch, q, x, key, args }),
+        1 => (ch(), x(), x(), key()).prop_map(|(ch, destination, source, key)| Op::BindExchange { ch, destination, source, key }),
     ];
     (
-        proptest::collection::vec(setup, 0..6),
+        proptest::collection::vec(setup, 0..10),
         proptest::collection::vec(op(), 1..max_len),
     )
         .prop_map(|(mut setup, rest)| {
