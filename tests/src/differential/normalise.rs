@@ -12,6 +12,8 @@ use std::collections::HashMap;
 
 use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue};
 
+use super::ops::Q;
+
 /// The normaliser of one run: it numbers server-chosen names in the order
 /// they first appear, so the same run on both brokers gets the same names.
 #[derive(Debug, Default)]
@@ -47,6 +49,20 @@ impl Normaliser {
             .map_or(text.len(), |n| at + n);
         let tag = self.consumer_tag(&text[at..end]);
         format!("{}{}{}", &text[..at], tag, self.text(&text[end..]))
+    }
+}
+
+/// The counts of a `queue.declare-ok` for the queue slot `q`, as
+/// recorded. A stream's message count is not compared: RabbitMQ 3.10.8
+/// answers with the count of its queue metrics (`rabbit_stream_queue:stat`
+/// reads `queue_coarse_metrics`, sampled every few seconds), 0 until the
+/// first sample, so the same run reads 0 or the length by timing alone.
+/// Its consumer count is compared (RabbitMQ always says 0).
+pub fn declare_counts(q: Q, message_count: u32, consumer_count: u32) -> String {
+    if q == Q::Stream {
+        format!("(_,{consumer_count})")
+    } else {
+        format!("({message_count},{consumer_count})")
     }
 }
 

@@ -13,7 +13,10 @@
 //!   queues before the next operation;
 //! - then the queues are probed (passive declares on a connection of the
 //!   harness's own) until no queue has ready messages that a consumer with
-//!   credit could take, twice in a row, under a deadline.
+//!   credit could take, twice in a row, under a deadline. Streams report
+//!   no length (see `normalise::declare_counts`), so a stream consumer with
+//!   credit counts as caught up once nothing has reached it for
+//!   `STREAM_GRACE`: the one wait that rests on time.
 //!
 //! Asynchronous observations are kept per channel and written out channel
 //! by channel after each operation, so the order in which two channels
@@ -36,6 +39,9 @@ use super::ops::*;
 const REPLY: Duration = Duration::from_secs(10);
 /// How long a settle may wait for the queues to become quiet.
 const QUIET: Duration = Duration::from_secs(5);
+/// How long a stream consumer with credit must have received nothing to be
+/// taken as caught up.
+const STREAM_GRACE: Duration = Duration::from_millis(60);
 /// The tag acked when a channel has nothing unacked: unknown to the broker.
 const UNKNOWN_TAG: u64 = 1000;
 
@@ -99,8 +105,8 @@ struct ConsumerState {
     q: Q,
     no_ack: bool,
     prefetch: u16,
-    /// The stream offset of the last delivery.
-    last_offset: Option<i64>,
+    /// When it last received a delivery (or started).
+    last_delivery: Instant,
 }
 
 struct Chan {
@@ -420,7 +426,14 @@ impl Run {
                 };
                 let Some(c) = self.chan(ch).await else { return };
                 let r = timeout(REPLY, c.ch.queue_declare(method)).await;
-                self.outcome(ch, &format!("queue.declare {q:?}"), r, |_, ok| format!("{ok:?}"));
+                self.outcome(ch, &format!("queue.declare {q:?}"), r, |_, ok| match ok {
+                    Some(ok) => format!(
+                        "declare-ok {:?} {}",
+                        ok.queue,
+                        normalise::declare_counts(q, ok.message_count, ok.consumer_count)
+                    ),
+                    None => "no reply".into(),
+                });
             }
             Op::DeleteQueue {
                 ch,
@@ -885,7 +898,7 @@ impl Run {
                     q,
                     no_ack,
                     prefetch,
-                    last_offset: None,
+                    last_delivery: Instant::now(),
                 });
             }
             format!("consume-ok {shown}")
@@ -939,11 +952,7 @@ impl Run {
     fn take_deliveries(&mut self, ch: Ch, consumer: &mut ConsumerState) {
         while let Some(d) = consumer.consumer.try_next() {
             let tag = self.norm.consumer_tag(&d.consumer_tag.to_string_lossy());
-            if let Ok(p) = &d.properties {
-                if let Some(offset) = p.headers.as_ref().and_then(|h| h.get("x-stream-offset")) {
-                    consumer.last_offset = offset.as_i64();
-                }
-            }
+            consumer.last_delivery = Instant::now();
             let line = format!(
                 "deliver {tag} dtag={} redelivered={} ex={:?} rk={:?} {} body={:?}",
                 d.delivery_tag,
@@ -1159,7 +1168,7 @@ impl Run {
                     continue;
                 }
             };
-            counts.push(format!("{q:?}=({ready},{consumers})"));
+            counts.push(format!("{q:?}={}", normalise::declare_counts(q, ready, consumers)));
             for chan in self.conns.iter().flatten().flat_map(|c| c.channels.iter().flatten()) {
                 let Some(consumer) = &chan.consumer else { continue };
                 if consumer.q != q {
@@ -1172,14 +1181,15 @@ impl Run {
                     .filter(|u| u.consumer.as_deref() == Some(consumer.tag.as_str()))
                     .count();
                 let credit = consumer.no_ack || consumer.prefetch == 0 || in_flight < usize::from(consumer.prefetch);
-                let behind = if q == Q::Stream {
-                    // A stream's ready count is its length: a consumer is
-                    // behind until it has the last offset (or no credit).
-                    consumer.last_offset.map_or(ready > 0, |o| o + 1 < i64::from(ready))
-                } else {
-                    ready > 0
-                };
-                if credit && behind {
+                if q == Q::Stream {
+                    // RabbitMQ gives no length for a stream (see
+                    // `normalise::declare_counts`): a stream consumer with
+                    // credit is taken as caught up once nothing has come
+                    // for STREAM_GRACE. The one wait on time alone.
+                    if credit && consumer.last_delivery.elapsed() < STREAM_GRACE {
+                        quiet = false;
+                    }
+                } else if credit && ready > 0 {
                     quiet = false;
                 }
             }
