@@ -391,3 +391,34 @@ fn a_stream_offset_for_a_consumer_of_a_classic_queue_is_refused() {
         },
     ]);
 }
+
+#[test]
+fn a_stream_is_declared_with_no_consumers_and_delivers_as_credit_comes_back() {
+    let publish = Op::Publish {
+        ch: Ch(0),
+        to: Target::Default,
+        key: Key::Queue(Q::Stream),
+        mandatory: false,
+        props: Props::default(),
+    };
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        publish.clone(),
+        publish.clone(),
+        Op::Consume {
+            ch: Ch(1),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::First,
+        },
+        publish,
+        Op::Ack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: false,
+        },
+    ]);
+}

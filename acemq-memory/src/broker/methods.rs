@@ -334,7 +334,7 @@ impl BrokerMachine {
     fn queue_counts(&mut self, from: &Origin, name: &ShortString) -> Result<(usize, usize), AmqpError> {
         let q = self.queue_for_use(from.id, &from.vhost, name)?;
         q.last_used = from.now;
-        Ok((q.message_count(), q.consumers.len()))
+        Ok((q.message_count(), declared_consumers(q)))
     }
 
     /// Creates the queue, or checks a redeclaration; its counts, or `None`
@@ -749,7 +749,17 @@ fn redeclared(q: &mut Queue, from: &Origin, m: &QueueDeclare, name: &ShortString
     assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
     assert_queue_args_equivalence(q.settings.kind, &q.arguments, &m.arguments, name, vhost)?;
     q.last_used = from.now;
-    Ok((q.message_count(), q.consumers.len()))
+    Ok((q.message_count(), declared_consumers(q)))
+}
+
+/// The consumer count of a `declare-ok`: RabbitMQ 3.10.8 answers 0 for a
+/// stream, whatever consumes it (`rabbit_stream_queue:stat/1`).
+fn declared_consumers(q: &Queue) -> usize {
+    if q.is_stream() {
+        0
+    } else {
+        q.consumers.len()
+    }
 }
 
 /// Quorum queues and streams are durable, never exclusive, never
