@@ -422,3 +422,37 @@ fn a_stream_is_declared_with_no_consumers_and_delivers_as_credit_comes_back() {
         },
     ]);
 }
+
+#[test]
+fn deleting_a_quorum_queue_if_unused_or_empty_is_a_540_and_a_stream_ignores_both() {
+    let delete = |ch, q, if_unused, if_empty| Op::DeleteQueue {
+        ch: Ch(ch),
+        q,
+        if_unused,
+        if_empty,
+    };
+    replay(vec![
+        declare(Q::Quorum, QueueArgs::default()),
+        delete(0, Q::Quorum, false, true),
+        delete(2, Q::Quorum, true, false),
+        delete(1, Q::Quorum, true, true),
+        declare(Q::Stream, QueueArgs::default()),
+        Op::Publish {
+            ch: Ch(3),
+            to: Target::Default,
+            key: Key::Queue(Q::Stream),
+            mandatory: false,
+            props: Props::default(),
+        },
+        Op::Consume {
+            ch: Ch(3),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: true,
+            prefetch: Some(2),
+            offset: Offset::First,
+        },
+        delete(1, Q::Stream, true, true),
+    ]);
+}

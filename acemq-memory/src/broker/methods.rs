@@ -453,16 +453,30 @@ impl BrokerMachine {
         let mut count = 0;
         if exists {
             let q = self.queue_for_use(from.id, vhost, &queue)?;
-            if m.if_unused && !q.consumers.is_empty() {
+            // RabbitMQ 3.10.8: a quorum queue refuses both flags with a
+            // 540, a stream ignores them (and counts 0 messages deleted).
+            if q.settings.kind == QueueKind::Quorum && (m.if_unused || m.if_empty) {
+                let flag = if m.if_unused { "if-unused" } else { "if-empty" };
+                return Err(AmqpError::not_implemented(format!(
+                    "cannot delete {}. queue.delete operations with {flag} flag set are not supported by quorum queues",
+                    rs_queue(&queue, vhost)
+                )));
+            }
+            let stream = q.is_stream();
+            if m.if_unused && !stream && !q.consumers.is_empty() {
                 return Err(AmqpError::precondition(format!("{} in use", rs_queue(&queue, vhost))));
             }
-            if m.if_empty && q.message_count() > 0 {
+            if m.if_empty && !stream && q.message_count() > 0 {
                 return Err(AmqpError::precondition(format!(
                     "{} not empty",
                     rs_queue(&queue, vhost)
                 )));
             }
             count = self.delete_queue_internal(vhost, &queue).unwrap_or(0);
+            if stream {
+                // RabbitMQ 3.10.8's stream coordinator answers `{ok, 0}`.
+                count = 0;
+            }
         }
         let ok = QueueDeleteOk {
             message_count: count as u32,
