@@ -456,3 +456,27 @@ fn deleting_a_quorum_queue_if_unused_or_empty_is_a_540_and_a_stream_ignores_both
         delete(1, Q::Stream, true, true),
     ]);
 }
+
+#[test]
+fn only_a_classic_queue_keeps_a_consumer_exclusive() {
+    let consume = |ch, q, exclusive| Op::Consume {
+        ch: Ch(ch),
+        q,
+        no_ack: false,
+        exclusive,
+        server_tag: false,
+        prefetch: Some(1),
+        offset: Offset::Unset,
+    };
+    let mut ops = Vec::new();
+    for q in Q::ALL {
+        ops.push(declare(q, QueueArgs::default()));
+        ops.push(consume(0, q, true));
+        ops.push(consume(1, q, false));
+        ops.push(consume(2, q, true));
+        ops.push(Op::Cancel { ch: Ch(0) });
+        ops.push(Op::Cancel { ch: Ch(1) });
+        ops.push(Op::Cancel { ch: Ch(2) });
+    }
+    replay(ops);
+}

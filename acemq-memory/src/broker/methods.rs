@@ -527,7 +527,10 @@ impl BrokerMachine {
         }
         let q = self.queue_for_use(id, vhost, &queue)?;
         args::check_consume_arguments(&m.arguments, q.settings.kind, &queue, vhost)?;
-        if q.consumers.iter().any(|c| c.exclusive) || (m.exclusive && !q.consumers.is_empty()) {
+        // Only a classic queue keeps a consumer exclusive: RabbitMQ 3.10.8's
+        // quorum queues and streams take the flag and ignore it.
+        let exclusive = m.exclusive && q.settings.kind == QueueKind::Classic;
+        if q.consumers.iter().any(|c| c.exclusive) || (exclusive && !q.consumers.is_empty()) {
             return Err(AmqpError::access_refused(format!(
                 "{} in exclusive use",
                 rs_queue(&queue, vhost)
@@ -553,7 +556,7 @@ impl BrokerMachine {
             conn: id,
             channel: ch,
             tag: tag.clone(),
-            exclusive: m.exclusive,
+            exclusive,
         });
         q.had_consumers = true;
         q.last_used = now;
