@@ -20,7 +20,7 @@ use acemq_tests::differential::{compare, rabbitmq_url, transcripts};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
 /// Sequences per CI run.
-const CI_CASES: u32 = 150;
+const CI_CASES: u32 = 200;
 /// The longest sequence generated.
 const MAX_LEN: usize = 24;
 /// How long one sequence (on both brokers) may take.

@@ -35,17 +35,36 @@ pub async fn transcripts(ops: &[Op], rabbitmq: &str) -> (Vec<String>, Vec<String
     let prefix = prefix();
     let memory_name = format!("{prefix}.broker");
     let broker = acemq_memory::Broker::named(&memory_name);
+    let started = std::time::Instant::now();
     let memory = run::run(&format!("memory://{memory_name}/"), &prefix, ops).await;
     drop(broker);
     acemq_memory::Broker::forget_named(&memory_name);
+    let on_memory = started.elapsed();
     let rabbit = run::run(rabbitmq, &prefix, ops).await;
+    if std::env::var_os("ACEMQ_DIFF_TIMES").is_some() {
+        eprintln!(
+            "{} ops: acemq-memory {on_memory:.1?}, RabbitMQ {:.1?}",
+            ops.len(),
+            started.elapsed() - on_memory
+        );
+    }
     (memory, rabbit)
 }
 
 /// Runs `ops` on both brokers; `Err` shows where the transcripts part,
 /// with the lines before it for context.
 pub async fn compare(ops: &[Op], rabbitmq: &str) -> Result<usize, String> {
+    let started = std::time::Instant::now();
     let (memory, rabbit) = transcripts(ops, rabbitmq).await;
+    if std::env::var_os("ACEMQ_DIFF_SLOW").is_some() && started.elapsed() > std::time::Duration::from_secs(3) {
+        eprintln!("slow sequence ({:.1?}):", started.elapsed());
+        for line in rabbit
+            .iter()
+            .filter(|l| l.contains("not quiet") || l.contains("no reply"))
+        {
+            eprintln!("  {line}");
+        }
+    }
     if memory == rabbit {
         return Ok(memory.len());
     }
