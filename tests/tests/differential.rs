@@ -480,3 +480,71 @@ fn only_a_classic_queue_keeps_a_consumer_exclusive() {
     }
     replay(ops);
 }
+
+#[test]
+fn a_quorum_get_carries_its_delivery_count_and_counts_as_a_consumer_until_settled() {
+    let mut ops = Vec::new();
+    for dlx in [None, Some(Dlx::Default)] {
+        ops.push(declare(
+            Q::Quorum,
+            QueueArgs {
+                dead_letter_exchange: dlx,
+                ..QueueArgs::default()
+            },
+        ));
+        for _ in 0..3 {
+            ops.push(Op::Publish {
+                ch: Ch(0),
+                to: Target::Default,
+                key: Key::Queue(Q::Quorum),
+                mandatory: false,
+                props: Props::default(),
+            });
+        }
+        ops.push(Op::Get {
+            ch: Ch(1),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Get {
+            ch: Ch(1),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Get {
+            ch: Ch(2),
+            q: Q::Quorum,
+            no_ack: true,
+        });
+        ops.push(declare(
+            Q::Quorum,
+            QueueArgs {
+                dead_letter_exchange: dlx,
+                ..QueueArgs::default()
+            },
+        ));
+        ops.push(Op::Nack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: false,
+            requeue: true,
+        });
+        ops.push(Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Ack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: true,
+        });
+        ops.push(Op::DeleteQueue {
+            ch: Ch(0),
+            q: Q::Quorum,
+            if_unused: false,
+            if_empty: false,
+        });
+    }
+    replay(ops);
+}

@@ -489,8 +489,10 @@ impl BrokerMachine {
                     routing_key: m.msg.routing_key.clone(),
                     message_count: remaining,
                 };
-                let extra = (quorum && m.delivery_count > 0)
-                    .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                // RabbitMQ 3.10.8 writes the count on every quorum get,
+                // 0 included (a delivery to a consumer has it only once
+                // the message came back).
+                let extra = quorum.then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
                 write_content(out, ch, &get_ok.into(), &m.msg, frame_max, extra);
                 if !no_ack {
                     channel.unacked.push_back(Unacked {

@@ -334,7 +334,28 @@ impl BrokerMachine {
     fn queue_counts(&mut self, from: &Origin, name: &ShortString) -> Result<(usize, usize), AmqpError> {
         let q = self.queue_for_use(from.id, &from.vhost, name)?;
         q.last_used = from.now;
-        Ok((q.message_count(), declared_consumers(q)))
+        let (messages, consumers, quorum) = (
+            q.message_count(),
+            declared_consumers(q),
+            q.settings.kind == QueueKind::Quorum,
+        );
+        Ok((messages, consumers + self.dequeue_consumers(quorum, &from.vhost, name)))
+    }
+
+    /// RabbitMQ 3.10.8's quorum queues count each unacked `basic.get`
+    /// message of the queue as a consumer (each dequeue checks its message
+    /// out to one of its own) until it is settled.
+    fn dequeue_consumers(&self, quorum: bool, vhost: &str, queue: &ShortString) -> usize {
+        if !quorum {
+            return 0;
+        }
+        self.conns
+            .values()
+            .filter(|c| &*c.vhost == vhost)
+            .flat_map(|c| c.channels.iter().flatten())
+            .flat_map(|ch| ch.unacked.iter())
+            .filter(|u| u.consumer.is_none() && &u.queue == queue)
+            .count()
     }
 
     /// Creates the queue, or checks a redeclaration; its counts, or `None`
@@ -354,7 +375,12 @@ impl BrokerMachine {
         // RabbitMQ checks a redeclaration for equivalence only; a new queue
         // for its arguments, then its type's properties.
         if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
-            return redeclared(q, from, m, name).map(Some);
+            let quorum = q.settings.kind == QueueKind::Quorum;
+            let (messages, consumers) = redeclared(q, from, m, name)?;
+            return Ok(Some((
+                messages,
+                consumers + self.dequeue_consumers(quorum, vhost, name),
+            )));
         }
         args::check_declare_arguments(&m.arguments, name, vhost)?;
         if matches!(args::declared_kind(&m.arguments), QueueKind::Quorum | QueueKind::Stream) {

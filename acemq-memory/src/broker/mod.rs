@@ -644,6 +644,15 @@ impl BrokerMachine {
         for x in emptied {
             self.delete_exchange_internal(vhost, &x);
         }
+        // Deliveries of the deleted queue still unacked belong to no queue
+        // now: settling them must not reach a new queue of the same name.
+        for conn in self.conns.values_mut().filter(|c| &*c.vhost == vhost) {
+            for channel in conn.channels.iter_mut().flatten() {
+                for u in channel.unacked.iter_mut().filter(|u| &u.queue == queue) {
+                    u.queue = ShortString::new();
+                }
+            }
+        }
         for consumer in &q.consumers {
             let Some(conn) = self.conns.get_mut(&consumer.conn) else {
                 continue;
