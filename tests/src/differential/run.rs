@@ -97,6 +97,8 @@ enum Mode {
 struct Unacked {
     tag: u64,
     consumer: Option<String>,
+    /// The queue of a `basic.get` message, while that queue lives.
+    got_from: Option<Q>,
 }
 
 struct ConsumerState {
@@ -141,6 +143,8 @@ pub struct Run {
     last_counts: String,
     /// Quiet rounds in a row that make a settle quiet.
     rounds: usize,
+    /// The type each queue slot was declared with, while it exists.
+    kinds: [Option<Q>; 3],
 }
 
 /// Runs `ops` against the broker at `url`, with queue and exchange names
@@ -160,6 +164,7 @@ pub async fn run(url: &str, prefix: &str, ops: &[Op]) -> Vec<String> {
         step: 0,
         last_counts: String::new(),
         rounds: if url.starts_with("memory://") { 1 } else { 2 },
+        kinds: [None; 3],
     };
     for (i, op) in ops.iter().enumerate() {
         run.step = i;
@@ -237,6 +242,15 @@ fn fmt_props(p: &Properties) -> String {
     out.join(" ")
 }
 
+fn slot(q: Q) -> usize {
+    Q::ALL.iter().position(|x| *x == q).unwrap_or(0)
+}
+
+/// The type a slot is declared with when `other_type` is set.
+fn next_type(q: Q) -> Q {
+    Q::ALL[(slot(q) + 1) % Q::ALL.len()]
+}
+
 /// A method every broker answers at once and that cannot fail: a passive
 /// declare of `amq.direct`.
 async fn round_trip(ch: &acemq_core::amqp::Channel) -> Result<(), Error> {
@@ -263,11 +277,7 @@ impl Run {
 
     fn queue_arguments(&self, q: Q, args: &QueueArgs, other_type: bool) -> FieldTable {
         let mut t = FieldTable::default();
-        let kind = if other_type {
-            Q::ALL[(Q::ALL.iter().position(|x| *x == q).unwrap_or(0) + 1) % Q::ALL.len()]
-        } else {
-            q
-        };
+        let kind = if other_type { next_type(q) } else { q };
         t.insert("x-queue-type", FieldValue::LongString(kind.queue_type().into()));
         if let Some(v) = args.message_ttl {
             t.insert("x-message-ttl", int(v));
@@ -429,6 +439,9 @@ impl Run {
                 };
                 let Some(c) = self.chan(ch).await else { return };
                 let r = timeout(REPLY, c.ch.queue_declare(method)).await;
+                if matches!(r, Ok(Ok(_))) && !passive && self.kinds[slot(q)].is_none() {
+                    self.kinds[slot(q)] = Some(if other_type { next_type(q) } else { q });
+                }
                 self.outcome(ch, &format!("queue.declare {q:?}"), r, |_, ok| match ok {
                     Some(ok) => format!(
                         "declare-ok {:?} {}",
@@ -452,6 +465,22 @@ impl Run {
                 };
                 let Some(c) = self.chan(ch).await else { return };
                 let r = timeout(REPLY, c.ch.queue_delete(method)).await;
+                if matches!(r, Ok(Ok(_))) {
+                    self.kinds[slot(q)] = None;
+                    // Its unacked gets no longer count as its consumers.
+                    for chan in self
+                        .conns
+                        .iter_mut()
+                        .flatten()
+                        .flat_map(|c| c.channels.iter_mut().flatten())
+                    {
+                        for u in chan.unacked.iter_mut().chain(chan.tx_settled.iter_mut()) {
+                            if u.got_from == Some(q) {
+                                u.got_from = None;
+                            }
+                        }
+                    }
+                }
                 self.outcome(ch, &format!("queue.delete {q:?}"), r, |_, ok| format!("{ok:?}"));
             }
             Op::PurgeQueue { ch, q } => {
@@ -593,6 +622,7 @@ impl Run {
                                     c.unacked.push(Unacked {
                                         tag: m.delivery_tag,
                                         consumer: None,
+                                        got_from: Some(q),
                                     });
                                 }
                             }
@@ -971,6 +1001,7 @@ impl Run {
                     c.unacked.push(Unacked {
                         tag: d.delivery_tag,
                         consumer: Some(consumer.tag.clone()),
+                        got_from: None,
                     });
                 }
             }
@@ -1176,6 +1207,27 @@ impl Run {
                 }
             };
             counts.push(format!("{q:?}={}", normalise::declare_counts(q, ready, consumers)));
+            // Consumers go away asynchronously on RabbitMQ (a quorum queue
+            // hears of a closed channel later): wait for the count the
+            // runner expects. A stream always says 0.
+            let kind = self.kinds[slot(q)];
+            if kind != Some(Q::Stream) {
+                let chans = || self.conns.iter().flatten().flat_map(|c| c.channels.iter().flatten());
+                let consuming = chans()
+                    .filter(|c| c.consumer.as_ref().is_some_and(|c| c.q == q))
+                    .count();
+                let getting = if kind == Some(Q::Quorum) {
+                    chans()
+                        .flat_map(|c| c.unacked.iter().chain(c.tx_settled.iter()))
+                        .filter(|u| u.got_from == Some(q))
+                        .count()
+                } else {
+                    0
+                };
+                if consumers as usize != consuming + getting {
+                    quiet = false;
+                }
+            }
             for chan in self.conns.iter().flatten().flat_map(|c| c.channels.iter().flatten()) {
                 let Some(consumer) = &chan.consumer else { continue };
                 if consumer.q != q {
