@@ -548,3 +548,62 @@ fn a_quorum_get_carries_its_delivery_count_and_counts_as_a_consumer_until_settle
     }
     replay(ops);
 }
+
+#[test]
+fn a_quorum_queue_refuses_a_publish_only_once_over_its_limit_and_takes_reject_publish_dlx_as_drop_head() {
+    let publish = |ch| Op::Publish {
+        ch: Ch(ch),
+        to: Target::Default,
+        key: Key::Queue(Q::Quorum),
+        mandatory: false,
+        props: Props::default(),
+    };
+    replay(vec![
+        declare(
+            Q::Quorum,
+            QueueArgs {
+                max_length: Some(Int::I(1)),
+                overflow: Some(Overflow::RejectPublish),
+                ..QueueArgs::default()
+            },
+        ),
+        publish(0),
+        publish(0),
+        publish(0),
+        publish(1),
+        publish(2),
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+        publish(1),
+        Op::DeleteQueue {
+            ch: Ch(0),
+            q: Q::Quorum,
+            if_unused: false,
+            if_empty: false,
+        },
+        declare(
+            Q::Quorum,
+            QueueArgs {
+                max_length: Some(Int::I(1)),
+                overflow: Some(Overflow::RejectPublishDlx),
+                ..QueueArgs::default()
+            },
+        ),
+        publish(0),
+        publish(0),
+        publish(1),
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+    ]);
+}
