@@ -348,3 +348,7 @@ where
     }
     counts
 }
+
+/// The differential test of acemq-memory against RabbitMQ
+/// (`tests/tests/differential.rs`): operations, the runner, normalisation.
+pub mod differential;

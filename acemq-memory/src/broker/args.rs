@@ -46,30 +46,6 @@ pub(crate) struct QueueSettings {
     pub max_segment_size: Option<u64>,
 }
 
-/// The arguments RabbitMQ 3.10 compares on redeclare, in its order.
-const EQUIVALENCE_KEYS: &[&str] = &[
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-in-memory-length",
-    "x-max-in-memory-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-single-active-consumer",
-    "x-queue-type",
-    "x-quorum-initial-group-size",
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-initial-cluster-size",
-    "x-queue-leader-locator",
-    "x-delivery-limit",
-    "x-dead-letter-strategy",
-];
-
 /// RabbitMQ's name for a field type, as it appears in reply texts.
 pub(crate) fn type_name(value: &FieldValue) -> &'static str {
     match value {
@@ -204,12 +180,15 @@ pub(crate) fn assert_field_equivalence(
 
 /// The queue equivalence check on arguments.
 pub(crate) fn assert_queue_args_equivalence(
+    kind: QueueKind,
     current: &FieldTable,
     received: &FieldTable,
     queue: &ShortString,
     vhost: &str,
 ) -> Result<(), AmqpError> {
-    assert_args_equivalence(current, received, &rs_queue(queue, vhost), EQUIVALENCE_KEYS)
+    // RabbitMQ 3.10.8 compares the arguments the queue's type takes, in
+    // the order of that type's list.
+    assert_args_equivalence(current, received, &rs_queue(queue, vhost), type_arguments(kind))
 }
 
 pub(crate) fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
@@ -260,87 +239,8 @@ fn str_arg(args: &FieldTable, key: &str, queue: &ShortString, vhost: &str) -> Re
     }
 }
 
-/// The declare arguments RabbitMQ 3.10.8 knows but refuses for a queue
-/// type, as observed: `invalid arg 'K' for queue 'Q' in vhost 'V' of queue
-/// type rabbit_quorum_queue`. Arguments it does not know pass everywhere.
-fn unsupported_arguments(kind: QueueKind) -> (&'static str, &'static [&'static str]) {
-    match kind {
-        QueueKind::Classic => (
-            "rabbit_classic_queue",
-            &[
-                "x-max-in-memory-length",
-                "x-max-in-memory-bytes",
-                "x-quorum-initial-group-size",
-                "x-max-age",
-                "x-stream-max-segment-size-bytes",
-                "x-initial-cluster-size",
-                "x-queue-leader-locator",
-                "x-delivery-limit",
-                "x-dead-letter-strategy",
-            ],
-        ),
-        QueueKind::Quorum => (
-            "rabbit_quorum_queue",
-            &[
-                "x-max-priority",
-                "x-queue-mode",
-                "x-max-age",
-                "x-stream-max-segment-size-bytes",
-                "x-initial-cluster-size",
-                "x-queue-master-locator",
-            ],
-        ),
-        QueueKind::Stream => (
-            "rabbit_stream_queue",
-            &[
-                "x-expires",
-                "x-message-ttl",
-                "x-dead-letter-exchange",
-                "x-dead-letter-routing-key",
-                "x-max-length",
-                "x-max-in-memory-length",
-                "x-max-in-memory-bytes",
-                "x-max-priority",
-                "x-overflow",
-                "x-queue-mode",
-                "x-single-active-consumer",
-                "x-quorum-initial-group-size",
-                "x-queue-master-locator",
-                "x-delivery-limit",
-                "x-dead-letter-strategy",
-            ],
-        ),
-    }
-}
-
-/// RabbitMQ's check that every known argument suits the queue type; the
-/// first refused one in table order is named, before any value is checked.
-fn check_queue_type_arguments(
-    args: &FieldTable,
-    kind: QueueKind,
-    queue: &ShortString,
-    vhost: &str,
-) -> Result<(), AmqpError> {
-    let (module, refused) = unsupported_arguments(kind);
-    for (key, _) in args.entries() {
-        if refused.iter().any(|r| r.as_bytes() == key.as_bytes()) {
-            return Err(AmqpError::precondition(format!(
-                "invalid arg '{key}' for {} of queue type {module}",
-                rs_queue(queue, vhost)
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Validates a queue's arguments and reads its settings.
-pub(crate) fn queue_settings(
-    args: &FieldTable,
-    queue: &ShortString,
-    vhost: &str,
-    default_delivery_limit: Option<u64>,
-) -> Result<QueueSettings, AmqpError> {
-    let kind = match args.get("x-queue-type") {
+fn parse_kind(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<QueueKind, AmqpError> {
+    Ok(match args.get("x-queue-type") {
         None => QueueKind::Classic,
         Some(FieldValue::LongString(s)) => match s.as_bytes() {
             b"classic" => QueueKind::Classic,
@@ -363,9 +263,11 @@ pub(crate) fn queue_settings(
                 format!("{{unacceptable_type,{}}}", type_name(other)),
             ))
         }
-    };
-    check_queue_type_arguments(args, kind, queue, vhost)?;
-    let overflow = match args.get("x-overflow") {
+    })
+}
+
+fn overflow_arg(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<Overflow, AmqpError> {
+    Ok(match args.get("x-overflow") {
         None => Overflow::DropHead,
         Some(FieldValue::LongString(s)) => match s.as_bytes() {
             b"drop-head" => Overflow::DropHead,
@@ -388,7 +290,79 @@ pub(crate) fn queue_settings(
                 format!("{{unacceptable_type,{}}}", type_name(other)),
             ))
         }
-    };
+    })
+}
+
+/// RabbitMQ 3.10.8's `declare_args()`: the order in which the arguments
+/// of a new queue are validated.
+const DECLARE_ARGS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+];
+
+/// RabbitMQ 3.10.8's `check_declare_arguments`, for a new queue: the type
+/// first, then the values of the arguments its type takes (in
+/// [`DECLARE_ARGS`] order), then any argument another type takes but this
+/// one does not (in the table's order). Arguments no type knows are ignored.
+pub(crate) fn check_declare_arguments(args: &FieldTable, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let kind = parse_kind(args, queue, vhost)?;
+    let takes = type_arguments(kind);
+    for key in DECLARE_ARGS
+        .iter()
+        .filter(|k| takes.contains(k) && args.contains_key(k))
+    {
+        match *key {
+            "x-expires" => drop(int_arg(args, key, true, queue, vhost)?),
+            "x-message-ttl" | "x-max-length" | "x-max-length-bytes" => drop(int_arg(args, key, false, queue, vhost)?),
+            "x-dead-letter-exchange" => drop(str_arg(args, key, queue, vhost)?),
+            "x-dead-letter-routing-key" => {
+                str_arg(args, key, queue, vhost)?;
+                if !args.contains_key("x-dead-letter-exchange") {
+                    // RabbitMQ 3.10.8's words (later versions explain it in a sentence).
+                    return Err(invalid(key, queue, vhost, "routing_key_but_no_dlx_defined"));
+                }
+            }
+            "x-overflow" => drop(overflow_arg(args, queue, vhost)?),
+            "x-max-priority" | "x-single-active-consumer" | "x-max-age" | "x-stream-max-segment-size-bytes" => {
+                let mut only = FieldTable::new();
+                if let Some(value) = args.get(key) {
+                    only.insert(*key, value.clone());
+                }
+                super::feature_args::feature_settings(&only, queue, vhost)?;
+            }
+            _ => {}
+        }
+    }
+    check_type_arguments(args, kind, queue, vhost)
+}
+
+/// Validates a queue's arguments and reads its settings.
+pub(crate) fn queue_settings(
+    args: &FieldTable,
+    queue: &ShortString,
+    vhost: &str,
+    default_delivery_limit: Option<u64>,
+) -> Result<QueueSettings, AmqpError> {
+    let kind = parse_kind(args, queue, vhost)?;
+    let overflow = overflow_arg(args, queue, vhost)?;
     let dead_letter_exchange = str_arg(args, "x-dead-letter-exchange", queue, vhost)?;
     let dead_letter_routing_key = str_arg(args, "x-dead-letter-routing-key", queue, vhost)?;
     if dead_letter_routing_key.is_some() && dead_letter_exchange.is_none() {
@@ -396,7 +370,8 @@ pub(crate) fn queue_settings(
             "x-dead-letter-routing-key",
             queue,
             vhost,
-            "Key x-dead-letter-exchange should be specified along with x-dead-letter-routing-key",
+            // RabbitMQ 3.10.8's words (later versions explain it in a sentence).
+            "routing_key_but_no_dlx_defined",
         ));
     }
     let delivery_limit = int_arg(args, "x-delivery-limit", false, queue, vhost)?;
@@ -419,6 +394,124 @@ pub(crate) fn queue_settings(
         max_age_ms: features.max_age_ms,
         max_segment_size: features.max_segment_size,
     })
+}
+
+/// The type a declaration asks for, before its arguments are validated
+/// (an unknown `x-queue-type` is refused later, by [`queue_settings`]).
+pub(crate) fn declared_kind(args: &FieldTable) -> QueueKind {
+    match args.get("x-queue-type").and_then(FieldValue::as_str) {
+        Some("quorum") => QueueKind::Quorum,
+        Some("stream") => QueueKind::Stream,
+        _ => QueueKind::Classic,
+    }
+}
+
+/// RabbitMQ 3.10.8's `check_consume_arguments`, the key part: a consumer
+/// argument another queue type takes but this one does not is refused
+/// (values are checked where they are used).
+pub(crate) fn check_consume_arguments(
+    args: &FieldTable,
+    kind: QueueKind,
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    const CLASSIC: &[&str] = &["x-cancel-on-ha-failover", "x-priority", "x-credit"];
+    const QUORUM: &[&str] = &["x-priority", "x-credit"];
+    const STREAM: &[&str] = &["x-stream-offset", "x-credit"];
+    let (takes, module) = match kind {
+        QueueKind::Classic => (CLASSIC, "rabbit_classic_queue"),
+        QueueKind::Quorum => (QUORUM, "rabbit_quorum_queue"),
+        QueueKind::Stream => (STREAM, "rabbit_stream_queue"),
+    };
+    let known = |k: &str| [CLASSIC, QUORUM, STREAM].iter().any(|l| l.contains(&k));
+    for (key, _) in args.iter() {
+        let key = key.to_string_lossy();
+        if known(&key) && !takes.contains(&&*key) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {module}",
+                rs_queue(queue, vhost)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The queue arguments `kind` takes.
+fn type_arguments(kind: QueueKind) -> &'static [&'static str] {
+    match kind {
+        QueueKind::Classic => CLASSIC_ARGUMENTS,
+        QueueKind::Quorum => QUORUM_ARGUMENTS,
+        QueueKind::Stream => STREAM_ARGUMENTS,
+    }
+}
+
+/// The queue arguments each type takes, as RabbitMQ 3.10.8's queue type
+/// modules list them (`capabilities/0`, `queue_arguments`).
+const CLASSIC_ARGUMENTS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+];
+const QUORUM_ARGUMENTS: &[&str] = &[
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-expires",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-overflow",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-delivery-limit",
+    "x-message-ttl",
+    "x-queue-leader-locator",
+];
+const STREAM_ARGUMENTS: &[&str] = &[
+    "x-max-length-bytes",
+    "x-queue-type",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+];
+
+/// Refuses an argument that another queue type takes but `kind` does not
+/// (RabbitMQ ignores arguments no type knows).
+fn check_type_arguments(args: &FieldTable, kind: QueueKind, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
+    let takes = type_arguments(kind);
+    let module = match kind {
+        QueueKind::Classic => "rabbit_classic_queue",
+        QueueKind::Quorum => "rabbit_quorum_queue",
+        QueueKind::Stream => "rabbit_stream_queue",
+    };
+    let known = |k: &str| {
+        [CLASSIC_ARGUMENTS, QUORUM_ARGUMENTS, STREAM_ARGUMENTS]
+            .iter()
+            .any(|l| l.contains(&k))
+    };
+    for (key, _) in args.iter() {
+        let key = key.to_string_lossy();
+        if known(&key) && !takes.contains(&&*key) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {module}",
+                rs_queue(queue, vhost)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Sets `key` as RabbitMQ's `set_table_value` does: replace or add, then
@@ -452,9 +545,9 @@ mod tests {
         a.insert("x-message-ttl", FieldValue::I32(1000));
         let mut b = FieldTable::new();
         b.insert("x-message-ttl", FieldValue::I64(1000));
-        assert!(assert_queue_args_equivalence(&a, &b, &"q".into(), "/").is_ok());
+        assert!(assert_queue_args_equivalence(QueueKind::Classic, &a, &b, &"q".into(), "/").is_ok());
         b.insert("x-message-ttl", FieldValue::U16(999));
-        let err = assert_queue_args_equivalence(&a, &b, &"q".into(), "/").unwrap_err();
+        let err = assert_queue_args_equivalence(QueueKind::Classic, &a, &b, &"q".into(), "/").unwrap_err();
         assert_eq!(
             err.text,
             "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received '999' but current is '1000'"
@@ -465,31 +558,11 @@ mod tests {
     fn missing_argument_text_matches_rabbitmq() {
         let mut b = FieldTable::new();
         b.insert("x-message-ttl", FieldValue::I32(2000));
-        let err = assert_queue_args_equivalence(&FieldTable::new(), &b, &"q".into(), "/").unwrap_err();
+        let err =
+            assert_queue_args_equivalence(QueueKind::Classic, &FieldTable::new(), &b, &"q".into(), "/").unwrap_err();
         assert_eq!(
             err.text,
             "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '2000' of type 'signedint' but current is none"
-        );
-    }
-
-    #[test]
-    fn a_queue_type_refuses_the_arguments_it_does_not_take_before_checking_values() {
-        let mut args = FieldTable::new();
-        args.insert("x-max-priority", "not even an integer");
-        args.insert("x-single-active-consumer", true);
-        args.insert("x-queue-type", "stream");
-        let err = queue_settings(&args, &"q".into(), "/", None).unwrap_err();
-        assert_eq!(
-            err.text,
-            "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'q' in vhost '/' of queue type rabbit_stream_queue"
-        );
-        let mut args = FieldTable::new();
-        args.insert("x-delivery-limit", 5);
-        args.insert("x-unknown-to-rabbitmq", "passes");
-        let err = queue_settings(&args, &"q".into(), "/", None).unwrap_err();
-        assert_eq!(
-            err.text,
-            "PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue 'q' in vhost '/' of queue type rabbit_classic_queue"
         );
     }
 }

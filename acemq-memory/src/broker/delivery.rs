@@ -325,14 +325,24 @@ impl BrokerMachine {
         how: Settle,
         now: Instant,
     ) -> Result<(), AmqpError> {
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return Ok(());
+        let taken = self.take_unacked(id, ch, tag, multiple)?;
+        self.apply_settlement(id, ch, taken, how, now);
+        Ok(())
+    }
+
+    /// Takes the deliveries a settlement covers off the channel's unacked
+    /// list (an unknown tag is refused now, in a transaction too).
+    pub(crate) fn take_unacked(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+    ) -> Result<Vec<Unacked>, AmqpError> {
+        let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
+            return Ok(Vec::new());
         };
-        let vhost = conn.vhost.clone();
-        let Some(channel) = conn.channel_mut(ch) else {
-            return Ok(());
-        };
-        let taken: Vec<Unacked> = if multiple && tag == 0 {
+        Ok(if multiple && tag == 0 {
             channel.unacked.drain(..).collect()
         } else {
             let pos = channel
@@ -344,6 +354,17 @@ impl BrokerMachine {
             } else {
                 channel.unacked.remove(pos).into_iter().collect()
             }
+        })
+    }
+
+    /// Carries out a settlement of deliveries taken with [`Self::take_unacked`].
+    pub(crate) fn apply_settlement(&mut self, id: ConnId, ch: u16, taken: Vec<Unacked>, how: Settle, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let vhost = conn.vhost.clone();
+        let Some(channel) = conn.channel_mut(ch) else {
+            return;
         };
         let mut of_cancelled = false;
         for entry in &taken {
@@ -386,7 +407,6 @@ impl BrokerMachine {
         for q in touched {
             self.dispatch(&vhost, &q, now);
         }
-        Ok(())
     }
 
     fn settled(&mut self, vhost: &str, queue: &ShortString, count: u64, touched: &mut Vec<ShortString>) {
@@ -470,8 +490,10 @@ impl BrokerMachine {
                     routing_key: m.msg.routing_key.clone(),
                     message_count: remaining,
                 };
-                let extra = (quorum && m.delivery_count > 0)
-                    .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                // RabbitMQ 3.10.8 writes the count on every quorum get,
+                // 0 included (a delivery to a consumer has it only once
+                // the message came back).
+                let extra = quorum.then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
                 write_content(out, ch, &get_ok.into(), &m.msg, frame_max, extra);
                 if !no_ack {
                     channel.unacked.push_back(Unacked {

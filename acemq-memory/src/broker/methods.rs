@@ -256,9 +256,20 @@ impl BrokerMachine {
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(());
         };
-        if source.is_empty() {
+        if source.is_empty() || matches!(&destination, Destination::Exchange(d) if d.is_empty()) {
             return Err(default_exchange_refused());
         }
+        let binding = Binding {
+            destination,
+            key: key.clone(),
+            arguments: arguments.clone(),
+        };
+        // RabbitMQ 3.10.8 removes a binding that is not there without a
+        // word, whether its exchange and queue exist or not.
+        if !add && !vh.exchanges.get(source).is_some_and(|x| x.bindings.contains(&binding)) {
+            return Ok(());
+        }
+        let destination = binding.destination.clone();
         if !vh.exchanges.contains_key(source) {
             return Err(AmqpError::no_exchange(source, vhost));
         }
@@ -270,11 +281,6 @@ impl BrokerMachine {
             Destination::Queue(q) if !vh.queues.contains_key(q) => return Err(AmqpError::no_queue(q, vhost)),
             _ => {}
         }
-        let binding = Binding {
-            destination,
-            key: key.clone(),
-            arguments: arguments.clone(),
-        };
         let mut emptied = None;
         if let Some(x) = vh.exchanges.get_mut(source) {
             if add {
@@ -330,7 +336,28 @@ impl BrokerMachine {
     fn queue_counts(&mut self, from: &Origin, name: &ShortString) -> Result<(usize, usize), AmqpError> {
         let q = self.queue_for_use(from.id, &from.vhost, name)?;
         q.last_used = from.now;
-        Ok((q.message_count(), q.consumer_count()))
+        let (messages, consumers, quorum) = (
+            q.message_count(),
+            declared_consumers(q),
+            q.settings.kind == QueueKind::Quorum,
+        );
+        Ok((messages, consumers + self.dequeue_consumers(quorum, &from.vhost, name)))
+    }
+
+    /// RabbitMQ 3.10.8's quorum queues count each unacked `basic.get`
+    /// message of the queue as a consumer (each dequeue checks its message
+    /// out to one of its own) until it is settled.
+    fn dequeue_consumers(&self, quorum: bool, vhost: &str, queue: &ShortString) -> usize {
+        if !quorum {
+            return 0;
+        }
+        self.conns
+            .values()
+            .filter(|c| &*c.vhost == vhost)
+            .flat_map(|c| c.channels.iter().flatten())
+            .flat_map(|ch| ch.unacked.iter())
+            .filter(|u| u.consumer.is_none() && &u.queue == queue)
+            .count()
     }
 
     /// Creates the queue, or checks a redeclaration; its counts, or `None`
@@ -347,16 +374,24 @@ impl BrokerMachine {
                 "queue name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
+        // RabbitMQ checks a redeclaration for equivalence only; a new queue
+        // for its arguments, then its type's properties.
+        if let Some(q) = self.vhosts.get_mut(vhost).and_then(|vh| vh.queues.get_mut(name)) {
+            let quorum = q.settings.kind == QueueKind::Quorum;
+            let (messages, consumers) = redeclared(q, from, m, name)?;
+            return Ok(Some((
+                messages,
+                consumers + self.dequeue_consumers(quorum, vhost, name),
+            )));
+        }
+        args::check_declare_arguments(&m.arguments, name, vhost)?;
+        if matches!(args::declared_kind(&m.arguments), QueueKind::Quorum | QueueKind::Stream) {
+            check_replicated_queue(m, name, vhost)?;
+        }
         let settings = queue_settings(&m.arguments, name, vhost, self.config.quorum_default_delivery_limit)?;
         let Some(vh) = self.vhosts.get_mut(vhost) else {
             return Ok(None);
         };
-        if let Some(q) = vh.queues.get_mut(name) {
-            return redeclared(q, from, m, name).map(Some);
-        }
-        if matches!(settings.kind, QueueKind::Quorum | QueueKind::Stream) {
-            check_replicated_queue(m, name, vhost)?;
-        }
         let owner = m.exclusive.then_some(from.id);
         let q = Queue::new(
             name.clone(),
@@ -402,7 +437,19 @@ impl BrokerMachine {
         if m.exchange.is_empty() {
             return Err(default_exchange_refused());
         }
-        self.queue_for_use(from.id, vhost, &queue)?;
+        // Only a binding that is there is checked (exclusive owner included).
+        let bound = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.exchanges.get(&m.exchange))
+            .is_some_and(|x| {
+                x.bindings.iter().any(|b| {
+                    b.destination == Destination::Queue(queue.clone()) && b.key == key && b.arguments == m.arguments
+                })
+            });
+        if bound {
+            self.queue_for_use(from.id, vhost, &queue)?;
+        }
         self.bind(vhost, &m.exchange, Destination::Queue(queue), &key, &m.arguments, false)?;
         // queue.unbind has no `no_wait`.
         self.reply(from, false, QueueUnbindOk {});
@@ -412,7 +459,14 @@ impl BrokerMachine {
     fn queue_purge(&mut self, from: &Origin, m: QueuePurge) -> Result<(), AmqpError> {
         let queue = self.expand_queue(from.id, from.ch, &m.queue)?;
         let q = self.queue_for_use(from.id, &from.vhost, &queue)?;
-        let n = if q.is_stream() { 0 } else { q.purge() };
+        if q.is_stream() {
+            // RabbitMQ 3.10.8 closes the connection (540).
+            return Err(AmqpError::not_implemented(format!(
+                "queue.purge not supported by stream queues {}",
+                rs_queue(&queue, &from.vhost)
+            )));
+        }
+        let n = q.purge();
         let ok = QueuePurgeOk {
             message_count: n as u32,
         };
@@ -427,16 +481,30 @@ impl BrokerMachine {
         let mut count = 0;
         if exists {
             let q = self.queue_for_use(from.id, vhost, &queue)?;
-            if m.if_unused && !q.consumers.is_empty() {
+            // RabbitMQ 3.10.8: a quorum queue refuses both flags with a
+            // 540, a stream ignores them (and counts 0 messages deleted).
+            if q.settings.kind == QueueKind::Quorum && (m.if_unused || m.if_empty) {
+                let flag = if m.if_unused { "if-unused" } else { "if-empty" };
+                return Err(AmqpError::not_implemented(format!(
+                    "cannot delete {}. queue.delete operations with {flag} flag set are not supported by quorum queues",
+                    rs_queue(&queue, vhost)
+                )));
+            }
+            let stream = q.is_stream();
+            if m.if_unused && !stream && !q.consumers.is_empty() {
                 return Err(AmqpError::precondition(format!("{} in use", rs_queue(&queue, vhost))));
             }
-            if m.if_empty && q.message_count() > 0 {
+            if m.if_empty && !stream && q.message_count() > 0 {
                 return Err(AmqpError::precondition(format!(
                     "{} not empty",
                     rs_queue(&queue, vhost)
                 )));
             }
             count = self.delete_queue_internal(vhost, &queue).unwrap_or(0);
+            if stream {
+                // RabbitMQ 3.10.8's stream coordinator answers `{ok, 0}`.
+                count = 0;
+            }
         }
         let ok = QueueDeleteOk {
             message_count: count as u32,
@@ -486,11 +554,15 @@ impl BrokerMachine {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
         let q = self.queue_for_use(id, vhost, &queue)?;
+        args::check_consume_arguments(&m.arguments, q.settings.kind, &queue, vhost)?;
         let priority = feature_args::consumer_priority(&m.arguments, &queue, vhost)?;
-        // RabbitMQ 3.10.8 refuses an exclusive consumer on a classic queue
-        // with a single active consumer, even an idle one.
+        // Only a classic queue keeps a consumer exclusive: RabbitMQ 3.10.8's
+        // quorum queues and streams take the flag and ignore it. It refuses
+        // an exclusive consumer on a classic queue with a single active
+        // consumer, even an idle one.
+        let exclusive = m.exclusive && q.settings.kind == QueueKind::Classic;
         let single_classic = q.settings.single_active_consumer && q.settings.kind == QueueKind::Classic;
-        if q.consumers.iter().any(|c| c.exclusive) || (m.exclusive && (!q.consumers.is_empty() || single_classic)) {
+        if q.consumers.iter().any(|c| c.exclusive) || (exclusive && (!q.consumers.is_empty() || single_classic)) {
             return Err(AmqpError::access_refused(format!(
                 "{} in exclusive use",
                 rs_queue(&queue, vhost)
@@ -516,7 +588,7 @@ impl BrokerMachine {
             conn: id,
             channel: ch,
             tag: tag.clone(),
-            exclusive: m.exclusive,
+            exclusive,
             priority,
         });
         q.last_used = now;
@@ -570,31 +642,46 @@ impl BrokerMachine {
     /// `basic.ack`, `basic.reject`, `basic.nack`: settled now, or at commit
     /// in a transaction.
     fn basic_settle(&mut self, from: &Origin, method: Method) -> Result<(), AmqpError> {
-        if let Some(tx) = self.channel(from.id, from.ch).and_then(|c| c.tx.as_mut()) {
-            tx.push(TxOp::Settle(method));
+        if self.channel(from.id, from.ch).is_some_and(|c| c.tx.is_some()) {
+            let Some((tag, multiple, how)) = settlement(method) else {
+                return Ok(());
+            };
+            let taken = self.take_unacked(from.id, from.ch, tag, multiple)?;
+            if let Some(tx) = self.channel(from.id, from.ch).and_then(|c| c.tx.as_mut()) {
+                tx.push(TxOp::Settle(taken, how));
+            }
             return Ok(());
         }
         self.settle_method(from.id, from.ch, method, from.now)
     }
 
     fn settle_method(&mut self, id: ConnId, ch: u16, method: Method, now: Instant) -> Result<(), AmqpError> {
-        let (tag, multiple, how) = match method {
-            Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
-            Method::BasicReject(m) => (
-                m.delivery_tag,
-                false,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            Method::BasicNack(m) => (
-                m.delivery_tag,
-                m.multiple,
-                if m.requeue { Settle::Requeue } else { Settle::Discard },
-            ),
-            _ => return Ok(()),
+        let Some((tag, multiple, how)) = settlement(method) else {
+            return Ok(());
         };
         self.settle(id, ch, tag, multiple, how, now)
     }
+}
 
+/// The tag, `multiple` and kind of a settlement method.
+fn settlement(method: Method) -> Option<(u64, bool, Settle)> {
+    Some(match method {
+        Method::BasicAck(m) => (m.delivery_tag, m.multiple, Settle::Ack),
+        Method::BasicReject(m) => (
+            m.delivery_tag,
+            false,
+            if m.requeue { Settle::Requeue } else { Settle::Discard },
+        ),
+        Method::BasicNack(m) => (
+            m.delivery_tag,
+            m.multiple,
+            if m.requeue { Settle::Requeue } else { Settle::Discard },
+        ),
+        _ => return None,
+    })
+}
+
+impl BrokerMachine {
     /// `basic.recover` (answered with `recover-ok`) and `basic.recover-async`
     /// (not answered): only with `requeue`.
     fn basic_recover(&mut self, from: &Origin, requeue: bool, answer: bool) -> Result<(), AmqpError> {
@@ -649,7 +736,7 @@ impl BrokerMachine {
                 TxOp::Publish(content) => {
                     self.route_and_enqueue(from.id, from.ch, &from.vhost, *content, None, from.now)
                 }
-                TxOp::Settle(method) => self.settle_method(from.id, from.ch, method, from.now)?,
+                TxOp::Settle(taken, how) => self.apply_settlement(from.id, from.ch, taken, how, from.now),
             }
         }
         self.reply(from, false, TxCommitOk {});
@@ -663,7 +750,15 @@ impl BrokerMachine {
         let Some(tx) = channel.tx.as_mut() else {
             return Err(AmqpError::precondition("channel is not transactional"));
         };
-        tx.clear();
+        // Settlements made in the transaction are undone: their deliveries
+        // are unacked again, in tag order, as RabbitMQ 3.10.8 does.
+        let ops = std::mem::take(tx);
+        for op in ops {
+            if let TxOp::Settle(taken, _) = op {
+                channel.unacked.extend(taken);
+            }
+        }
+        channel.unacked.make_contiguous().sort_by_key(|u| u.tag);
         self.reply(from, false, TxRollbackOk {});
         Ok(())
     }
@@ -712,9 +807,20 @@ fn redeclared(q: &mut Queue, from: &Origin, m: &QueueDeclare, name: &ShortString
     let what = rs_queue(name, vhost);
     assert_field_equivalence(q.durable, m.durable, &what, "durable")?;
     assert_field_equivalence(q.auto_delete, m.auto_delete, &what, "auto_delete")?;
-    assert_queue_args_equivalence(&q.arguments, &m.arguments, name, vhost)?;
+    assert_queue_args_equivalence(q.settings.kind, &q.arguments, &m.arguments, name, vhost)?;
     q.last_used = from.now;
-    Ok((q.message_count(), q.consumer_count()))
+    Ok((q.message_count(), declared_consumers(q)))
+}
+
+/// The consumer count of a `declare-ok`: RabbitMQ 3.10.8 answers 0 for a
+/// stream, whatever consumes it (`rabbit_stream_queue:stat/1`); see
+/// [`Queue::consumer_count`] for the others.
+fn declared_consumers(q: &Queue) -> usize {
+    if q.is_stream() {
+        0
+    } else {
+        q.consumer_count()
+    }
 }
 
 /// Quorum queues and streams are durable, never exclusive, never

@@ -97,7 +97,9 @@ pub(crate) struct Confirms {
 #[derive(Debug)]
 pub(crate) enum TxOp {
     Publish(Box<Publication>),
-    Settle(Method),
+    /// Deliveries already taken off the unacked list (RabbitMQ checks the
+    /// tag at once); a rollback puts them back.
+    Settle(Vec<Unacked>, delivery::Settle),
 }
 
 /// A whole `basic.publish`: the method, the header, the body.
@@ -389,7 +391,13 @@ impl BrokerMachine {
         let Some(channel) = conn.channel_mut(ch) else { return };
         channel.closing = true;
         channel.assembler.reset();
-        channel.tx = None;
+        // Settlements of an uncommitted transaction never happened.
+        for op in channel.tx.take().unwrap_or_default() {
+            if let TxOp::Settle(taken, _) = op {
+                channel.unacked.extend(taken);
+            }
+        }
+        channel.unacked.make_contiguous().sort_by_key(|u| u.tag);
         let consumers = std::mem::take(&mut channel.consumers);
         let unacked = std::mem::take(&mut channel.unacked);
         let mut touched = Vec::new();
@@ -644,6 +652,15 @@ impl BrokerMachine {
         }
         for x in emptied {
             self.delete_exchange_internal(vhost, &x);
+        }
+        // Deliveries of the deleted queue still unacked belong to no queue
+        // now: settling them must not reach a new queue of the same name.
+        for conn in self.conns.values_mut().filter(|c| &*c.vhost == vhost) {
+            for channel in conn.channels.iter_mut().flatten() {
+                for u in channel.unacked.iter_mut().filter(|u| &u.queue == queue) {
+                    u.queue = ShortString::new();
+                }
+            }
         }
         for consumer in &q.consumers {
             let Some(conn) = self.conns.get_mut(&consumer.conn) else {

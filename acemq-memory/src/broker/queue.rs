@@ -265,9 +265,18 @@ impl Queue {
             return Enqueued::Accepted;
         }
         let size = msg.body.len() as u64;
-        match self.settings.overflow {
-            Overflow::RejectPublish | Overflow::RejectPublishDlx if self.is_full(size) => {
-                if self.settings.overflow == Overflow::RejectPublishDlx {
+        // RabbitMQ 3.10.8's quorum queues refuse a publish only once they
+        // are over the limit (the publish that takes them over is kept),
+        // and take reject-publish-dlx as drop-head.
+        let quorum = self.settings.kind == QueueKind::Quorum;
+        let (overflow, full) = match self.settings.overflow {
+            Overflow::RejectPublishDlx if quorum => (Overflow::DropHead, false),
+            other if quorum => (other, self.over_limits()),
+            other => (other, self.is_full(size)),
+        };
+        match overflow {
+            Overflow::RejectPublish | Overflow::RejectPublishDlx if full => {
+                if overflow == Overflow::RejectPublishDlx {
                     let seq = self.next_seq;
                     dropped.push((self.queued(msg, seq, now), DeathReason::MaxLen));
                 }
@@ -285,7 +294,8 @@ impl Queue {
             let at = self.ready.partition_point(|m| m.ahead_of(queued.priority, queued.seq));
             self.ready.insert(at, queued);
         }
-        while self.over_limits() {
+        // (A quorum queue with reject-publish stays over its limit.)
+        while !(quorum && overflow == Overflow::RejectPublish) && self.over_limits() {
             match self.pop_ready() {
                 Some(head) => dropped.push((head, DeathReason::MaxLen)),
                 None => break,

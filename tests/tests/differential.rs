@@ -1,0 +1,609 @@
+//! acemq-memory ≡ RabbitMQ: random sequences of operations over two
+//! connections, three queues (classic, quorum, stream) and four exchanges
+//! run on both brokers, and their transcripts (every reply, delivery,
+//! confirm, return, close and queue count) must be equal once normalised
+//! (`acemq_tests::differential::normalise`).
+//!
+//! `ACEMQ_DIFF_CASES` sets how many sequences to run (default
+//! [`CI_CASES`], sized to CI's budget of two minutes); `ACEMQ_DIFF_SEED`
+//! (a number) makes the run repeatable. A failure is shrunk by proptest to
+//! a minimal sequence, printed as a `Vec<Op>` to commit below as a
+//! regression test. `scripts/differential.sh --cases N` runs more.
+//! `ACEMQ_DIFF_SHOW=1` prints both transcripts of each replayed sequence.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use acemq_memory::deadline::deadline_of;
+use acemq_tests::differential::ops::*;
+use acemq_tests::differential::{compare, rabbitmq_url, transcripts};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+/// Sequences per CI run.
+const CI_CASES: u32 = 200;
+/// The longest sequence generated.
+const MAX_LEN: usize = 24;
+/// How long one sequence (on both brokers) may take.
+const PER_SEQUENCE: Duration = Duration::from_secs(120);
+
+fn runtime() -> tokio::runtime::Runtime {
+    // One thread: the engine's driver runs only when the runner awaits, so
+    // a command queued right after another (an ack, then the round trip
+    // that sees its refusal) is written in the same batch.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The RabbitMQ to compare with, or `None` (outside CI only) to skip.
+fn rabbitmq(rt: &tokio::runtime::Runtime) -> Option<String> {
+    rt.block_on(rabbitmq_url())
+}
+
+#[test]
+fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
+    let rt = runtime();
+    let Some(url) = rabbitmq(&rt) else { return };
+    let cases = std::env::var("ACEMQ_DIFF_CASES")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(CI_CASES);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    let mut runner = match std::env::var("ACEMQ_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    {
+        Some(seed) => {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+        }
+        None => TestRunner::new(config),
+    };
+    let ran = AtomicUsize::new(0);
+    let shown = AtomicBool::new(false);
+    let started = Instant::now();
+    let result = runner.run(&sequence(MAX_LEN), |ops| {
+        let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % 100 == 0 {
+            eprintln!("differential: {n} sequences in {:.1?}", started.elapsed());
+        }
+        rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url)))
+            .map(|_| ())
+            .map_err(|diff| {
+                // Shrinking takes a while: the first difference is shown at once.
+                if !shown.swap(true, Ordering::Relaxed) {
+                    eprintln!("differential: a difference, shrinking it now:\n{diff}");
+                }
+                TestCaseError::fail(diff)
+            })
+    });
+    eprintln!(
+        "differential: {} sequences run ({cases} cases and any shrinking) in {:.1?}",
+        ran.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Replays one committed sequence on both brokers.
+fn replay(ops: Vec<Op>) {
+    let rt = runtime();
+    let Some(url) = rabbitmq(&rt) else { return };
+    if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
+        let (memory, rabbit) = rt.block_on(transcripts(&ops, &url));
+        eprintln!(
+            "acemq-memory:\n  {}\nRabbitMQ:\n  {}",
+            memory.join("\n  "),
+            rabbit.join("\n  ")
+        );
+    }
+    if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url))) {
+        panic!("{diff}");
+    }
+}
+
+#[test]
+fn a_publish_to_a_declared_queue_is_got_back() {
+    replay(vec![
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            args: QueueArgs::default(),
+            durable: true,
+            passive: false,
+            other_type: false,
+        },
+        Op::Publish {
+            ch: Ch(1),
+            to: Target::Default,
+            key: Key::Queue(Q::Classic),
+            mandatory: true,
+            props: Props::default(),
+        },
+        Op::Get {
+            ch: Ch(2),
+            q: Q::Classic,
+            no_ack: false,
+        },
+    ]);
+}
+
+// Regression tests: sequences the property test shrank to, replayed on
+// both brokers.
+
+fn declare(q: Q, args: QueueArgs) -> Op {
+    Op::DeclareQueue {
+        ch: Ch(0),
+        q,
+        args,
+        durable: true,
+        passive: false,
+        other_type: false,
+    }
+}
+
+#[test]
+fn a_dead_letter_routing_key_without_an_exchange_is_refused_in_rabbitmqs_words() {
+    replay(vec![
+        declare(
+            Q::Classic,
+            QueueArgs {
+                dead_letter_routing_key: Some(Key::A),
+                ..QueueArgs::default()
+            },
+        ),
+        declare(Q::Classic, QueueArgs::default()),
+    ]);
+}
+
+#[test]
+fn unbinding_what_is_not_bound_is_ok_even_without_queue_or_exchange() {
+    replay(vec![
+        Op::UnbindQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            x: X::Direct,
+            key: Key::A,
+            args: Match::None,
+        },
+        Op::UnbindExchange {
+            ch: Ch(0),
+            destination: X::Topic,
+            source: X::Direct,
+            key: Key::A,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        Op::DeclareExchange {
+            ch: Ch(1),
+            x: X::Direct,
+            durable: true,
+            passive: false,
+            other_type: false,
+        },
+        Op::UnbindQueue {
+            ch: Ch(1),
+            q: Q::Classic,
+            x: X::Direct,
+            key: Key::A,
+            args: Match::None,
+        },
+    ]);
+}
+
+#[test]
+fn an_argument_of_another_queue_type_is_refused_by_name_of_the_type() {
+    replay(vec![
+        declare(
+            Q::Classic,
+            QueueArgs {
+                delivery_limit: Some(Int::I(1)),
+                ..QueueArgs::default()
+            },
+        ),
+        declare(Q::Classic, QueueArgs::default()),
+        declare(
+            Q::Stream,
+            QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+        ),
+        // Before the value is validated.
+        declare(
+            Q::Stream,
+            QueueArgs {
+                dead_letter_routing_key: Some(Key::A),
+                ..QueueArgs::default()
+            },
+        ),
+    ]);
+}
+
+#[test]
+fn a_redeclaration_is_compared_in_the_order_of_the_queue_types_arguments() {
+    replay(vec![
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Classic,
+            args: QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        // A classic queue (the stream slot, as the next type) compares in
+        // the classic order: the TTL before the type.
+        Op::DeclareQueue {
+            ch: Ch(1),
+            q: Q::Stream,
+            args: QueueArgs {
+                message_ttl: Some(Int::I(0)),
+                ..QueueArgs::default()
+            },
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        declare(Q::Stream, QueueArgs::default()),
+    ]);
+}
+
+#[test]
+fn a_new_queue_is_validated_for_the_arguments_its_type_takes_before_others_are_refused() {
+    replay(vec![declare(
+        Q::Classic,
+        QueueArgs {
+            dead_letter_routing_key: Some(Key::A),
+            delivery_limit: Some(Int::I(1)),
+            ..QueueArgs::default()
+        },
+    )]);
+}
+
+#[test]
+fn a_non_durable_quorum_queue_is_refused_for_durability_once_its_arguments_pass() {
+    let non_durable = |args| Op::DeclareQueue {
+        ch: Ch(0),
+        q: Q::Quorum,
+        args,
+        durable: false,
+        passive: false,
+        other_type: false,
+    };
+    replay(vec![
+        non_durable(QueueArgs {
+            max_length: Some(Int::I(1)),
+            ..QueueArgs::default()
+        }),
+        non_durable(QueueArgs {
+            dead_letter_routing_key: Some(Key::A),
+            ..QueueArgs::default()
+        }),
+    ]);
+}
+
+#[test]
+fn a_settlement_in_a_transaction_is_checked_at_once_and_undone_by_a_rollback() {
+    let publish = Op::Publish {
+        ch: Ch(0),
+        to: Target::Default,
+        key: Key::Queue(Q::Classic),
+        mandatory: false,
+        props: Props::default(),
+    };
+    let get = Op::Get {
+        ch: Ch(2),
+        q: Q::Classic,
+        no_ack: false,
+    };
+    replay(vec![
+        Op::TxSelect { ch: Ch(2) },
+        Op::Reject {
+            ch: Ch(2),
+            pick: 0,
+            requeue: false,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        publish.clone(),
+        publish,
+        Op::TxSelect { ch: Ch(2) },
+        get.clone(),
+        get,
+        Op::Ack {
+            ch: Ch(2),
+            pick: 1,
+            multiple: true,
+        },
+        Op::TxRollback { ch: Ch(2) },
+        // Both are unacked again, and acked again in the transaction ...
+        Op::Ack {
+            ch: Ch(2),
+            pick: 0,
+            multiple: false,
+        },
+        Op::Ack {
+            ch: Ch(2),
+            pick: 1,
+            multiple: false,
+        },
+        // ... which is never committed: they go back to the queue.
+        Op::CloseChannel { ch: Ch(2) },
+        get_from(Ch(3)),
+        get_from(Ch(3)),
+    ]);
+}
+
+fn get_from(ch: Ch) -> Op {
+    Op::Get {
+        ch,
+        q: Q::Classic,
+        no_ack: true,
+    }
+}
+
+#[test]
+fn purging_a_stream_closes_the_connection_with_540() {
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        Op::PurgeQueue {
+            ch: Ch(1),
+            q: Q::Stream,
+        },
+        Op::PurgeQueue {
+            ch: Ch(0),
+            q: Q::Stream,
+        },
+    ]);
+}
+
+#[test]
+fn a_stream_offset_for_a_consumer_of_a_classic_queue_is_refused() {
+    replay(vec![
+        // The stream slot, declared as the next type: classic.
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Stream,
+            args: QueueArgs::default(),
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        Op::Consume {
+            ch: Ch(1),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::First,
+        },
+    ]);
+}
+
+#[test]
+fn a_stream_is_declared_with_no_consumers_and_delivers_as_credit_comes_back() {
+    let publish = Op::Publish {
+        ch: Ch(0),
+        to: Target::Default,
+        key: Key::Queue(Q::Stream),
+        mandatory: false,
+        props: Props::default(),
+    };
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        publish.clone(),
+        publish.clone(),
+        Op::Consume {
+            ch: Ch(1),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::First,
+        },
+        publish,
+        Op::Ack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: false,
+        },
+    ]);
+}
+
+#[test]
+fn deleting_a_quorum_queue_if_unused_or_empty_is_a_540_and_a_stream_ignores_both() {
+    let delete = |ch, q, if_unused, if_empty| Op::DeleteQueue {
+        ch: Ch(ch),
+        q,
+        if_unused,
+        if_empty,
+    };
+    replay(vec![
+        declare(Q::Quorum, QueueArgs::default()),
+        delete(0, Q::Quorum, false, true),
+        delete(2, Q::Quorum, true, false),
+        delete(1, Q::Quorum, true, true),
+        declare(Q::Stream, QueueArgs::default()),
+        Op::Publish {
+            ch: Ch(3),
+            to: Target::Default,
+            key: Key::Queue(Q::Stream),
+            mandatory: false,
+            props: Props::default(),
+        },
+        Op::Consume {
+            ch: Ch(3),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: true,
+            prefetch: Some(2),
+            offset: Offset::First,
+        },
+        delete(1, Q::Stream, true, true),
+    ]);
+}
+
+#[test]
+fn only_a_classic_queue_keeps_a_consumer_exclusive() {
+    let consume = |ch, q, exclusive| Op::Consume {
+        ch: Ch(ch),
+        q,
+        no_ack: false,
+        exclusive,
+        server_tag: false,
+        prefetch: Some(1),
+        offset: Offset::Unset,
+    };
+    let mut ops = Vec::new();
+    for q in Q::ALL {
+        ops.push(declare(q, QueueArgs::default()));
+        ops.push(consume(0, q, true));
+        ops.push(consume(1, q, false));
+        ops.push(consume(2, q, true));
+        ops.push(Op::Cancel { ch: Ch(0) });
+        ops.push(Op::Cancel { ch: Ch(1) });
+        ops.push(Op::Cancel { ch: Ch(2) });
+    }
+    replay(ops);
+}
+
+#[test]
+fn a_quorum_get_carries_its_delivery_count_and_counts_as_a_consumer_until_settled() {
+    let mut ops = Vec::new();
+    for dlx in [None, Some(Dlx::Default)] {
+        ops.push(declare(
+            Q::Quorum,
+            QueueArgs {
+                dead_letter_exchange: dlx,
+                ..QueueArgs::default()
+            },
+        ));
+        for _ in 0..3 {
+            ops.push(Op::Publish {
+                ch: Ch(0),
+                to: Target::Default,
+                key: Key::Queue(Q::Quorum),
+                mandatory: false,
+                props: Props::default(),
+            });
+        }
+        ops.push(Op::Get {
+            ch: Ch(1),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Get {
+            ch: Ch(1),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Get {
+            ch: Ch(2),
+            q: Q::Quorum,
+            no_ack: true,
+        });
+        ops.push(declare(
+            Q::Quorum,
+            QueueArgs {
+                dead_letter_exchange: dlx,
+                ..QueueArgs::default()
+            },
+        ));
+        ops.push(Op::Nack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: false,
+            requeue: true,
+        });
+        ops.push(Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: false,
+        });
+        ops.push(Op::Ack {
+            ch: Ch(1),
+            pick: 0,
+            multiple: true,
+        });
+        ops.push(Op::DeleteQueue {
+            ch: Ch(0),
+            q: Q::Quorum,
+            if_unused: false,
+            if_empty: false,
+        });
+    }
+    replay(ops);
+}
+
+#[test]
+fn a_quorum_queue_refuses_a_publish_only_once_over_its_limit_and_takes_reject_publish_dlx_as_drop_head() {
+    let publish = |ch| Op::Publish {
+        ch: Ch(ch),
+        to: Target::Default,
+        key: Key::Queue(Q::Quorum),
+        mandatory: false,
+        props: Props::default(),
+    };
+    replay(vec![
+        declare(
+            Q::Quorum,
+            QueueArgs {
+                max_length: Some(Int::I(1)),
+                overflow: Some(Overflow::RejectPublish),
+                ..QueueArgs::default()
+            },
+        ),
+        publish(0),
+        publish(0),
+        publish(0),
+        publish(1),
+        publish(2),
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+        publish(1),
+        Op::DeleteQueue {
+            ch: Ch(0),
+            q: Q::Quorum,
+            if_unused: false,
+            if_empty: false,
+        },
+        declare(
+            Q::Quorum,
+            QueueArgs {
+                max_length: Some(Int::I(1)),
+                overflow: Some(Overflow::RejectPublishDlx),
+                ..QueueArgs::default()
+            },
+        ),
+        publish(0),
+        publish(0),
+        publish(1),
+        Op::Get {
+            ch: Ch(3),
+            q: Q::Quorum,
+            no_ack: true,
+        },
+    ]);
+}
