@@ -846,7 +846,8 @@ fn stream_start(q: &Queue, offset: Option<&FieldValue>) -> Result<u64, AmqpError
                 .map_or(len, |p| p as u64)
         }
         Some(v) => match v.as_i64() {
-            Some(n) => (n.max(0) as u64).min(len),
+            // An offset past the end waits for it, as RabbitMQ 3.10.8 does.
+            Some(n) => n.max(0) as u64,
             None => return Err(invalid(v)),
         },
     })
