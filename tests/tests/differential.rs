@@ -607,3 +607,29 @@ fn a_quorum_queue_refuses_a_publish_only_once_over_its_limit_and_takes_reject_pu
         },
     ]);
 }
+
+#[test]
+fn a_stream_consumer_at_an_offset_past_the_end_waits_for_it() {
+    let publish = Op::Publish {
+        ch: Ch(2),
+        to: Target::Default,
+        key: Key::Queue(Q::Stream),
+        mandatory: false,
+        props: Props::default(),
+    };
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        Op::Consume {
+            ch: Ch(0),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::At(2),
+        },
+        publish.clone(),
+        publish.clone(),
+        publish,
+    ]);
+}

@@ -171,7 +171,8 @@ impl StreamLog {
             StartAt::First => first,
             StartAt::Last => self.entries.back().map_or(self.next_offset, |e| e.offset),
             StartAt::Next => self.next_offset,
-            StartAt::Offset(n) => n.clamp(first, self.next_offset),
+            // An offset past the end waits for it, as RabbitMQ 3.10.8 does.
+            StartAt::Offset(n) => n.max(first),
             StartAt::Timestamp(secs) => {
                 let ms = secs.saturating_mul(1000);
                 self.entries

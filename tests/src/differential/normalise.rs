@@ -52,14 +52,14 @@ impl Normaliser {
     }
 }
 
-/// The counts of a `queue.declare-ok` for the queue slot `q`, as
-/// recorded. A stream's message count is not compared: RabbitMQ 3.10.8
+/// The counts of a `queue.declare-ok` for a queue of type `kind` (as the
+/// run declared it; `None` when it does not know), as recorded. A stream's message count is not compared: RabbitMQ 3.10.8
 /// answers with the count of its queue metrics (`rabbit_stream_queue:stat`
 /// reads `queue_coarse_metrics`, sampled every few seconds), 0 until the
 /// first sample, so the same run reads 0 or the length by timing alone.
 /// Its consumer count is compared (RabbitMQ always says 0).
-pub fn declare_counts(q: Q, message_count: u32, consumer_count: u32) -> String {
-    if q == Q::Stream {
+pub fn declare_counts(kind: Option<Q>, message_count: u32, consumer_count: u32) -> String {
+    if kind != Some(Q::Classic) && kind != Some(Q::Quorum) {
         format!("(_,{consumer_count})")
     } else {
         format!("({message_count},{consumer_count})")

@@ -442,11 +442,12 @@ impl Run {
                 if matches!(r, Ok(Ok(_))) && !passive && self.kinds[slot(q)].is_none() {
                     self.kinds[slot(q)] = Some(if other_type { next_type(q) } else { q });
                 }
+                let kind = self.kinds[slot(q)];
                 self.outcome(ch, &format!("queue.declare {q:?}"), r, |_, ok| match ok {
                     Some(ok) => format!(
                         "declare-ok {:?} {}",
                         ok.queue,
-                        normalise::declare_counts(q, ok.message_count, ok.consumer_count)
+                        normalise::declare_counts(kind, ok.message_count, ok.consumer_count)
                     ),
                     None => "no reply".into(),
                 });
@@ -1206,11 +1207,11 @@ impl Run {
                     continue;
                 }
             };
-            counts.push(format!("{q:?}={}", normalise::declare_counts(q, ready, consumers)));
+            let kind = self.kinds[slot(q)];
+            counts.push(format!("{q:?}={}", normalise::declare_counts(kind, ready, consumers)));
             // Consumers go away asynchronously on RabbitMQ (a quorum queue
             // hears of a closed channel later): wait for the count the
             // runner expects. A stream always says 0.
-            let kind = self.kinds[slot(q)];
             if kind != Some(Q::Stream) {
                 let chans = || self.conns.iter().flatten().flat_map(|c| c.channels.iter().flatten());
                 let consuming = chans()
