@@ -418,22 +418,7 @@ pub(crate) fn check_consume_arguments(
     const CLASSIC: &[&str] = &["x-cancel-on-ha-failover", "x-priority", "x-credit"];
     const QUORUM: &[&str] = &["x-priority", "x-credit"];
     const STREAM: &[&str] = &["x-stream-offset", "x-credit"];
-    let (takes, module) = match kind {
-        QueueKind::Classic => (CLASSIC, "rabbit_classic_queue"),
-        QueueKind::Quorum => (QUORUM, "rabbit_quorum_queue"),
-        QueueKind::Stream => (STREAM, "rabbit_stream_queue"),
-    };
-    let known = |k: &str| [CLASSIC, QUORUM, STREAM].iter().any(|l| l.contains(&k));
-    for (key, _) in args.iter() {
-        let key = key.to_string_lossy();
-        if known(&key) && !takes.contains(&&*key) {
-            return Err(AmqpError::precondition(format!(
-                "invalid arg '{key}' for {} of queue type {module}",
-                rs_queue(queue, vhost)
-            )));
-        }
-    }
-    Ok(())
+    refuse_other_types_arguments(args, kind, [CLASSIC, QUORUM, STREAM], queue, vhost)
 }
 
 /// The queue arguments `kind` takes.
@@ -491,20 +476,28 @@ const STREAM_ARGUMENTS: &[&str] = &[
 /// Refuses an argument that another queue type takes but `kind` does not
 /// (RabbitMQ ignores arguments no type knows).
 fn check_type_arguments(args: &FieldTable, kind: QueueKind, queue: &ShortString, vhost: &str) -> Result<(), AmqpError> {
-    let takes = type_arguments(kind);
-    let module = match kind {
-        QueueKind::Classic => "rabbit_classic_queue",
-        QueueKind::Quorum => "rabbit_quorum_queue",
-        QueueKind::Stream => "rabbit_stream_queue",
-    };
-    let known = |k: &str| {
-        [CLASSIC_ARGUMENTS, QUORUM_ARGUMENTS, STREAM_ARGUMENTS]
-            .iter()
-            .any(|l| l.contains(&k))
+    let lists = [CLASSIC_ARGUMENTS, QUORUM_ARGUMENTS, STREAM_ARGUMENTS];
+    refuse_other_types_arguments(args, kind, lists, queue, vhost)
+}
+
+/// Refuses the first argument of `args` (in table order) that one of the
+/// types' lists (classic, quorum, stream) names but `kind`'s does not:
+/// `invalid arg 'K' for queue 'Q' in vhost 'V' of queue type rabbit_*_queue`.
+fn refuse_other_types_arguments(
+    args: &FieldTable,
+    kind: QueueKind,
+    lists: [&[&str]; 3],
+    queue: &ShortString,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    let (takes, module) = match kind {
+        QueueKind::Classic => (lists[0], "rabbit_classic_queue"),
+        QueueKind::Quorum => (lists[1], "rabbit_quorum_queue"),
+        QueueKind::Stream => (lists[2], "rabbit_stream_queue"),
     };
     for (key, _) in args.iter() {
         let key = key.to_string_lossy();
-        if known(&key) && !takes.contains(&&*key) {
+        if lists.iter().any(|l| l.contains(&&*key)) && !takes.contains(&&*key) {
             return Err(AmqpError::precondition(format!(
                 "invalid arg '{key}' for {} of queue type {module}",
                 rs_queue(queue, vhost)
