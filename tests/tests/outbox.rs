@@ -29,6 +29,15 @@ async fn conn(b: &Broker) -> Conn {
     .await
 }
 
+/// A migrated outbox on `pool`, a [`conn`] to `b` and a fresh queue on it.
+async fn set_up<DB: TestDb>(b: &Broker, pool: &Pool<DB>) -> (Outbox<DB>, Conn, String) {
+    let outbox = Outbox::new(pool.clone());
+    outbox.migrate().await.unwrap();
+    let conn = conn(b).await;
+    let q = queue(&conn).await;
+    (outbox, conn, q)
+}
+
 /// A fresh queue on `conn`.
 async fn queue(conn: &Conn) -> String {
     let q = unique("outbox");
@@ -110,10 +119,7 @@ macro_rules! on_databases_and_brokers {
 // ---------------------------------------------------------------- atomicity
 
 async fn rolled_back_is_never_published<DB: TestDb>(b: &Broker, _place: Place, pool: Pool<DB>) {
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let publisher = conn.publisher::<u32>("", &q);
 
     let mut tx = pool.begin().await.unwrap();
@@ -209,10 +215,7 @@ async fn child(place: &str, q: &str) {
 const CRASH_TEST: &str = "statement_27_a_committed_message_is_published_after_the_process_that_enqueued_it_died";
 
 async fn survives_the_death_of_its_process<DB: TestDb>(b: &Broker, place: Place, pool: Pool<DB>) {
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let spec = match &place {
         Place::Sqlite(path) => format!("sqlite|{}", path.display()),
         Place::Postgres { url, schema } => format!("postgres|{url}|{schema}"),
@@ -281,10 +284,7 @@ async fn enqueue_many<DB: TestDb>(outbox: &Outbox<DB>, pool: &Pool<DB>, conn: &C
 
 /// Two relays on one table, each with its own pool (as two processes).
 async fn two_relays_publish_each_row_once<DB: TestDb>(b: &Broker, place: Place, pool: Pool<DB>) {
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let ids = enqueue_many(&outbox, &pool, &conn, &q, 1000).await;
 
     let second: Outbox<DB> = Outbox::new(reopen::<DB>(&place).await);
@@ -352,10 +352,7 @@ async fn statement_27_two_relays_on_one_table_publish_every_row_exactly_once() {
 /// the broker has some of its batch and before it marks any of it: the next
 /// relay publishes those rows again, under the same message-ids.
 async fn dead_relay_means_at_least_once<DB: TestDb>(b: &Broker, place: Place, pool: Pool<DB>) {
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let ids = enqueue_many(&outbox, &pool, &conn, &q, 3000).await;
 
     let doomed_pool = reopen::<DB>(&place).await;
@@ -610,10 +607,7 @@ async fn statement_27_the_inbox_answers_duplicate_for_a_redelivered_message_and_
 // ---------------------------------------------------------------- retention
 
 async fn old_rows_are_removed<DB: TestDb>(b: &Broker, _place: Place, pool: Pool<DB>) {
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let ids = enqueue_many(&outbox, &pool, &conn, &q, 3).await;
     let relay = outbox.relay(&conn);
     assert_eq!(relay.run_once().await.unwrap().dispatched, 3);
@@ -669,10 +663,7 @@ async fn statement_27_dispatched_rows_and_old_inbox_rows_are_removed_after_their
 async fn load<DB: TestDb>(b: &Broker, _place: Place, pool: Pool<DB>) {
     const TASKS: u32 = 8;
     const ROWS: u32 = 10_000;
-    let outbox = Outbox::new(pool.clone());
-    outbox.migrate().await.unwrap();
-    let conn = conn(b).await;
-    let q = queue(&conn).await;
+    let (outbox, conn, q) = set_up(b, &pool).await;
     let relay = outbox
         .relay(&conn)
         .batch(500)
