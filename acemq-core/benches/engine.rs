@@ -150,7 +150,7 @@ async fn publish_confirmed_with(
             let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
         }
-        in_flight.push_back(ch.publish("", queue, false, props.clone(), body.clone()).unwrap());
+        in_flight.push_back(ch.publish("", queue, false, props.clone(), body.clone()).await.unwrap());
     }
     for confirm in in_flight {
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
@@ -313,6 +313,7 @@ async fn hand_hop(conn: &Connection, input: &str, output: &str, messages: u64) -
         };
         let confirm = publish_ch
             .publish("", output, true, props, delivery.body.clone())
+            .await
             .unwrap();
         window.push_back((delivery, confirm));
         if window.len() >= 1000 {

@@ -502,7 +502,7 @@ async fn probe_binding(
         delivery_mode: Some(1),
         ..Default::default()
     };
-    let confirm = refusal(ch.publish(exchange, routing_key, true, properties, Bytes::new()))?;
+    let confirm = refusal(ch.publish(exchange, routing_key, true, properties, Bytes::new()).await)?;
     let confirmation = match confirm {
         Ok(confirm) => refusal(confirm.await)?,
         Err(r) => Err(r),

@@ -22,6 +22,14 @@ pub enum Error {
         /// The broker's reason, e.g. `low on memory`.
         reason: String,
     },
+    /// The connection's publish buffer stayed full for the whole
+    /// `publish_timeout`: the socket took less than was published (the
+    /// broker reads slowly or not at all). The message was not written.
+    #[error("publishing is held back: the connection's publish buffer stayed full for {waited:?} (the broker reads less than is published); the message was not sent")]
+    PublishBufferFull {
+        /// How long it waited for room.
+        waited: Duration,
+    },
     /// The message was written, then the broker blocked the connection and
     /// stayed blocked for `blocked_timeout` before confirming it. It may or
     /// may not have arrived.

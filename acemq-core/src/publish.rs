@@ -58,9 +58,20 @@ impl Flight {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let attempt = match slot.get(&inner.publishing, left, written).await {
-                Ok(channel) => channel
-                    .publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone())
-                    .map_err(Error::from),
+                Ok(channel) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let write =
+                        channel.publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone());
+                    match tokio::time::timeout(left, write).await {
+                        Ok(written) => written.map_err(Error::from),
+                        Err(_) if written => return Err(Error::ConnectionLost { may_have_arrived: true }),
+                        Err(_) => {
+                            return Err(Error::PublishBufferFull {
+                                waited: inner.config.publish_timeout,
+                            })
+                        }
+                    }
+                }
                 Err(err) => Err(err),
             };
             let err = match attempt {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
-use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker};
+use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker, Kind};
 use amqp_codec::{BasicProperties, QueueDeclare};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -40,6 +40,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
             // RabbitMQ blocks only connections that have published.
             let first = ch
                 .publish("", &q, false, BasicProperties::default(), "before".into())
+                .await
                 .unwrap();
             assert_eq!(first.await.unwrap(), Confirmation::Ack);
 
@@ -47,6 +48,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
             // RabbitMQ sends connection.blocked when a connection publishes under the alarm.
             let during = ch
                 .publish("", &q, false, BasicProperties::default(), "during".into())
+                .await
                 .unwrap();
             let blocked = tokio::time::timeout(Duration::from_secs(20), async {
                 loop {
@@ -403,6 +405,111 @@ async fn statement_24_then_acks_its_input_only_after_the_outputs_confirm() {
             assert_eq!(acemq_tests::depth(&ch, &input).await, 0, "{:?}", b.kind);
             let _ = trigger.await;
             consumer.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// DESIGN.md §7, memory use: a broker under a memory alarm stops reading the
+/// socket; an engine publisher that never awaits its confirms is then held
+/// back by the connection's publish buffer instead of buffering without
+/// limit, and once the alarm clears every message it published is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publisher_that_never_awaits_its_confirms_is_held_back_while_the_broker_stops_reading() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    // 20,000 × 4 KiB: 80 MiB if nothing held the publisher back.
+    const TOTAL: u64 = 20_000;
+    const BODY: usize = 4096;
+    const BUFFER: usize = 256 * 1024;
+    acemq_tests::deadline(async {
+        let _turn = ALARM.lock().await;
+        for b in brokers().await {
+            let kind = b.kind;
+            let conn = b
+                .connect_with(acemq_core::amqp::Config {
+                    publish_buffer: BUFFER,
+                    ..b.config()
+                })
+                .await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            // RabbitMQ blocks only connections that have published.
+            let first = ch
+                .publish("", &q, false, BasicProperties::default(), "first".into())
+                .await;
+            assert_eq!(first.unwrap().await.unwrap(), Confirmation::Ack);
+
+            let alarm = AlarmGuard::raise(&b);
+            let published = Arc::new(AtomicU64::new(0));
+            let publishing = tokio::spawn({
+                let (ch, q, published) = (ch.clone(), q.clone(), published.clone());
+                async move {
+                    let body = bytes::Bytes::from(vec![b'x'; BODY]);
+                    let mut confirms = Vec::with_capacity(TOTAL as usize);
+                    for _ in 0..TOTAL {
+                        let confirm = ch.publish("", &q, false, BasicProperties::default(), body.clone());
+                        confirms.push(confirm.await.expect("queued"));
+                        published.fetch_add(1, Ordering::SeqCst);
+                    }
+                    confirms
+                }
+            });
+            // Until the publisher stops advancing: half a second without progress.
+            let (mut last, mut backlog_max) = (u64::MAX, 0);
+            let stop = Instant::now() + Duration::from_secs(30);
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                backlog_max = backlog_max.max(conn.publish_backlog());
+                let now = published.load(Ordering::SeqCst);
+                if now == last || now == TOTAL || Instant::now() > stop {
+                    break;
+                }
+                last = now;
+            }
+            let held = published.load(Ordering::SeqCst);
+            let backlog = conn.publish_backlog();
+            let blocked = conn.is_blocked();
+            drop(alarm);
+            eprintln!(
+                "{kind:?}: held back after {held} of {TOTAL} publishes ({} KiB queued); publish backlog {backlog} B \
+                 (peak seen {backlog_max} B, buffer {BUFFER} B); blocked={blocked}",
+                held * BODY as u64 / 1024
+            );
+            assert!(
+                backlog <= BUFFER && backlog_max <= BUFFER,
+                "{kind:?}: {backlog} / {backlog_max}"
+            );
+            assert!(
+                held * (BODY as u64) >= BUFFER as u64 / 2,
+                "{kind:?}: held back too early: {held}"
+            );
+            // RabbitMQ's TLS listener goes on reading while the alarm blocks
+            // the connection (seen here: all 80 MiB taken by the broker,
+            // 15 MiB of it still in its socket's receive queue), so there
+            // only the buffer's own bound above can be checked.
+            if kind != Kind::RabbitTls {
+                assert!(held < TOTAL, "{kind:?}: the publisher was never held back");
+                // Past the buffer, only what the sockets' own buffers took.
+                assert!(
+                    held * (BODY as u64) <= (BUFFER as u64) + 32 * 1024 * 1024,
+                    "{kind:?}: {held} publishes got past a {BUFFER} B buffer"
+                );
+            }
+
+            // The alarm is cleared: everything goes out and is confirmed.
+            let confirms = tokio::time::timeout(Duration::from_secs(60), publishing)
+                .await
+                .expect("every publish queued within 60 s of the alarm clearing")
+                .unwrap();
+            for confirm in confirms {
+                let confirmed = tokio::time::timeout(Duration::from_secs(60), confirm).await;
+                assert_eq!(confirmed.expect("a confirm").unwrap(), Confirmation::Ack, "{kind:?}");
+            }
+            assert_eq!(u64::from(acemq_tests::depth(&ch, &q).await), TOTAL + 1, "{kind:?}");
+            assert_eq!(conn.publish_backlog(), 0, "{kind:?}");
             conn.close().await.unwrap();
         }
     })

@@ -131,6 +131,7 @@ async fn kill_and_restart_keeps_durable_queues_persistent_messages_and_tls() {
         };
         let confirm = ch
             .publish("", &queue, true, persistent, Bytes::from_static(b"survives"))
+            .await
             .unwrap();
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
 

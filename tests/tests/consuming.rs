@@ -289,6 +289,7 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
             let raw = conn.publishing_connection().channel().await.unwrap();
             raw.confirm_select().await.unwrap();
             raw.publish("", &q, false, BasicProperties::default(), "not json".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
@@ -316,6 +317,7 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
                 ..Default::default()
             };
             raw.publish("", &q, false, poison, "{\"id\":3}".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
@@ -365,6 +367,7 @@ fn a_message_without_a_message_id_keeps_one_id_across_retries_and_into_the_dlq()
                 ..Default::default()
             };
             raw.publish("", &q, false, props, "{\"id\":7}".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
@@ -869,8 +872,9 @@ fn statement_12_messages_expired_by_the_queue_ttl_dropped_by_max_length_or_rejec
                     message_id: Some(body.into()),
                     ..Default::default()
                 };
-                let confirm = ch.publish("", queue, false, props, body.into()).unwrap();
+                let (ch, queue) = (&ch, queue.to_string());
                 async move {
+                    let confirm = ch.publish("", &queue, false, props, body.into()).await.unwrap();
                     let confirmed = tokio::time::timeout(Duration::from_secs(10), confirm)
                         .await
                         .expect("a confirm within 10 s");
@@ -1087,6 +1091,7 @@ fn handled_outcomes_are_counted() {
                 }
                 let raw = conn.publishing_connection().channel().await.unwrap();
                 raw.publish("", &q, false, BasicProperties::default(), "garbage".into())
+                    .await
                     .unwrap();
                 take_eventually(&conn, &format!("{q}.parked"), Duration::from_secs(30)).await;
                 for _ in 0..2 {

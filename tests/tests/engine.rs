@@ -79,6 +79,7 @@ async fn a_frame_max_below_8192_is_raised_to_8192() {
             let body: Bytes = (0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>().into();
             let confirm = ch
                 .publish("", &q, false, BasicProperties::default(), body.clone())
+                .await
                 .unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
             let got = ch.basic_get(&q, true).await.unwrap().unwrap();
@@ -185,7 +186,10 @@ async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
             .unwrap();
 
             let sent = all_properties("m-get");
-            let confirm = ch.publish(&exchange, "k", true, sent.clone(), "body-1".into()).unwrap();
+            let confirm = ch
+                .publish(&exchange, "k", true, sent.clone(), "body-1".into())
+                .await
+                .unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
             let got = ch.basic_get(&q, false).await.unwrap().expect("a message");
             assert_eq!(props_of(&got.properties), &sent, "{:?}", b.kind);
@@ -202,6 +206,7 @@ async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
             // The same through a consumer.
             let sent = all_properties("m-consume");
             ch.publish(&exchange, "k", false, sent.clone(), "body-2".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
@@ -229,6 +234,7 @@ async fn ack_nack_and_reject_settle_deliveries_as_asked() {
             let q = exclusive_queue(&ch).await;
             for body in ["a", "b", "c"] {
                 ch.publish("", &q, false, BasicProperties::default(), Bytes::from(body))
+                    .await
                     .unwrap()
                     .await
                     .unwrap();
@@ -270,12 +276,15 @@ async fn pipelined_publishes_are_all_confirmed_in_order() {
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
-            let confirms: Vec<_> = (0..2000)
-                .map(|i| {
-                    ch.publish("", &q, false, BasicProperties::default(), Bytes::from(format!("{i}")))
-                        .unwrap()
-                })
-                .collect();
+            let mut confirms = Vec::new();
+            for i in 0..2000 {
+                let body = Bytes::from(format!("{i}"));
+                confirms.push(
+                    ch.publish("", &q, false, BasicProperties::default(), body)
+                        .await
+                        .unwrap(),
+                );
+            }
             for c in confirms {
                 assert_eq!(c.await.unwrap(), Confirmation::Ack);
             }
@@ -309,9 +318,11 @@ async fn a_full_queue_with_reject_publish_nacks() {
                 .to_string();
             let first = ch
                 .publish("", &q, false, BasicProperties::default(), "1".into())
+                .await
                 .unwrap();
             let second = ch
                 .publish("", &q, false, BasicProperties::default(), "2".into())
+                .await
                 .unwrap();
             assert_eq!(first.await.unwrap(), Confirmation::Ack);
             assert_eq!(second.await.unwrap(), Confirmation::Nack, "{:?}", b.kind);
@@ -336,11 +347,16 @@ async fn an_unroutable_mandatory_publish_is_returned_312_and_paired_with_its_own
             };
             // Several outstanding at once, unroutable ones in between.
             let pending = vec![
-                ch.publish("", &q, true, with_id("1"), "routed-1".into()).unwrap(),
-                ch.publish("", &nowhere, true, with_id("2"), "lost-2".into()).unwrap(),
-                ch.publish("", &q, true, with_id("3"), "routed-3".into()).unwrap(),
-                ch.publish("", &nowhere, true, with_id("4"), "lost-4".into()).unwrap(),
+                ch.publish("", &q, true, with_id("1"), "routed-1".into()).await.unwrap(),
+                ch.publish("", &nowhere, true, with_id("2"), "lost-2".into())
+                    .await
+                    .unwrap(),
+                ch.publish("", &q, true, with_id("3"), "routed-3".into()).await.unwrap(),
+                ch.publish("", &nowhere, true, with_id("4"), "lost-4".into())
+                    .await
+                    .unwrap(),
                 ch.publish("", &nowhere, false, with_id("5"), "dropped-5".into())
+                    .await
                     .unwrap(),
             ];
             let mut outcomes = Vec::new();
@@ -507,10 +523,12 @@ async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
             assert_eq!(c1.tag(), "mine-1");
             assert!(c2.tag().to_string().starts_with("amq.ctag-"));
             ch.publish("", &q2, false, BasicProperties::default(), "two".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
             ch.publish("", &q1, false, BasicProperties::default(), "one".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();
@@ -572,4 +590,124 @@ async fn tls_verifies_the_server_certificate_and_its_name() {
 #[allow(dead_code)]
 fn assert_broker_is_send(b: Broker) -> impl Send {
     b
+}
+
+/// A consumer connection with a small delivery buffer and a 1 s heartbeat,
+/// its exclusive queue holding `total` messages of 1 KiB numbered in their
+/// bodies, and a consumer on it without a prefetch limit that has taken
+/// nothing yet.
+async fn stalled_consumer(b: &Broker, buffer: usize, total: usize) -> (Connection, acemq_core::amqp::Consumer, String) {
+    let conn = Connection::open(
+        &format!("{}?heartbeat=1", b.url),
+        Config {
+            delivery_buffer: buffer,
+            ..b.config()
+        },
+    )
+    .await
+    .unwrap();
+    let ch = conn.channel().await.unwrap();
+    let q = exclusive_queue(&ch).await;
+    let publisher = b.connect().await;
+    let pch = publisher.channel().await.unwrap();
+    pch.confirm_select().await.unwrap();
+    let mut confirms = Vec::new();
+    for i in 0..total {
+        let body = Bytes::from(format!("{i:01024}"));
+        confirms.push(
+            pch.publish("", &q, false, BasicProperties::default(), body)
+                .await
+                .unwrap(),
+        );
+    }
+    for confirm in confirms {
+        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+    }
+    publisher.close().await.unwrap();
+    let consumer = ch.consume(&q).await.unwrap();
+    (conn, consumer, q)
+}
+
+/// DESIGN.md §7, memory use: a consumer that does not take its deliveries
+/// holds at most its delivery buffer while the connection stops reading
+/// (for longer than two heartbeat intervals, which is not taken for the
+/// broker's silence), and then gets every message, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_that_does_not_take_its_deliveries_holds_at_most_its_buffer_and_loses_nothing() {
+    const TOTAL: usize = 3000;
+    const BUFFER: usize = 100;
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let (conn, mut consumer, q) = stalled_consumer(&b, BUFFER, TOTAL).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(consumer.buffered(), BUFFER, "{:?}", b.kind);
+            assert!(!conn.is_closed(), "{:?}: {:?}", b.kind, conn.close_reason());
+            let mut most = 0;
+            for i in 0..TOTAL {
+                let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("{:?}: delivery {i} within 10 s", b.kind))
+                    .expect("the consumer goes on");
+                assert_eq!(delivery.body, format!("{i:01024}").as_bytes(), "{:?}", b.kind);
+                most = most.max(consumer.buffered());
+                delivery.ack().unwrap();
+            }
+            assert!(most <= BUFFER, "{:?}: {most} waited", b.kind);
+            let ch = conn.channel().await.unwrap();
+            assert_eq!(acemq_tests::depth(&ch, &q).await, 0);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// A full consumer queue pauses reading, but not the `cancel-ok` of that
+/// consumer: cancelling it does not wait for it to be drained, what was
+/// delivered before the cancel still comes in order, and the rest stays in
+/// the queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_a_consumer_whose_queue_is_full_does_not_wait_for_it_to_be_drained() {
+    const TOTAL: usize = 3000;
+    const BUFFER: usize = 100;
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let (conn, mut consumer, q) = stalled_consumer(&b, BUFFER, TOTAL).await;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while consumer.buffered() < BUFFER {
+                assert!(std::time::Instant::now() < deadline, "{:?}: the buffer fills", b.kind);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::timeout(Duration::from_secs(10), consumer.cancel())
+                .await
+                .unwrap_or_else(|_| panic!("{:?}: cancel-ok within 10 s with the consumer's queue full", b.kind))
+                .unwrap();
+            let mut taken = 0;
+            while let Some(delivery) = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+                .await
+                .unwrap_or_else(|_| panic!("{:?}: the stream ends within 10 s of the cancel", b.kind))
+            {
+                assert_eq!(delivery.body, format!("{taken:01024}").as_bytes(), "{:?}", b.kind);
+                delivery.ack().unwrap();
+                taken += 1;
+            }
+            assert!(taken >= BUFFER, "{:?}: {taken}", b.kind);
+            let ch = conn.channel().await.unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = acemq_tests::depth(&ch, &q).await as usize;
+                if left + taken == TOTAL {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{:?}: {left} left and {taken} taken of {TOTAL}",
+                    b.kind
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            eprintln!("{:?}: {taken} delivered before the cancel took effect", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
 }

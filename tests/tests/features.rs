@@ -60,6 +60,7 @@ async fn publish(ch: &Channel, queue: &str, priority: Option<u8>, body: &str) {
     };
     let confirm = ch
         .publish("", queue, false, properties, Bytes::from(body.to_owned()))
+        .await
         .unwrap();
     step(format!("the confirm of {body}"), confirm).await.unwrap();
 }

@@ -286,6 +286,7 @@ async fn a_whole_session_over_tcp_then_sigterm_closes_it_with_320_and_exits_0() 
         .unwrap();
         let confirm = ch
             .publish("", &q, true, BasicProperties::default(), "over tcp".into())
+            .await
             .unwrap();
         assert_eq!(step("the publish's confirm", confirm).await.unwrap(), Confirmation::Ack);
         let got = ch.basic_get(&q, false).await.unwrap().expect("the message is there");

@@ -126,7 +126,7 @@ async fn exchange_to_exchange_bindings_route_and_unbind_stops_them() {
                 ..Default::default()
             };
             ch.exchange_bind(bind.clone()).await.unwrap();
-            let publish = |key: &str| {
+            let publish = |key: &'static str| {
                 ch.publish(
                     &source,
                     key,
@@ -135,9 +135,9 @@ async fn exchange_to_exchange_bindings_route_and_unbind_stops_them() {
                     Bytes::from(key.to_string()),
                 )
             };
-            assert_eq!(publish("order.placed").unwrap().await.unwrap(), Confirmation::Ack);
+            assert_eq!(publish("order.placed").await.unwrap().await.unwrap(), Confirmation::Ack);
             assert!(matches!(
-                publish("invoice.sent").unwrap().await.unwrap(),
+                publish("invoice.sent").await.unwrap().await.unwrap(),
                 Confirmation::Returned(_)
             ));
             let got = ch.basic_get(q.as_str().unwrap(), true).await.unwrap().unwrap();
@@ -151,7 +151,7 @@ async fn exchange_to_exchange_bindings_route_and_unbind_stops_them() {
             .await
             .unwrap();
             assert!(matches!(
-                publish("order.placed").unwrap().await.unwrap(),
+                publish("order.placed").await.unwrap().await.unwrap(),
                 Confirmation::Returned(_)
             ));
             ch.exchange_delete(ExchangeDelete {
@@ -187,6 +187,7 @@ async fn purge_and_delete_report_their_message_counts_and_get_empty_says_so() {
                 async move {
                     for i in 0..n {
                         ch.publish("", &q, false, BasicProperties::default(), Bytes::from(i.to_string()))
+                            .await
                             .unwrap()
                             .await
                             .unwrap();
@@ -238,10 +239,12 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_committed_one_everyth
             ch.tx_select().await.unwrap();
             let no_confirms = ch
                 .publish("", &q, false, BasicProperties::default(), "rolled back".into())
+                .await
                 .unwrap();
             assert_eq!(no_confirms.await.unwrap(), Confirmation::NotRequested);
             ch.tx_rollback().await.unwrap();
             ch.publish("", &q, false, BasicProperties::default(), "committed".into())
+                .await
                 .unwrap();
             ch.tx_commit().await.unwrap();
             let got = ch.basic_get(&q, true).await.unwrap().unwrap();
@@ -262,6 +265,7 @@ async fn recover_redelivers_unacknowledged_messages() {
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
             ch.publish("", &q, false, BasicProperties::default(), "again".into())
+                .await
                 .unwrap()
                 .await
                 .unwrap();

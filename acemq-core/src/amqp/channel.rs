@@ -97,7 +97,7 @@ impl Future for PublishConfirm {
 pub struct Consumer {
     tag: ShortString,
     channel: Channel,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    deliveries: mpsc::Receiver<Delivery>,
 }
 
 impl Consumer {
@@ -113,12 +113,24 @@ impl Consumer {
 
     /// The next delivery, or `None` once the consumer has ended.
     pub async fn next(&mut self) -> Option<Delivery> {
-        self.deliveries.recv().await
+        let delivery = self.deliveries.recv().await;
+        self.channel.conn.shared.took_delivery();
+        delivery
     }
 
     /// Deliveries already here, without waiting.
     pub fn try_next(&mut self) -> Option<Delivery> {
-        self.deliveries.try_recv().ok()
+        let delivery = self.deliveries.try_recv().ok();
+        self.channel.conn.shared.took_delivery();
+        delivery
+    }
+
+    /// How many deliveries wait to be taken. At most
+    /// [`super::Config::delivery_buffer`] (or the channel's prefetch when
+    /// the consumer started, if larger): when it is full the connection
+    /// stops reading until one is taken.
+    pub fn buffered(&self) -> usize {
+        self.deliveries.len()
     }
 
     /// Cancels the consumer (`basic.cancel`); deliveries already received
@@ -285,10 +297,13 @@ impl Channel {
         self.call(TxRollback {}).await.map(|_| ())
     }
 
-    /// Publishes a message. The message is queued at once (nothing here
-    /// waits for the socket); the returned future resolves with the broker's
-    /// confirmation. Many publishes can be in flight at once.
-    pub fn publish(
+    /// Publishes a message: queues it for the socket and returns a future
+    /// that resolves with the broker's confirmation, so many publishes can
+    /// be in flight at once. It waits only when the connection's publish
+    /// buffer ([`super::Config::publish_buffer`]) is full, i.e. when the
+    /// socket takes less than is published (a broker that stops reading):
+    /// that is the backpressure that bounds a publisher's memory.
+    pub async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -302,26 +317,30 @@ impl Channel {
             mandatory,
             ..Default::default()
         };
-        self.basic_publish(publish, properties, body)
+        self.basic_publish(publish, properties, body).await
     }
 
-    /// `basic.publish` with every field of the method under your control.
-    pub fn basic_publish(
+    /// `basic.publish` with every field of the method under your control
+    /// (see [`Channel::publish`]).
+    pub async fn basic_publish(
         &self,
         publish: BasicPublish,
         properties: BasicProperties,
         body: Bytes,
     ) -> Result<PublishConfirm, Error> {
-        self.publish_shared(publish, Arc::new(properties), body)
+        self.publish_shared(publish, Arc::new(properties), body).await
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
-    pub(crate) fn publish_shared(
+    pub(crate) async fn publish_shared(
         &self,
         publish: BasicPublish,
         properties: Arc<BasicProperties>,
         body: Bytes,
     ) -> Result<PublishConfirm, Error> {
+        let shared = &self.conn.shared;
+        let room = shared.room_for(body.len());
+        shared.take_room(room).await?;
         let (confirm, rx) = oneshot::channel();
         self.conn.send(Command::Publish {
             channel: self.id,
@@ -330,6 +349,7 @@ impl Channel {
             properties,
             body,
             confirm: Some(confirm),
+            room,
         })?;
         Ok(PublishConfirm {
             rx,
@@ -339,16 +359,14 @@ impl Channel {
 
     /// `basic.consume`; deliveries come through the returned [`Consumer`].
     pub async fn basic_consume(&self, method: BasicConsume) -> Result<Consumer, Error> {
-        let (tx, deliveries) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
         self.conn.send(Command::Consume {
             channel: self.id,
             generation: self.generation,
             method,
-            deliveries: tx,
             reply,
         })?;
-        let tag = rx.await.map_err(|_| self.conn.shared.closed_error())??;
+        let (tag, deliveries) = rx.await.map_err(|_| self.conn.shared.closed_error())??;
         Ok(Consumer {
             tag,
             channel: self.clone(),

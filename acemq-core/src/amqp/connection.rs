@@ -36,6 +36,21 @@ pub struct Config {
     /// Authenticate with the TLS client certificate (SASL EXTERNAL) instead
     /// of the URL's user name and password.
     pub external_auth: bool,
+    /// How many bytes of publishes may wait to be written to the socket
+    /// (2 MiB by default). A publish that finds no room waits in
+    /// [`super::Channel::publish`] until the driver has written enough:
+    /// against a broker that stops reading, a publisher that never awaits
+    /// its confirms is held back instead of buffered without limit. A
+    /// message larger than the whole buffer waits for it to be empty.
+    pub publish_buffer: usize,
+    /// How many deliveries each consumer's queue holds before the driver
+    /// stops reading the socket (1024 by default, and never fewer than the
+    /// channel's prefetch when the consumer starts, so a consumer that
+    /// stays within its prefetch never pauses reading). Reading resumes as
+    /// soon as the consumer takes one; the broker's own flow control then
+    /// holds the rest. This bounds the memory of a no-ack consumer, or one
+    /// without a prefetch, whose handler is slower than the broker.
+    pub delivery_buffer: usize,
 }
 
 impl Default for Config {
@@ -48,6 +63,34 @@ impl Default for Config {
             tls: TlsConfig::new(),
             connection_name: None,
             external_auth: false,
+            publish_buffer: Buffers::default().publish,
+            delivery_buffer: Buffers::default().deliveries,
+        }
+    }
+}
+
+/// The bounds of a connection's queues (see [`Config::publish_buffer`] and
+/// [`Config::delivery_buffer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buffers {
+    pub(crate) publish: usize,
+    pub(crate) deliveries: usize,
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        Buffers {
+            publish: 2 << 20,
+            deliveries: 1024,
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn buffers(&self) -> Buffers {
+        Buffers {
+            publish: self.publish_buffer,
+            deliveries: self.delivery_buffer,
         }
     }
 }
@@ -114,9 +157,10 @@ impl Connection {
                 close: config.close_timeout,
             },
         };
+        let buffers = config.buffers();
         if url.memory {
             let stream = crate::io::connect_memory(&url.hosts[0].0)?;
-            let attempt = Connection::handshake(stream, params);
+            let attempt = Connection::handshake(stream, params, buffers);
             return tokio::time::timeout(config.connection_timeout, attempt)
                 .await
                 .unwrap_or(Err(Error::Timeout(config.connection_timeout)));
@@ -127,9 +171,9 @@ impl Connection {
                 let tcp = connect_tcp(host, *port, config.connection_timeout).await?;
                 if url.tls {
                     let tls = config.tls.connect(host, tcp).await?;
-                    Connection::handshake(tls, params.clone()).await
+                    Connection::handshake(tls, params.clone(), buffers).await
                 } else {
-                    Connection::handshake(tcp, params.clone()).await
+                    Connection::handshake(tcp, params.clone(), buffers).await
                 }
             };
             match tokio::time::timeout(config.connection_timeout, attempt).await {
@@ -147,20 +191,21 @@ impl Connection {
 
     /// Runs the handshake over an already connected stream (e.g. a
     /// `tokio::io::DuplexStream` to an in-process broker) and returns the
-    /// open connection.
+    /// open connection, with the default [`Config::publish_buffer`] and
+    /// [`Config::delivery_buffer`].
     pub async fn open_stream<S>(stream: S, params: ConnectionParams) -> Result<Connection, Error>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        Connection::handshake(stream, params).await
+        Connection::handshake(stream, params, Buffers::default()).await
     }
 
-    async fn handshake<S>(stream: S, params: ConnectionParams) -> Result<Connection, Error>
+    async fn handshake<S>(stream: S, params: ConnectionParams, buffers: Buffers) -> Result<Connection, Error>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (commands, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new());
+        let shared = Arc::new(Shared::new(buffers));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();
         tokio::spawn(driver::run(
@@ -242,6 +287,12 @@ impl Connection {
     /// Events about the connection as a whole, from now on.
     pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
         self.shared.events.subscribe()
+    }
+
+    /// How many bytes of publishes wait to be written to the socket (at
+    /// most [`Config::publish_buffer`]).
+    pub fn publish_backlog(&self) -> usize {
+        self.shared.publish_backlog()
     }
 
     pub(crate) fn send(&self, command: Command) -> Result<(), Error> {

@@ -12,8 +12,9 @@ use std::time::Instant;
 use amqp_codec::{FieldTable, Method, ShortString};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify, Semaphore};
 
+use super::connection::Buffers;
 use super::error::Error;
 use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage};
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
@@ -29,10 +30,27 @@ pub(crate) struct Shared {
     pub(crate) close_reason: Mutex<Option<CloseReason>>,
     pub(crate) closed: watch::Sender<bool>,
     pub(crate) events: broadcast::Sender<ConnectionEvent>,
+    /// Room in the publish buffer, in bytes: a publish takes its share
+    /// before its command is queued, and the driver gives it back once the
+    /// frames are written. Closed when the driver ends.
+    pub(crate) room: Semaphore,
+    /// The whole publish buffer (what `room` holds when nothing waits).
+    pub(crate) publish_buffer: u32,
+    /// The least bound of a consumer's delivery queue.
+    pub(crate) delivery_buffer: usize,
+    /// Some consumer's queue is full and the driver waits for room: a
+    /// consumer that takes a delivery then says so on `consumer_took`.
+    pub(crate) stalled: AtomicBool,
+    pub(crate) consumer_took: Notify,
 }
 
+/// What a publish costs in the publish buffer besides its body: roughly the
+/// frames' headers, the method and common properties.
+const PUBLISH_OVERHEAD: usize = 128;
+
 impl Shared {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(buffers: Buffers) -> Self {
+        let publish_buffer = u32::try_from(buffers.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
         Shared {
             tuned: OnceLock::new(),
             server_properties: OnceLock::new(),
@@ -40,7 +58,49 @@ impl Shared {
             close_reason: Mutex::new(None),
             closed: watch::channel(false).0,
             events: broadcast::channel(256).0,
+            room: Semaphore::new(publish_buffer as usize),
+            publish_buffer,
+            delivery_buffer: buffers.deliveries.max(1),
+            stalled: AtomicBool::new(false),
+            consumer_took: Notify::new(),
         }
+    }
+
+    /// The room a publish of `body_len` bytes takes: never more than the
+    /// whole buffer, so that a large message waits for it to be empty
+    /// rather than for ever.
+    pub(crate) fn room_for(&self, body_len: usize) -> u32 {
+        u32::try_from(body_len.saturating_add(PUBLISH_OVERHEAD))
+            .unwrap_or(u32::MAX)
+            .min(self.publish_buffer)
+    }
+
+    /// Takes `room` bytes of the publish buffer, waiting until the driver
+    /// has written enough; an error once the connection has ended.
+    pub(crate) async fn take_room(&self, room: u32) -> Result<(), Error> {
+        let permit = match self.room.try_acquire_many(room) {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.closed_error()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.room.acquire_many(room).await.map_err(|_| self.closed_error())?
+            }
+        };
+        // The driver gives it back with `add_permits` once written.
+        permit.forget();
+        Ok(())
+    }
+
+    /// A consumer took a delivery from its queue: wakes the driver if it
+    /// waits for room.
+    pub(crate) fn took_delivery(&self) {
+        if self.stalled.load(Ordering::SeqCst) {
+            self.consumer_took.notify_one();
+        }
+    }
+
+    /// Bytes of publishes taken from the buffer and not yet written.
+    pub(crate) fn publish_backlog(&self) -> usize {
+        (self.publish_buffer as usize).saturating_sub(self.room.available_permits())
     }
 
     pub(crate) fn closed_error(&self) -> Error {
@@ -53,8 +113,9 @@ enum Pending {
     Open(Reply1<(u16, u64, Arc<AtomicBool>)>),
     Call(Reply1<Option<Reply>>),
     Consume {
-        deliveries: mpsc::UnboundedSender<Delivery>,
-        reply: Reply1<ShortString>,
+        deliveries: mpsc::Sender<Delivery>,
+        queue: mpsc::Receiver<Delivery>,
+        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
     },
 }
 
@@ -64,7 +125,59 @@ struct ChannelRoutes {
     /// Shared with the channel's handles: false once the channel is gone.
     open: Arc<AtomicBool>,
     confirms: VecDeque<(u64, Reply1<Confirmation>)>,
-    consumers: HashMap<ShortString, mpsc::UnboundedSender<Delivery>>,
+    consumers: HashMap<ShortString, ConsumerRoute>,
+    /// The per-consumer prefetch last asked for with `basic.qos`: a new
+    /// consumer's delivery queue holds at least that many.
+    prefetch: u16,
+}
+
+/// Where one consumer's deliveries go.
+struct ConsumerRoute {
+    tx: mpsc::Sender<Delivery>,
+    /// Deliveries that found its queue full, oldest first. While a live
+    /// consumer has any, the driver reads nothing more from the socket.
+    overflow: VecDeque<Delivery>,
+    /// We asked to cancel it (or to close its channel): what the broker
+    /// still sends is finite, so its overflow no longer pauses reading, and
+    /// the `cancel-ok` behind those deliveries can be read.
+    cancelling: bool,
+}
+
+impl ConsumerRoute {
+    fn new(tx: mpsc::Sender<Delivery>) -> Self {
+        ConsumerRoute {
+            tx,
+            overflow: VecDeque::new(),
+            cancelling: false,
+        }
+    }
+
+    /// Hands over its overflow while there is room; whether any is left.
+    fn unstall(&mut self) -> bool {
+        while let Some(delivery) = self.overflow.pop_front() {
+            match self.tx.try_send(delivery) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(delivery)) => {
+                    self.overflow.push_front(delivery);
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(delivery)) => {
+                    lost_delivery(&delivery, self.overflow.len());
+                    self.overflow.clear();
+                }
+            }
+        }
+        false
+    }
+}
+
+fn lost_delivery(delivery: &Delivery, more: usize) {
+    tracing::warn!(
+        channel = delivery.acker.channel,
+        consumer = %delivery.consumer_tag,
+        more,
+        "delivery for a consumer whose stream was dropped; it stays unacknowledged"
+    );
 }
 
 struct Driver {
@@ -77,6 +190,20 @@ struct Driver {
     next_generation: u64,
     opened: Option<oneshot::Sender<Result<(), Error>>>,
     closers: Vec<Reply1<()>>,
+    /// The consumers (channel, generation, tag) with an overflow.
+    stalled: Vec<(u16, u64, ShortString)>,
+    /// Consumers gone from their channel (cancelled, channel closed) whose
+    /// overflow is still to be handed over; they never pause reading.
+    retired: Vec<ConsumerRoute>,
+    /// Publish-buffer room of the publishes applied since the last
+    /// transmit; their frames are the next bytes to enter the write buffer.
+    room_applied: u32,
+    /// Room to give back once the write position passes each offset
+    /// (offsets count every byte ever put in the write buffer).
+    room_written: VecDeque<(u64, u32)>,
+    /// Bytes ever put in the write buffer, and ever written from it.
+    buffered: u64,
+    written: u64,
 }
 
 /// Runs a connection over `stream` until it ends. `opened` hears when the
@@ -101,13 +228,30 @@ pub(crate) async fn run<S>(
         next_generation: 0,
         opened: Some(opened),
         closers: Vec::new(),
+        stalled: Vec::new(),
+        retired: Vec::new(),
+        room_applied: 0,
+        room_written: VecDeque::new(),
+        buffered: 0,
+        written: 0,
     };
     let mut read_buf = BytesMut::with_capacity(128 * 1024);
     let mut write_buf = BytesMut::with_capacity(128 * 1024);
     let mut commands_open = true;
+    let mut reading = true;
+    let shared = driver.shared.clone();
     loop {
         driver.drain_events();
+        let before = write_buf.len();
         driver.machine.poll_transmit(&mut write_buf, now());
+        driver.transmitted(write_buf.len() - before);
+        // A full consumer queue pauses reading until that consumer takes one.
+        let stalled = driver.unstall();
+        let read = !stalled.pausing || !driver.machine.is_open();
+        if read != reading {
+            reading = read;
+            driver.machine.pause_input(!reading, now());
+        }
         if driver.machine.is_closed() {
             // Say close-ok (or close) before hanging up, briefly.
             if !write_buf.is_empty() {
@@ -122,14 +266,19 @@ pub(crate) async fn run<S>(
         }
         tokio::select! {
             biased;
-            result = reader.read_buf(&mut read_buf) => match result {
+            result = reader.read_buf(&mut read_buf), if reading => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),
                 Ok(_) => driver.machine.handle_input(&mut read_buf, now()),
             },
             result = writer.write(&write_buf), if !write_buf.is_empty() => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),
-                Ok(n) => write_buf.advance(n),
+                Ok(n) => {
+                    write_buf.advance(n);
+                    driver.wrote(n);
+                }
             },
+            // A consumer took a delivery (the loop's top hands over more).
+            _ = shared.consumer_took.notified(), if stalled.any => {}
             command = commands.recv(), if commands_open => match command {
                 Some(command) => {
                     driver.apply(command);
@@ -153,6 +302,17 @@ pub(crate) async fn run<S>(
     }
     driver.drain_events();
     driver.fail_everything();
+    // Publishers waiting for room hear that the connection is gone.
+    driver.shared.room.close();
+}
+
+/// What [`Driver::unstall`] found still stalled.
+#[derive(Default)]
+struct Stalled {
+    /// Some consumer's overflow still waits for room.
+    any: bool,
+    /// A live consumer's does: reading stays paused.
+    pausing: bool,
 }
 
 fn now() -> Instant {
@@ -196,14 +356,19 @@ impl Driver {
                 properties,
                 body,
                 confirm,
-            } => self.publish(channel, generation, &publish, &properties, &body, confirm),
+                room,
+            } => {
+                // Given back once the next bytes to enter the write buffer
+                // (this publish's frames, or none if it was refused) are written.
+                self.room_applied = self.room_applied.saturating_add(room);
+                self.publish(channel, generation, &publish, &properties, &body, confirm)
+            }
             Command::Consume {
                 channel,
                 generation,
                 method,
-                deliveries,
                 reply,
-            } => self.consume(channel, generation, method, deliveries, reply),
+            } => self.consume(channel, generation, method, reply),
             Command::Close { reply } => self.close(reply),
         }
     }
@@ -220,9 +385,18 @@ impl Driver {
     }
 
     fn call(&mut self, channel: u16, generation: u64, method: Method, reply: Reply1<Option<Reply>>) {
-        if self.routes(channel, generation).is_none() {
+        let Some(routes) = self.routes(channel, generation) else {
             let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
             return;
+        };
+        match &method {
+            Method::BasicQos(qos) if !qos.global => routes.prefetch = qos.prefetch_count,
+            Method::BasicCancel(cancel) => {
+                let tag = cancel.consumer_tag.clone();
+                self.cancelling(channel, generation, Some(&tag));
+            }
+            Method::ChannelClose(_) => self.cancelling(channel, generation, None),
+            _ => {}
         }
         match self.machine.call(channel, method) {
             Ok(Some(token)) => {
@@ -286,25 +460,34 @@ impl Driver {
         channel: u16,
         generation: u64,
         method: amqp_codec::BasicConsume,
-        deliveries: mpsc::UnboundedSender<Delivery>,
-        reply: Reply1<ShortString>,
+        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
     ) {
-        if self.routes(channel, generation).is_none() {
+        let Some(routes) = self.routes(channel, generation) else {
             let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
             return;
-        }
+        };
+        let prefetch = usize::from(routes.prefetch);
+        let bound = self.shared.delivery_buffer.max(prefetch);
+        let (deliveries, queue) = mpsc::channel(bound);
         let no_wait_tag = method.no_wait.then(|| method.consumer_tag.clone());
         match self.machine.call(channel, Method::BasicConsume(method)) {
             Ok(Some(token)) => {
-                self.pending.insert(token, Pending::Consume { deliveries, reply });
+                self.pending.insert(
+                    token,
+                    Pending::Consume {
+                        deliveries,
+                        queue,
+                        reply,
+                    },
+                );
             }
             Ok(None) => {
                 // no-wait: the tag must be ours, and deliveries may follow at once.
                 let tag = no_wait_tag.unwrap_or_default();
                 if let Some(routes) = self.routes(channel, generation) {
-                    routes.consumers.insert(tag.clone(), deliveries);
+                    routes.consumers.insert(tag.clone(), ConsumerRoute::new(deliveries));
                 }
-                let _ = reply.send(Ok(tag));
+                let _ = reply.send(Ok((tag, queue)));
             }
             Err(err) => {
                 let _ = reply.send(Err(self.command_error(err)));
@@ -392,19 +575,105 @@ impl Driver {
             },
         };
         let routes = self.channels[usize::from(channel)].as_mut().expect("checked above");
-        match routes.consumers.get(&delivery.consumer_tag) {
-            Some(tx) => {
-                if let Err(mpsc::error::SendError(lost)) = tx.send(delivery) {
-                    tracing::warn!(
-                        channel,
-                        consumer = %lost.consumer_tag,
-                        "delivery for a consumer whose stream was dropped; it stays unacknowledged"
-                    );
+        let Some(route) = routes.consumers.get_mut(&delivery.consumer_tag) else {
+            tracing::warn!(channel, consumer = %delivery.consumer_tag, "delivery for an unknown consumer");
+            return;
+        };
+        if !route.overflow.is_empty() {
+            // Behind what already waits, so the consumer keeps its order.
+            route.overflow.push_back(delivery);
+            return;
+        }
+        match route.tx.try_send(delivery) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(delivery)) => {
+                tracing::debug!(channel, consumer = %delivery.consumer_tag, "consumer queue full: reading paused");
+                self.stalled.push((channel, generation, delivery.consumer_tag.clone()));
+                route.overflow.push_back(delivery);
+            }
+            Err(mpsc::error::TrySendError::Closed(delivery)) => lost_delivery(&delivery, 0),
+        }
+    }
+
+    /// Hands over what the consumers' overflows hold while there is room,
+    /// and says what is still stalled.
+    fn unstall(&mut self) -> Stalled {
+        if self.stalled.is_empty() && self.retired.is_empty() {
+            return Stalled::default();
+        }
+        // Consumers that take a delivery from now on wake the driver.
+        self.shared.stalled.store(true, Ordering::SeqCst);
+        let mut pausing = false;
+        let mut stalled = std::mem::take(&mut self.stalled);
+        stalled.retain(|(channel, generation, tag)| {
+            let Some(route) = self
+                .routes(*channel, *generation)
+                .and_then(|r| r.consumers.get_mut(tag))
+            else {
+                return false;
+            };
+            let left = route.unstall();
+            pausing |= left && !route.cancelling;
+            left
+        });
+        self.stalled = stalled;
+        self.retired.retain_mut(ConsumerRoute::unstall);
+        let any = !self.stalled.is_empty() || !self.retired.is_empty();
+        if !any {
+            self.shared.stalled.store(false, Ordering::SeqCst);
+        }
+        Stalled { any, pausing }
+    }
+
+    /// A consumer leaves its channel: what its overflow holds is still
+    /// handed over, after which its stream ends.
+    fn retire(&mut self, route: ConsumerRoute) {
+        if !route.overflow.is_empty() {
+            self.retired.push(route);
+        }
+    }
+
+    /// We asked to cancel `tag` on `channel` (all its consumers with `None`).
+    fn cancelling(&mut self, channel: u16, generation: u64, tag: Option<&ShortString>) {
+        if let Some(routes) = self.routes(channel, generation) {
+            for (t, route) in routes.consumers.iter_mut() {
+                if tag.map_or(true, |tag| tag == t) {
+                    route.cancelling = true;
                 }
             }
-            None => {
-                tracing::warn!(channel, consumer = %delivery.consumer_tag, "delivery for an unknown consumer")
+        }
+    }
+
+    /// `added` bytes entered the write buffer: the room of the publishes
+    /// applied since the last transmit is given back once they are written.
+    fn transmitted(&mut self, added: usize) {
+        self.buffered += added as u64;
+        if self.room_applied > 0 {
+            let room = std::mem::take(&mut self.room_applied);
+            if self.buffered == self.written {
+                self.shared.room.add_permits(room as usize);
+            } else {
+                match self.room_written.back_mut() {
+                    Some((at, more)) if *at == self.buffered => *more += room,
+                    _ => self.room_written.push_back((self.buffered, room)),
+                }
             }
+        }
+    }
+
+    /// `n` bytes of the write buffer went to the socket.
+    fn wrote(&mut self, n: usize) {
+        self.written += n as u64;
+        let mut room = 0usize;
+        while let Some(&(at, r)) = self.room_written.front() {
+            if at > self.written {
+                break;
+            }
+            room += r as usize;
+            self.room_written.pop_front();
+        }
+        if room > 0 {
+            self.shared.room.add_permits(room);
         }
     }
 
@@ -449,8 +718,13 @@ impl Driver {
     }
 
     fn consumer_cancelled(&mut self, channel: u16, consumer_tag: ShortString) {
-        if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
-            routes.consumers.remove(&consumer_tag);
+        let route = self
+            .channels
+            .get_mut(usize::from(channel))
+            .and_then(Option::as_mut)
+            .and_then(|routes| routes.consumers.remove(&consumer_tag));
+        if let Some(route) = route {
+            self.retire(route);
         }
         let _ = self
             .shared
@@ -470,7 +744,11 @@ impl Driver {
         for (_, tx) in routes.confirms {
             let _ = tx.send(Err(error.clone()));
         }
-        // Dropping the consumers' senders ends their streams.
+        // Dropping the consumers' senders ends their streams, once what
+        // their overflows hold is handed over.
+        for (_, route) in routes.consumers {
+            self.retire(route);
+        }
     }
 
     fn closed(&mut self, reason: CloseReason) {
@@ -520,18 +798,29 @@ impl Driver {
             },
             Pending::Call(reply) => {
                 if let Ok(Reply::Method(Method::BasicCancelOk(ok))) = &result {
-                    if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
-                        routes.consumers.remove(&ok.consumer_tag);
+                    let route = self
+                        .channels
+                        .get_mut(usize::from(channel))
+                        .and_then(Option::as_mut)
+                        .and_then(|routes| routes.consumers.remove(&ok.consumer_tag));
+                    if let Some(route) = route {
+                        self.retire(route);
                     }
                 }
                 let _ = reply.send(result.map(Some).map_err(Error::from));
             }
-            Pending::Consume { deliveries, reply } => match result {
+            Pending::Consume {
+                deliveries,
+                queue,
+                reply,
+            } => match result {
                 Ok(Reply::Method(Method::BasicConsumeOk(ok))) => {
                     if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
-                        routes.consumers.insert(ok.consumer_tag.clone(), deliveries);
+                        routes
+                            .consumers
+                            .insert(ok.consumer_tag.clone(), ConsumerRoute::new(deliveries));
                     }
-                    let _ = reply.send(Ok(ok.consumer_tag));
+                    let _ = reply.send(Ok((ok.consumer_tag, queue)));
                 }
                 Ok(other) => {
                     let _ = reply.send(Err(Error::UnexpectedReply(format!("{other:?}"))));

@@ -47,13 +47,18 @@ pub(crate) enum Command {
         properties: Arc<BasicProperties>,
         body: Bytes,
         confirm: Option<Reply1<Confirmation>>,
+        /// The room it took in the connection's publish buffer (see
+        /// [`super::connection::Config::publish_buffer`]), given back once
+        /// its frames are written to the socket.
+        room: u32,
     },
+    /// `basic.consume`: the driver makes the consumer's delivery queue (its
+    /// bound depends on the channel's prefetch) and hands back its end.
     Consume {
         channel: u16,
         generation: u64,
         method: BasicConsume,
-        deliveries: mpsc::UnboundedSender<Delivery>,
-        reply: Reply1<ShortString>,
+        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
     },
     Close {
         reply: Reply1<()>,

@@ -13,7 +13,7 @@
 //! let ch = conn.channel().await?;
 //! ch.confirm_select().await?;
 //! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
-//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into())?;
+//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into()).await?;
 //! assert_eq!(confirm.await?, Confirmation::Ack);
 //! conn.close().await?;
 //! # Ok(()) }

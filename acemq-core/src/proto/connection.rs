@@ -337,6 +337,8 @@ pub struct Connection {
     blocked: Blocked,
     next_token: u64,
     last_received: Instant,
+    /// The driver is not reading (see [`Connection::pause_input`]).
+    input_paused: bool,
     last_sent: Instant,
     scratch: Vec<u64>,
     /// Channels holding back a coalesced ack (see `settle`).
@@ -368,6 +370,7 @@ impl Connection {
             blocked: Blocked::new(),
             next_token: 0,
             last_received: now,
+            input_paused: false,
             last_sent: now,
             scratch: Vec::new(),
             holding: Vec::new(),
@@ -595,6 +598,17 @@ impl Connection {
         Ok(seq)
     }
 
+    /// The driver stops (`true`) or resumes reading the socket because a
+    /// consumer's queue is full. While it does not read, the broker's
+    /// silence says nothing: the heartbeat's idle timer waits, and starts
+    /// again from `now` when reading resumes.
+    pub fn pause_input(&mut self, paused: bool, now: Instant) {
+        self.input_paused = paused;
+        if !paused {
+            self.last_received = now;
+        }
+    }
+
     /// Starts closing the connection with a normal close (200).
     pub fn close(&mut self) {
         self.close_with(ReplyCode::Success.code(), "Goodbye".into(), CloseReason::ByClient);
@@ -642,6 +656,7 @@ impl Connection {
             Timer::Handshake => self.handshake_deadline,
             Timer::CloseOk => self.close_deadline,
             Timer::HeartbeatSend => Some(self.last_sent + self.heartbeat_interval()? / 2),
+            Timer::HeartbeatIdle if self.input_paused => None,
             Timer::HeartbeatIdle => Some(self.last_received + self.heartbeat_interval()? * 2),
             Timer::Channel => self.channel_deadlines.next(),
         }

@@ -819,13 +819,15 @@ impl Run {
         }
         let Some(c) = self.chan_now(ch) else { return };
         let what = format!("basic.publish m{n} to {to:?} {routing_key:?} mandatory={mandatory}");
-        let confirm = c.ch.publish(
-            &exchange,
-            &routing_key,
-            mandatory,
-            properties,
-            Bytes::from(format!("m{n}")),
-        );
+        let confirm =
+            c.ch.publish(
+                &exchange,
+                &routing_key,
+                mandatory,
+                properties,
+                Bytes::from(format!("m{n}")),
+            )
+            .await;
         let confirm = match confirm {
             Ok(confirm) => confirm,
             Err(e) => {
