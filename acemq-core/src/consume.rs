@@ -99,8 +99,10 @@ impl Consumer {
     }
 
     /// Whether the consumer has stopped (closed, or ended with an error).
+    /// True as soon as it has said how it ended, which [`Conn::close`]
+    /// waits for, even if its task has not quite returned yet.
     pub fn is_finished(&self) -> bool {
-        self.done.is_finished()
+        self.done.is_finished() || self.record.ended.borrow().is_some()
     }
 }
 
