@@ -1035,9 +1035,30 @@ fn main() {
             rounds.push(run_round(&clients, &args, round).await);
         }
         clients.close().await;
-        println!("RabbitMQ {version}");
+        println!("{}", machine(&version));
         print_table(&rounds, &args);
     });
+}
+
+/// The date, this machine and the broker, as the table's first line.
+fn machine(version: &str) -> String {
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .map_or_else(|| "?".into(), |d| d.trim().to_string());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    format!("{date}; {cpus} CPUs ({model}); RabbitMQ {version}")
 }
 
 /// `url` without its password.
