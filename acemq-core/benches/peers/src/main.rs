@@ -52,17 +52,20 @@
 //!
 //! # Reading the table
 //!
-//! Every figure is a min–max range over the rounds. `msg/s` is messages over
+//! Every figure is a min–max range over the rounds (the order of the
+//! clients in a group turns from round to round). `msg/s` is messages over
 //! wall time; `CPU µs/msg` is this process's CPU time (every thread, from
-//! `/proc/self/task/*/schedstat`, as in `benches/engine.rs`) over messages.
+//! `/proc/self/task/*/schedstat`, as in `benches/engine.rs`) over messages;
 //! `runs/1k` is how many times a thread of this process was put on a CPU
-//! per 1000 messages (wakeups, each a context switch). `CPU ×floor` divides a row's CPU per message by the wire floor's in the
-//! same group and round; `msg/s ×engine` divides its rate by the acemq
-//! engine's in the same group and round. The targets of DESIGN.md §7 follow,
-//! each as its per-round ratio (median and min–max) and in how many rounds
-//! it was met. The machine is shared
-//! and its speed moves between runs: compare rows of one run, never figures
-//! of different runs. Timing is printed, never asserted.
+//! per 1000 messages (each a wakeup and a context switch). `CPU ×floor`
+//! divides a row's CPU per message by the wire floor's in the same group and
+//! round; `msg/s ×engine` divides its rate by the acemq engine's in the same
+//! group and round. The latency table gives p50, p99 and max of the
+//! round trips and the CPU per round trip. The targets of DESIGN.md §7
+//! follow, each as its per-round ratio (median and min–max) and in how many
+//! rounds it was met. The machine is shared and its speed moves between
+//! runs: compare rows of one run, never figures of different runs. Timing is
+//! printed, never asserted.
 //!
 //! Every wait has a deadline (`DEADLINE` per row, the floor's socket read
 //! timeout): a stalled run fails naming the row and what it waited for.
