@@ -1,0 +1,404 @@
+//! The wire floor: the engine's two scenarios (confirmed publish with a
+//! window of 1000, consume with acks at prefetch 1000, 256-byte bodies)
+//! driven by the least client there can be. One thread, a blocking socket,
+//! the publish frames encoded once and copied, frames found by their
+//! envelope and only the few bytes that matter read (the ack's tag, the
+//! delivery's tag), and every read answered by at most one write. What it
+//! spends per message is what the kernel's loopback TCP and this process's
+//! system calls cost on this machine: the part of "client CPU" no client can
+//! go below, reported beside the engine's figures.
+//!
+//! Shared by the engine bench (`benches/engine.rs`) and the peers
+//! comparison (`benches/peers`), which both include this file with
+//! `#[path = ...] mod floor;`, together with the CPU accounting ([`Cpu`],
+//! [`cpu_time`]) and the [`Figures`] both print. Not a bench target of its
+//! own: cargo discovers `benches/*.rs` and `benches/*/main.rs` only.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use amqp_codec::{
+    decode_frame, encode_content, encode_method, BasicConsume, BasicProperties, BasicPublish, BasicQos, ChannelOpen,
+    ConfirmSelect, ConnectionClose, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, FieldTable, Frame, Method,
+    DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER,
+};
+use bytes::{Bytes, BytesMut};
+
+use acemq_core::amqp::AmqpUrl;
+
+/// CPU time of this process so far: the total from the scheduler (exact,
+/// nanoseconds, every thread) and the user/system split from the tick-based
+/// accounting (an estimate, in 10 ms ticks), and how many times a thread
+/// was put on a CPU (each one a wakeup and a context switch).
+#[derive(Clone, Copy)]
+pub struct Cpu {
+    pub total: Duration,
+    pub user_ticks: u64,
+    pub system_ticks: u64,
+    pub runs: u64,
+}
+
+impl std::ops::Sub for Cpu {
+    type Output = Cpu;
+    fn sub(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            total: self.total.saturating_sub(earlier.total),
+            user_ticks: self.user_ticks.saturating_sub(earlier.user_ticks),
+            system_ticks: self.system_ticks.saturating_sub(earlier.system_ticks),
+            runs: self.runs.saturating_sub(earlier.runs),
+        }
+    }
+}
+
+pub fn cpu_time() -> Cpu {
+    // Time on the CPU of every thread and how many times each ran, from
+    // /proc/self/task/*/schedstat (run time in ns, wait time, run count).
+    let (mut total_ns, mut runs) = (0u64, 0u64);
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            let fields: Vec<u64> = stat.split_whitespace().map(|n| n.parse().unwrap_or(0)).collect();
+            total_ns += fields.first().copied().unwrap_or(0);
+            runs += fields.get(2).copied().unwrap_or(0);
+        }
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    Cpu {
+        total: Duration::from_nanos(total_ns),
+        user_ticks: ticks(11),
+        system_ticks: ticks(12),
+        runs,
+    }
+}
+
+pub struct Figures {
+    pub name: &'static str,
+    pub messages: u64,
+    pub wall: Duration,
+    pub cpu: Cpu,
+}
+
+impl Figures {
+    /// What was measured from `t0` and `c0` until now.
+    pub fn since(name: &'static str, messages: u64, t0: Instant, c0: Cpu) -> Self {
+        Figures {
+            name,
+            messages,
+            wall: t0.elapsed(),
+            cpu: cpu_time() - c0,
+        }
+    }
+
+    pub fn print(&self) {
+        let rate = self.messages as f64 / self.wall.as_secs_f64();
+        let total = self.cpu.total.as_secs_f64() * 1e6 / self.messages as f64;
+        let ticks = (self.cpu.user_ticks + self.cpu.system_ticks).max(1) as f64;
+        let system_share = self.cpu.system_ticks as f64 / ticks;
+        let runs = self.cpu.runs as f64 * 1000.0 / self.messages as f64;
+        println!(
+            "{:<31} {:>7} msgs {:>7.0} msg/s {:>6.2} µs CPU/msg (~{:.0}% system) {:>5.0} runs/1k msgs  wall {:.2?}",
+            self.name,
+            self.messages,
+            rate,
+            total,
+            system_share * 100.0,
+            runs,
+            self.wall
+        );
+    }
+}
+
+/// The class and method ids of basic.ack (60, 80), basic.nack (60, 120)
+/// and basic.deliver (60, 60) as they start a method payload.
+pub const BASIC_ACK: [u8; 4] = [0, 60, 0, 80];
+pub const BASIC_NACK: [u8; 4] = [0, 60, 0, 120];
+pub const BASIC_DELIVER: [u8; 4] = [0, 60, 0, 60];
+
+/// How long one read waits for the broker before the run fails.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A plain blocking AMQP connection with one channel open.
+pub struct Wire {
+    sock: TcpStream,
+    /// Bytes read and not yet taken: `buf[start..end]`.
+    pub buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes to write at the next [`Wire::flush`].
+    pub out: BytesMut,
+}
+
+impl Wire {
+    /// Connects to the first host of `url` as its user, on its vhost, and
+    /// opens channel 1.
+    pub fn open(url: &AmqpUrl) -> io::Result<Wire> {
+        let (host, port) = url.hosts.first().ok_or_else(|| io::Error::other("no host"))?;
+        let sock = TcpStream::connect((host.as_str(), *port))?;
+        sock.set_nodelay(true)?;
+        // A stalled broker fails the run with a timed-out read rather than
+        // hanging it.
+        sock.set_read_timeout(Some(READ_TIMEOUT))?;
+        let mut wire = Wire {
+            sock,
+            buf: vec![0; 1 << 20],
+            start: 0,
+            end: 0,
+            out: BytesMut::with_capacity(1 << 20),
+        };
+        wire.sock.write_all(&PROTOCOL_HEADER)?;
+        wire.expect(|m| matches!(m, Method::ConnectionStart(_)))?;
+        wire.send(
+            0,
+            ConnectionStartOk {
+                client_properties: FieldTable::new(),
+                mechanism: "PLAIN".into(),
+                response: format!("\0{}\0{}", url.username, url.password.expose()).into(),
+                locale: "en_US".into(),
+            },
+        )?;
+        let tune = match wire.expect(|m| matches!(m, Method::ConnectionTune(_)))? {
+            Method::ConnectionTune(tune) => tune,
+            _ => unreachable!(),
+        };
+        wire.send(
+            0,
+            ConnectionTuneOk {
+                channel_max: tune.channel_max,
+                frame_max: DEFAULT_FRAME_MAX,
+                heartbeat: 0,
+            },
+        )?;
+        wire.send(
+            0,
+            ConnectionOpen {
+                virtual_host: url.vhost.as_str().into(),
+                ..Default::default()
+            },
+        )?;
+        wire.expect(|m| matches!(m, Method::ConnectionOpenOk(_)))?;
+        wire.send(1, ChannelOpen::default())?;
+        wire.expect(|m| matches!(m, Method::ChannelOpenOk(_)))?;
+        Ok(wire)
+    }
+
+    pub fn send(&mut self, channel: u16, method: impl Into<Method>) -> io::Result<()> {
+        encode_method(channel, &method.into(), &mut self.out).map_err(io::Error::other)?;
+        self.flush()
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.sock.write_all(&self.out)?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// One read into the free end of the buffer (moving what is left to
+    /// the front first when the end is near).
+    pub fn read_some(&mut self) -> io::Result<()> {
+        if self.buf.len() - self.end < 256 * 1024 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let n = self.sock.read(&mut self.buf[self.end..])?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.end += n;
+        Ok(())
+    }
+
+    /// The next whole frame as (type, payload range), if buffered.
+    pub fn next_frame(&mut self) -> Option<(u8, usize, usize)> {
+        let head = self
+            .buf
+            .get(self.start..self.start + 7)
+            .filter(|_| self.start + 7 <= self.end)?;
+        let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+        if self.start + size + 8 > self.end {
+            return None;
+        }
+        let frame = (head[0], self.start + 7, self.start + 7 + size);
+        self.start += size + 8;
+        Some(frame)
+    }
+
+    /// Reads frames until a method `wanted` accepts, decoded in full
+    /// (the handshake and replies; not timed).
+    pub fn expect(&mut self, wanted: impl Fn(&Method) -> bool) -> io::Result<Method> {
+        loop {
+            while let Some((_, from, to)) = self.next_frame() {
+                let frame = Bytes::copy_from_slice(&self.buf[from - 7..to + 1]);
+                let (frame, _) = decode_frame(&frame, 0).map_err(io::Error::other)?;
+                if let Frame::Method(_, method) = frame {
+                    if wanted(&method) {
+                        return Ok(method);
+                    }
+                    if matches!(method, Method::ConnectionClose(_) | Method::ChannelClose(_)) {
+                        return Err(io::Error::other(format!("closed by the broker: {method:?}")));
+                    }
+                }
+            }
+            self.read_some()?;
+        }
+    }
+
+    pub fn close(mut self) -> io::Result<()> {
+        self.send(
+            0,
+            ConnectionClose {
+                reply_code: 200,
+                reply_text: "bye".into(),
+                ..Default::default()
+            },
+        )?;
+        self.expect(|m| matches!(m, Method::ConnectionCloseOk(_)))?;
+        Ok(())
+    }
+}
+
+/// `ACEMQ_FLOOR_PAUSE_US=N` waits N µs before every read, so that each
+/// read finds more: how far the floor falls when a client trades that
+/// much latency for fewer, larger system calls.
+fn pause() {
+    static PAUSE: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    let pause = PAUSE.get_or_init(|| {
+        std::env::var("ACEMQ_FLOOR_PAUSE_US")
+            .ok()
+            .and_then(|us| us.parse().ok())
+            .map(std::time::Duration::from_micros)
+    });
+    if let Some(pause) = pause {
+        std::thread::sleep(*pause);
+    }
+}
+
+/// `ACEMQ_FLOOR_ACK_EVERY=N` holds the consume's ack back until it covers
+/// more than N deliveries (0, the default: one ack per read): fewer writes,
+/// with the prefetch credit returned later but no delivery delayed.
+fn ack_every() -> u64 {
+    static EVERY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EVERY.get_or_init(|| {
+        std::env::var("ACEMQ_FLOOR_ACK_EVERY")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+pub fn tag_at(payload: &[u8], at: usize) -> u64 {
+    let mut tag = [0; 8];
+    tag.copy_from_slice(&payload[at..at + 8]);
+    u64::from_be_bytes(tag)
+}
+
+/// `messages` confirmed publishes of 256-byte bodies with `props` to
+/// `queue`, at most `window` unconfirmed.
+pub fn publish(
+    addr: &AmqpUrl,
+    queue: &str,
+    messages: u64,
+    window: u64,
+    props: BasicProperties,
+    name: &'static str,
+) -> io::Result<Figures> {
+    let mut wire = Wire::open(addr)?;
+    wire.send(1, ConfirmSelect::default())?;
+    wire.expect(|m| matches!(m, Method::ConfirmSelectOk(_)))?;
+    let publish = BasicPublish {
+        routing_key: queue.into(),
+        ..Default::default()
+    };
+    let mut one = BytesMut::new();
+    encode_content(1, &publish.into(), &props, &[b'x'; 256], DEFAULT_FRAME_MAX, &mut one).map_err(io::Error::other)?;
+    let (mut published, mut confirmed) = (0u64, 0u64);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    while confirmed < messages {
+        let room = (window - (published - confirmed)).min(messages - published);
+        for _ in 0..room {
+            wire.out.extend_from_slice(&one);
+        }
+        published += room;
+        wire.flush()?;
+        pause();
+        wire.read_some()?;
+        while let Some((kind, from, to)) = wire.next_frame() {
+            let payload = &wire.buf[from..to];
+            if kind == FRAME_METHOD && payload.starts_with(&BASIC_ACK) {
+                // Confirms on one queue come in order: the highest tag
+                // acked, alone or with `multiple`, covers all before it.
+                confirmed = confirmed.max(tag_at(payload, 4));
+            } else if kind == FRAME_METHOD && payload.starts_with(&BASIC_NACK) {
+                return Err(io::Error::other("nacked"));
+            }
+        }
+    }
+    let figures = Figures::since(name, messages, t0, c0);
+    wire.close()?;
+    Ok(figures)
+}
+
+/// Consumes `messages` from `queue` at prefetch `prefetch`, answering
+/// each read with one `basic.ack` with `multiple` for all it brought
+/// (or for more; see [`ack_every`]).
+pub fn consume(addr: &AmqpUrl, queue: &str, messages: u64, prefetch: u16) -> io::Result<Figures> {
+    let mut wire = Wire::open(addr)?;
+    let (t0, c0) = (Instant::now(), cpu_time());
+    wire.send(
+        1,
+        BasicQos {
+            prefetch_count: prefetch,
+            ..Default::default()
+        },
+    )?;
+    wire.expect(|m| matches!(m, Method::BasicQosOk(_)))?;
+    wire.send(
+        1,
+        BasicConsume {
+            queue: queue.into(),
+            ..Default::default()
+        },
+    )?;
+    wire.expect(|m| matches!(m, Method::BasicConsumeOk(_)))?;
+    let (mut received, mut last_tag, mut acked_tag) = (0u64, 0u64, 0u64);
+    while received < messages {
+        while let Some((kind, from, to)) = wire.next_frame() {
+            let payload = &wire.buf[from..to];
+            if kind == FRAME_METHOD && payload.starts_with(&BASIC_DELIVER) {
+                // class, method, then the consumer tag as a shortstr.
+                let tag_len = usize::from(payload[4]);
+                last_tag = tag_at(payload, 5 + tag_len);
+            } else if kind == FRAME_BODY {
+                received += 1;
+            }
+        }
+        let due = last_tag > acked_tag + ack_every() || (received >= messages && last_tag > acked_tag);
+        if due {
+            encode_method(
+                1,
+                &amqp_codec::BasicAck {
+                    delivery_tag: last_tag,
+                    multiple: true,
+                }
+                .into(),
+                &mut wire.out,
+            )
+            .map_err(io::Error::other)?;
+            wire.flush()?;
+            acked_tag = last_tag;
+        }
+        if received < messages {
+            pause();
+            wire.read_some()?;
+        }
+    }
+    let figures = Figures::since("  wire floor: consume", messages, t0, c0);
+    wire.close()?;
+    Ok(figures)
+}
