@@ -417,6 +417,7 @@ async fn engine_publish(conn: &Connection, queue: &str, messages: u64, props: Ba
         }
         in_flight.push_back(
             ch.publish("", queue, false, props.clone(), body.clone())
+                .await
                 .expect("publish"),
         );
     }
@@ -581,6 +582,7 @@ async fn engine_latency(conn: &Connection, queue: &str, warmup: usize, samples: 
         drop(
             publisher
                 .publish("", queue, false, props.clone(), body.clone())
+                .await
                 .expect("publish"),
         );
         let delivery = consumer.next().await.expect("a delivery");
