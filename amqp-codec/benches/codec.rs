@@ -12,7 +12,8 @@
 //! the same run over the same bytes, with the same `Throughput::Elements`
 //! (one element = one message). The ratio of a target is the `thrpt` line
 //! of `GROUP/acemq` divided by that of `GROUP/amq-protocol`; the bench also
-//! prints both medians and the ratio after each group (`ratio GROUP: ...`).
+//! prints both medians and their ratio at the end (`ratio GROUP: ...`), from
+//! criterion's own estimates of this run.
 //!
 //! - `parse_lazy`: 100,000 deliveries (deliver + content header + one
 //!   256-byte body frame each) decoded and assembled into messages. acemq
@@ -46,7 +47,7 @@ use amqp_codec::{
     Method, DEFAULT_FRAME_MAX,
 };
 use bytes::{Bytes, BytesMut};
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput};
+use criterion::{criterion_group, BatchSize, BenchmarkGroup, Criterion, Throughput};
 
 const MESSAGES: usize = 100_000;
 const BODY: [u8; 256] = [b'x'; 256];
@@ -280,13 +281,29 @@ fn amq_digest(message: &AmqMessage) -> u64 {
     d
 }
 
-/// Appends one frame to `out` with `amq_protocol::frame::gen_frame`.
+/// Writes one frame at the start of `out` with
+/// `amq_protocol::frame::gen_frame`; returns the rest of `out`. A slice is
+/// the fastest of cookie-factory's writers (its `Vec` writer zero-fills and
+/// copies the room it keeps for a length), so that is what it is given.
 #[inline(always)]
-fn amq_gen(frame: &AMQPFrame, out: Vec<u8>) -> Vec<u8> {
+fn amq_gen<'a>(frame: &AMQPFrame, out: &'a mut [u8]) -> &'a mut [u8] {
     match gen_frame(frame)(WriteContext::from(out)) {
         Ok(ctx) => ctx.write,
         Err(err) => panic!("amq-protocol serializes: {err:?}"),
     }
+}
+
+/// Writes `MESSAGES` times the three frames into `out` (which has room for
+/// them all); returns how many bytes were written.
+fn amq_serialize(frames: &[AMQPFrame; 3], out: &mut [u8], messages: usize) -> usize {
+    let room = out.len();
+    let mut rest = out;
+    for _ in 0..messages {
+        for frame in frames {
+            rest = amq_gen(frame, rest);
+        }
+    }
+    room - rest.len()
 }
 
 /// amq-protocol's frames for the publish, header and body the serialize
@@ -342,36 +359,6 @@ fn comparison<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, criter
     group
 }
 
-/// Prints the two sides' messages per second and their ratio, from the
-/// medians of one pass of `run` each (criterion's own figures, above, are
-/// the ones to quote; this line saves the division).
-fn print_ratio(name: &str, mut acemq: impl FnMut() -> Duration, mut amq: impl FnMut() -> Duration) {
-    let median = |f: &mut dyn FnMut() -> Duration| {
-        let mut times: Vec<Duration> = (0..11).map(|_| f()).collect();
-        times.sort();
-        times[times.len() / 2]
-    };
-    let ours = median(&mut acemq);
-    let theirs = median(&mut amq);
-    let rate = |d: Duration| MESSAGES as f64 / d.as_secs_f64() / 1e6;
-    println!(
-        "ratio {name}: acemq {:.2} M msg/s, amq-protocol {:.2} M msg/s, {:.2}x",
-        rate(ours),
-        rate(theirs),
-        theirs.as_secs_f64() / ours.as_secs_f64()
-    );
-}
-
-/// Times one call of `f` on a fresh copy of `wire` (the copy untimed).
-fn time_on_copy<T>(wire: &BytesMut, mut f: impl FnMut(BytesMut) -> T) -> Duration {
-    let buf = wire.clone();
-    let start = std::time::Instant::now();
-    let out = f(buf);
-    let elapsed = start.elapsed();
-    drop(black_box(out));
-    elapsed
-}
-
 fn parse_deliveries(c: &mut Criterion) {
     let wire = deliveries();
     let decoder = FrameDecoder::new(DEFAULT_FRAME_MAX);
@@ -395,11 +382,6 @@ fn parse_deliveries(c: &mut Criterion) {
             b.iter_batched(|| wire.clone(), |buf| amq_parse(buf, read_all), BatchSize::LargeInput)
         });
         group.finish();
-        print_ratio(
-            name,
-            || time_on_copy(&wire, |buf| acemq_parse(&decoder, buf, read_all)),
-            || time_on_copy(&wire, |buf| amq_parse(buf, read_all)),
-        );
     }
 
     let mut group = c.benchmark_group("codec");
@@ -432,22 +414,23 @@ fn serialize_publishes(c: &mut Criterion) {
     // Like for like: amq-protocol writes the very same bytes, and they
     // decode with acemq's decoder to the same message.
     let amq_frames = amq_publish_frames(&props);
-    let mut theirs = Vec::new();
-    for frame in &amq_frames {
-        theirs = amq_gen(frame, theirs);
-    }
-    assert_eq!(theirs, &out[..], "amq-protocol serializes the same bytes");
+    let mut theirs = vec![0u8; one * MESSAGES];
+    let written = amq_serialize(&amq_frames, &mut theirs, 1);
+    let theirs_one = &theirs[..written];
+    assert_eq!(theirs_one, &out[..], "amq-protocol serializes the same bytes");
     let decoder = FrameDecoder::new(DEFAULT_FRAME_MAX);
     let decode_one = |bytes: &[u8]| {
         let mut buf = BytesMut::from(bytes);
         let mut channel = ContentAssembler::new();
         while !matches!(
-            decoder.decode_assembled(&mut buf, |_| Some(&mut channel)).expect("decodes"),
+            decoder
+                .decode_assembled(&mut buf, |_| Some(&mut channel))
+                .expect("decodes"),
             Decoded::Complete(_)
         ) {}
         channel.take_complete().expect("a message")
     };
-    let message = decode_one(&theirs);
+    let message = decode_one(theirs_one);
     assert_eq!(message, decode_one(&out));
     assert_eq!(message.method, publish);
     assert_eq!(message.header.as_ref().expect("decodable").properties, props);
@@ -460,8 +443,6 @@ fn serialize_publishes(c: &mut Criterion) {
         encode_content(1, &publish, &props, &BODY, DEFAULT_FRAME_MAX, &mut out).expect("encodes");
     }
     assert_eq!((out.len(), out.capacity()), (one * MESSAGES, capacity));
-    let mut theirs: Vec<u8> = Vec::with_capacity(one * MESSAGES);
-    let their_capacity = theirs.capacity();
 
     let mut acemq_run = || {
         out.clear();
@@ -470,40 +451,13 @@ fn serialize_publishes(c: &mut Criterion) {
         }
         black_box(out.len());
     };
-    let amq_run = |mut buf: Vec<u8>| {
-        buf.clear();
-        for _ in 0..MESSAGES {
-            for frame in &amq_frames {
-                buf = amq_gen(frame, buf);
-            }
-        }
-        black_box(buf.len());
-        buf
-    };
-    theirs = amq_run(theirs);
-    assert_eq!((theirs.len(), theirs.capacity()), (one * MESSAGES, their_capacity));
+    assert_eq!(amq_serialize(&amq_frames, &mut theirs, MESSAGES), one * MESSAGES);
+    let mut amq_run = || black_box(amq_serialize(&amq_frames, &mut theirs, MESSAGES));
 
     let mut group = comparison(c, "serialize");
     group.bench_function(ACEMQ, |b| b.iter(&mut acemq_run));
-    group.bench_function(AMQ_PROTOCOL, |b| {
-        b.iter(|| {
-            theirs = amq_run(std::mem::take(&mut theirs));
-        })
-    });
+    group.bench_function(AMQ_PROTOCOL, |b| b.iter(&mut amq_run));
     group.finish();
-    print_ratio(
-        "serialize",
-        || {
-            let start = std::time::Instant::now();
-            acemq_run();
-            start.elapsed()
-        },
-        || {
-            let start = std::time::Instant::now();
-            theirs = amq_run(std::mem::take(&mut theirs));
-            start.elapsed()
-        },
-    );
 }
 
 /// A realistic 10-entry headers table: acemq's own, tracing, and a few
@@ -554,4 +508,58 @@ fn decode_headers_table_10(c: &mut Criterion) {
 }
 
 criterion_group!(benches, parse_deliveries, serialize_publishes, decode_headers_table_10);
-criterion_main!(benches);
+
+fn main() {
+    START.get_or_init(std::time::Instant::now);
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    print_ratios();
+}
+
+/// The comparisons' ratios, from the medians criterion measured in this
+/// run (a group filtered out of this run is skipped, not read from an
+/// older one).
+fn print_ratios() {
+    let started = std::time::SystemTime::now() - START.get().map_or(Duration::ZERO, |s| s.elapsed());
+    let Some(dir) = criterion_dir() else { return };
+    for group in ["parse_lazy", "parse_all_read", "serialize"] {
+        let median = |function: &str| {
+            let path = dir.join(group).join(function).join("new").join("estimates.json");
+            let fresh = std::fs::metadata(&path).and_then(|m| m.modified()).ok()? >= started;
+            fresh
+                .then(|| median_ns(&std::fs::read_to_string(&path).ok()?))
+                .flatten()
+        };
+        if let (Some(ours), Some(theirs)) = (median(ACEMQ), median(AMQ_PROTOCOL)) {
+            let rate = |ns: f64| MESSAGES as f64 / ns * 1e3;
+            println!(
+                "ratio {group}: acemq {:.2} M msg/s, amq-protocol {:.2} M msg/s: {:.2}x",
+                rate(ours),
+                rate(theirs),
+                theirs / ours
+            );
+        }
+    }
+}
+
+/// When the bench started, for [`print_ratios`].
+static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Where criterion writes its estimates: `CRITERION_HOME`, or `criterion`
+/// in the target directory this bench was built in (`target/release/deps/`).
+fn criterion_dir() -> Option<std::path::PathBuf> {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return Some(home.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.parent()?.join("criterion"))
+}
+
+/// The median's point estimate, in nanoseconds, from criterion's
+/// `estimates.json` (`"median":{"confidence_interval":{..},"point_estimate":N,..}`).
+fn median_ns(json: &str) -> Option<f64> {
+    let median = &json[json.find("\"median\"")?..];
+    let value = &median[median.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
+    let end = value.find([',', '}'])?;
+    value[..end].trim().parse().ok()
+}
