@@ -21,6 +21,9 @@
 //!   no lazy mode) parses them whole, as it always does.
 //! - `parse_all_read`: the same, and every one of the 14 properties and every
 //!   header entry of every message read (a digest of them is computed).
+//!   acemq reads them straight from the bytes (`Properties::view`);
+//!   `codec/parse_all_read_built` is the same through the properties built
+//!   on first access (`Deref` to `BasicProperties`).
 //! - `serialize`: 100,000 publish + header + body triples with those
 //!   properties appended to one buffer reserved beforehand.
 //!
@@ -43,8 +46,8 @@ use amq_protocol::protocol::{basic as amq_basic, AMQPClass};
 use amq_protocol::types::AMQPValue;
 use amqp_codec::track::{Assembly, Content, ContentAssembler, Decoded};
 use amqp_codec::{
-    encode_content, BasicDeliver, BasicProperties, BasicPublish, FieldTable, FieldValue, FrameDecoder, LongString,
-    Method, DEFAULT_FRAME_MAX,
+    encode_content, BasicDeliver, BasicProperties, BasicPublish, FieldTable, FieldValue, FieldValueRef, FrameDecoder,
+    LongString, Method, DEFAULT_FRAME_MAX,
 };
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, BatchSize, BenchmarkGroup, Criterion, Throughput};
@@ -97,12 +100,23 @@ fn deliveries() -> BytesMut {
 // acemq
 // ---------------------------------------------------------------------------
 
+/// What the acemq parse reads of every message's properties.
+#[derive(Clone, Copy)]
+enum Read {
+    /// Nothing: they stay lazy.
+    Nothing,
+    /// Everything, from the bytes (`Properties::view`).
+    All,
+    /// Everything, built (`Deref` to `BasicProperties`).
+    AllBuilt,
+}
+
 /// Decodes every frame of `buf` and assembles the messages of channel 1 with
 /// `FrameDecoder::decode_assembled`, the path a consumer's connection takes;
 /// returns how many were completed, the sum of the digests of their
-/// properties if `read_all` (see [`acemq_digest`]), and the emptied buffer
+/// properties as `read` says (see [`acemq_digest`]), and the emptied buffer
 /// (so that freeing it happens outside the timed part).
-fn acemq_parse(decoder: &FrameDecoder, mut buf: BytesMut, read_all: bool) -> (usize, u64, BytesMut) {
+fn acemq_parse(decoder: &FrameDecoder, mut buf: BytesMut, read: Read) -> (usize, u64, BytesMut) {
     let mut channel = ContentAssembler::new();
     let mut complete = 0;
     let mut digest = 0u64;
@@ -115,8 +129,10 @@ fn acemq_parse(decoder: &FrameDecoder, mut buf: BytesMut, read_all: bool) -> (us
             Decoded::Partial(_) => {}
             Decoded::Complete(_) => {
                 let content = channel.take_complete().expect("a finished message");
-                if read_all {
-                    digest = digest.wrapping_add(acemq_digest(&content));
+                match read {
+                    Read::Nothing => {}
+                    Read::All => digest = digest.wrapping_add(acemq_digest(&content)),
+                    Read::AllBuilt => digest = digest.wrapping_add(acemq_digest_built(&content)),
                 }
                 black_box(&content);
                 complete += 1;
@@ -128,9 +144,54 @@ fn acemq_parse(decoder: &FrameDecoder, mut buf: BytesMut, read_all: bool) -> (us
 }
 
 /// Reads every property and every header entry of a message, as a consumer
-/// that looks at all of them would, through the public API; sums what it
+/// that looks at all of them would, through the public API: straight from
+/// the bytes received (`Properties::view`), building nothing; sums what it
 /// read into a digest both sides compute alike.
 fn acemq_digest(content: &Content) -> u64 {
+    let Method::BasicDeliver(deliver) = &content.method else {
+        panic!("a delivery")
+    };
+    let props = content.header.as_ref().expect("decodable").properties.view();
+    let mut d = deliver.delivery_tag + content.body.len() as u64;
+    for s in [
+        props.content_type,
+        props.content_encoding,
+        props.correlation_id,
+        props.reply_to,
+        props.expiration,
+        props.message_id,
+        props.kind,
+        props.user_id,
+        props.app_id,
+        props.cluster_id,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        d += str_digest(s);
+    }
+    for n in [props.delivery_mode, props.priority].into_iter().flatten() {
+        d += u64::from(n);
+    }
+    d += props.timestamp.unwrap_or(0);
+    if let Some(headers) = props.headers {
+        for (key, value) in headers.iter() {
+            d += str_digest(key)
+                + match value {
+                    FieldValueRef::I32(v) => v as u64,
+                    FieldValueRef::Timestamp(t) => t,
+                    FieldValueRef::LongString(s) => str_digest(s),
+                    other => panic!("not in the bench: {other:?}"),
+                };
+        }
+    }
+    d
+}
+
+/// [`acemq_digest`] through the properties built on first access (`Deref`
+/// to `BasicProperties`, and the headers' entries built): the way that
+/// keeps what it read.
+fn acemq_digest_built(content: &Content) -> u64 {
     let Method::BasicDeliver(deliver) = &content.method else {
         panic!("a delivery")
     };
@@ -363,18 +424,22 @@ fn parse_deliveries(c: &mut Criterion) {
     let wire = deliveries();
     let decoder = FrameDecoder::new(DEFAULT_FRAME_MAX);
     // Like for like: the same messages found, the same values read.
-    let (ours, our_digest, _) = acemq_parse(&decoder, wire.clone(), true);
+    let (ours, our_digest, _) = acemq_parse(&decoder, wire.clone(), Read::All);
     let (theirs, their_digest, _) = amq_parse(wire.clone(), true);
     assert_eq!((ours, theirs), (MESSAGES, MESSAGES), "every delivery assembles");
     assert_eq!(our_digest, their_digest, "both read the same properties and headers");
+    assert_eq!(acemq_parse(&decoder, wire.clone(), Read::AllBuilt).1, our_digest);
 
-    for (name, read_all) in [("parse_lazy", false), ("parse_all_read", true)] {
+    for (name, read, read_all) in [
+        ("parse_lazy", Read::Nothing, false),
+        ("parse_all_read", Read::All, true),
+    ] {
         let mut group = comparison(c, name);
         // The copy of the prebuilt stream is the setup, outside the timing.
         group.bench_function(ACEMQ, |b| {
             b.iter_batched(
                 || wire.clone(),
-                |buf| acemq_parse(&decoder, buf, read_all),
+                |buf| acemq_parse(&decoder, buf, read),
                 BatchSize::LargeInput,
             )
         });
@@ -387,6 +452,14 @@ fn parse_deliveries(c: &mut Criterion) {
     let mut group = c.benchmark_group("codec");
     group.throughput(Throughput::Elements(MESSAGES as u64));
     assert_eq!(acemq_parse_frames(&decoder, wire.clone()).0, MESSAGES);
+    // Every property read through the properties built on first access.
+    group.bench_function("parse_all_read_built", |b| {
+        b.iter_batched(
+            || wire.clone(),
+            |buf| acemq_parse(&decoder, buf, Read::AllBuilt),
+            BatchSize::LargeInput,
+        )
+    });
     group.bench_function("parse_deliveries_frame_by_frame", |b| {
         b.iter_batched(
             || wire.clone(),

@@ -73,9 +73,12 @@ pub use frame::{
     FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, FRAME_OVERHEAD, PROTOCOL_HEADER,
 };
 pub use method::*;
-pub use properties::{BasicProperties, Properties, SalvagedProperties};
+pub use properties::{BasicProperties, BasicPropertiesRef, Properties, SalvagedProperties};
 pub use reply_code::{ErrorScope, ReplyCode};
-pub use types::{Decimal, FieldArray, FieldTable, FieldValue, LongString, ShortString, DEFAULT_MAX_DEPTH};
+pub use types::{
+    Decimal, FieldArray, FieldArrayIter, FieldArrayRef, FieldTable, FieldTableIter, FieldTableRef, FieldValue,
+    FieldValueRef, LongString, ShortString, DEFAULT_MAX_DEPTH,
+};
 
 /// Checks the 8 bytes a client sends first. `Ok(false)` means fewer than 8
 /// bytes have arrived; `Ok(true)` that they are `AMQP 0 0 9 1`. A server that

@@ -711,6 +711,10 @@ fn materialize_table(raw: &RawBody) -> Vec<Entry> {
     entries
 }
 
+#[path = "table_view.rs"]
+mod view;
+pub use view::{FieldArrayIter, FieldArrayRef, FieldTableIter, FieldTableRef, FieldValueRef};
+
 #[cfg(test)]
 #[path = "table_tests.rs"]
 mod tests;
