@@ -37,8 +37,16 @@ macro_rules! properties {
 
             /// Appends the flag word and the present properties.
             pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-                dst.put_u16(self.flags());
-                $( if let Some(value) = &self.$field { $write(value, dst)?; } )*
+                // One pass: the flag word is patched in once the fields
+                // are written.
+                let at = dst.len();
+                dst.put_u16(0);
+                let mut flags = 0u16;
+                $( if let Some(value) = &self.$field {
+                    flags |= 1 << $bit;
+                    $write(value, dst)?;
+                } )*
+                dst[at..at + 2].copy_from_slice(&flags.to_be_bytes());
                 Ok(())
             }
 

@@ -292,8 +292,42 @@ impl ShortString {
 
 impl LongString {
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        encode_long_bytes(self.as_bytes(), dst)
+        self.encode_after(dst, None)
     }
+
+    /// Appends a field value's type code if there is one, then the string
+    /// with its 32-bit length.
+    #[inline(always)]
+    pub(crate) fn encode_after(&self, dst: &mut BytesMut, code: Option<u8>) -> Result<(), EncodeError> {
+        match &self.0 {
+            Repr::Inline { len, buf } => {
+                let [a, b, c, d] = u32::from(*len).to_be_bytes();
+                match code {
+                    Some(code) => put_window(dst, &[code, a, b, c, d], buf, usize::from(*len)),
+                    None => put_window(dst, &[a, b, c, d], buf, usize::from(*len)),
+                }
+                Ok(())
+            }
+            Repr::Heap(bytes) => {
+                if let Some(code) = code {
+                    dst.put_u8(code);
+                }
+                encode_long_bytes(bytes, dst)
+            }
+        }
+    }
+}
+
+/// Appends `head`, then the first `len` bytes of an inline string's `buf`,
+/// copied as the whole fixed-size buffer and the excess cut off again:
+/// cheaper than a call to copy `len` bytes.
+#[inline(always)]
+fn put_window(dst: &mut BytesMut, head: &[u8], buf: &[u8; INLINE], len: usize) {
+    let end = dst.len() + head.len() + len;
+    dst.reserve(head.len() + INLINE);
+    dst.put_slice(head);
+    dst.put_slice(buf);
+    dst.truncate(end);
 }
 
 impl LongString {
