@@ -17,6 +17,10 @@
 //!   decoded and kept as a zero-copy slice of it ([`Properties`]); their
 //!   fields are built the first time one is read, and unchanged properties
 //!   encode as the bytes received. Decoding a delivery allocates nothing.
+//!   [`Properties::view`] (and [`FieldTable::view`]) read every property and
+//!   header straight from those bytes instead, building and allocating
+//!   nothing: the cheapest way to read them once ([`BasicPropertiesRef`],
+//!   [`FieldTableRef`], [`FieldValueRef`]).
 //! - A content header whose properties cannot be decoded is
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
 //!   set aside and the connection lives on, with every property that can
