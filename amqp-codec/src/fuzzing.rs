@@ -194,6 +194,14 @@ pub fn roundtrip(data: &[u8]) {
                 first,
                 "properties built from validated bytes encode differently"
             );
+            // Read through a view, straight from the bytes, they are the
+            // values building them gives (compared as printed, so that a NaN
+            // equals itself).
+            assert_eq!(
+                format!("{:?}", header.properties.view().to_owned()),
+                format!("{:?}", *header.properties),
+                "properties read through a view differ from those built"
+            );
         }
         salvage_agrees(&decoder, &frame);
         let (again, used_again) = decoder
@@ -224,8 +232,10 @@ fn salvage_agrees(decoder: &FrameDecoder, frame: &Frame) {
                 "salvage lost {:?} of decoded properties",
                 salvaged.lost
             );
+            // Compared as printed, so that a NaN equals itself.
             assert_eq!(
-                salvaged.properties, *header.properties,
+                format!("{:?}", salvaged.properties),
+                format!("{:?}", *header.properties),
                 "salvage disagrees with the decoder"
             );
         }
@@ -235,7 +245,8 @@ fn salvage_agrees(decoder: &FrameDecoder, frame: &Frame) {
             match decoder.decode_slice(&encode(&rebuilt)) {
                 Ok((Frame::Header(_, again), _)) => {
                     assert_eq!(
-                        *again.properties, salvaged.properties,
+                        format!("{:?}", *again.properties),
+                        format!("{:?}", salvaged.properties),
                         "salvaged properties change on a round trip"
                     )
                 }
@@ -257,6 +268,11 @@ pub fn field_table(data: &[u8]) {
     if let Ok(table) = FieldTable::decode(&input, depth) {
         let mut first = BytesMut::new();
         table.encode(&mut first).expect("a decoded table encodes");
+        assert_eq!(
+            format!("{:?}", table.view().to_owned()),
+            format!("{table:?}"),
+            "a table read through a view differs from the one built"
+        );
         let again = FieldTable::decode(&first.clone().freeze(), depth).expect("a re-encoded table decodes");
         let mut second = BytesMut::new();
         again.encode(&mut second).expect("a decoded table encodes");

@@ -17,6 +17,10 @@
 //!   decoded and kept as a zero-copy slice of it ([`Properties`]); their
 //!   fields are built the first time one is read, and unchanged properties
 //!   encode as the bytes received. Decoding a delivery allocates nothing.
+//!   [`Properties::view`] (and [`FieldTable::view`]) read every property and
+//!   header straight from those bytes instead, building and allocating
+//!   nothing: the cheapest way to read them once ([`BasicPropertiesRef`],
+//!   [`FieldTableRef`], [`FieldValueRef`]).
 //! - A content header whose properties cannot be decoded is
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
 //!   set aside and the connection lives on, with every property that can
@@ -73,9 +77,12 @@ pub use frame::{
     FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, FRAME_OVERHEAD, PROTOCOL_HEADER,
 };
 pub use method::*;
-pub use properties::{BasicProperties, Properties, SalvagedProperties};
+pub use properties::{BasicProperties, BasicPropertiesRef, Properties, SalvagedProperties};
 pub use reply_code::{ErrorScope, ReplyCode};
-pub use types::{Decimal, FieldArray, FieldTable, FieldValue, LongString, ShortString, DEFAULT_MAX_DEPTH};
+pub use types::{
+    Decimal, FieldArray, FieldArrayIter, FieldArrayRef, FieldTable, FieldTableIter, FieldTableRef, FieldValue,
+    FieldValueRef, LongString, ShortString, DEFAULT_MAX_DEPTH,
+};
 
 /// Checks the 8 bytes a client sends first. `Ok(false)` means fewer than 8
 /// bytes have arrived; `Ok(true)` that they are `AMQP 0 0 9 1`. A server that

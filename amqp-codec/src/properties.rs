@@ -15,7 +15,7 @@ use crate::error::{DecodeErrorKind, EncodeError};
 use crate::parse::num::be_u16;
 use crate::parse::{kind_of, ArgReader, Ctx, ReadField};
 use crate::salvage::{Walk, PROPERTY_FLAGS};
-use crate::types::{FieldTable, ShortString, DEFAULT_MAX_DEPTH};
+use crate::types::{FieldTable, FieldTableRef, ShortString, DEFAULT_MAX_DEPTH};
 
 macro_rules! properties {
     ($( $(#[$doc:meta])* $field:ident : $ty:ty = $bit:literal, $name:literal, $read:ident, $write:ident; )*) => {
@@ -37,8 +37,16 @@ macro_rules! properties {
 
             /// Appends the flag word and the present properties.
             pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-                dst.put_u16(self.flags());
-                $( if let Some(value) = &self.$field { $write(value, dst)?; } )*
+                // One pass: the flag word is patched in once the fields
+                // are written.
+                let at = dst.len();
+                dst.put_u16(0);
+                let mut flags = 0u16;
+                $( if let Some(value) = &self.$field {
+                    flags |= 1 << $bit;
+                    $write(value, dst)?;
+                } )*
+                dst[at..at + 2].copy_from_slice(&flags.to_be_bytes());
                 Ok(())
             }
 
@@ -102,9 +110,148 @@ macro_rules! properties {
             }
         }
 
+        /// The properties of a basic-class message, borrowed: strings as
+        /// the bytes they lie in, the headers as a [`FieldTableRef`]. What
+        /// [`Properties::view`] reads straight from the bytes received,
+        /// building nothing; `None` is an absent property.
+        #[derive(Debug, Clone, Copy, PartialEq, Default)]
+        pub struct BasicPropertiesRef<'a> {
+            $( $(#[$doc])* pub $field: Option<view_type!($read)>, )*
+        }
+
+        impl BasicProperties {
+            /// The properties, borrowed (see [`BasicPropertiesRef`]).
+            pub fn view(&self) -> BasicPropertiesRef<'_> {
+                BasicPropertiesRef {
+                    $( $field: self.$field.as_ref().map(view::$read::from_owned), )*
+                }
+            }
+        }
+
+        impl<'a> BasicPropertiesRef<'a> {
+            /// Reads a flag word and property list that passed
+            /// [`BasicProperties::validate`], in one pass, building
+            /// nothing. Should the bytes not be what validation accepted,
+            /// the properties read up to there are returned.
+            #[inline]
+            // The last property's rest is assigned and not read.
+            #[allow(unused_assignments)]
+            fn from_validated(raw: &'a [u8]) -> Self {
+                let mut props = BasicPropertiesRef::default();
+                let Ok((mut i, flags)) = be_u16(raw) else {
+                    return props;
+                };
+                $( if flags & (1 << $bit) != 0 {
+                    match view::$read::read(i) {
+                        Ok((rest, value)) => {
+                            props.$field = Some(value);
+                            i = rest;
+                        }
+                        Err(_) => return props,
+                    }
+                } )*
+                props
+            }
+
+            /// The properties as a [`BasicProperties`] of their own.
+            pub fn to_owned(&self) -> BasicProperties {
+                BasicProperties {
+                    $( $field: self.$field.as_ref().map(view::$read::to_owned), )*
+                }
+            }
+        }
+
         /// The flag bits that name a property (bits 15 down to 2).
         const DEFINED_FLAGS: u16 = 0 $( | (1 << $bit) )*;
     };
+}
+
+/// The type a property of each kind is viewed as.
+macro_rules! view_type {
+    (shortstr) => { &'a [u8] };
+    (table) => { FieldTableRef<'a> };
+    (octet) => { u8 };
+    (timestamp) => { u64 };
+}
+
+/// Reading one property of each type from validated bytes, for
+/// [`BasicPropertiesRef`], and viewing one of a [`BasicProperties`].
+mod view {
+    pub(super) mod shortstr {
+        use crate::parse::PError;
+        use crate::types::{short_string_len, ShortString};
+
+        /// `shortstr`: the string's bytes.
+        #[inline(always)]
+        pub(crate) fn read(i: &[u8]) -> nom::IResult<&[u8], &[u8], PError> {
+            let (rest, len) = short_string_len(i)?;
+            Ok((rest, i.get(1..1 + len).unwrap_or_default()))
+        }
+
+        pub(crate) fn from_owned(s: &ShortString) -> &[u8] {
+            s.as_bytes()
+        }
+
+        pub(crate) fn to_owned(s: &&[u8]) -> ShortString {
+            ShortString::from_slice(s)
+        }
+    }
+
+    pub(super) mod table {
+        use crate::parse::PError;
+        use crate::types::{long_bytes, FieldTable, FieldTableRef};
+
+        /// `table`: a view of its validated body.
+        #[inline(always)]
+        pub(crate) fn read(i: &[u8]) -> nom::IResult<&[u8], FieldTableRef<'_>, PError> {
+            let (rest, body) = long_bytes(i)?;
+            Ok((rest, FieldTableRef::from_validated(body)))
+        }
+
+        pub(crate) fn from_owned(t: &FieldTable) -> FieldTableRef<'_> {
+            t.view()
+        }
+
+        pub(crate) fn to_owned(t: &FieldTableRef<'_>) -> FieldTable {
+            t.to_owned()
+        }
+    }
+
+    pub(super) mod octet {
+        use crate::parse::PError;
+
+        /// `octet`.
+        #[inline(always)]
+        pub(crate) fn read(i: &[u8]) -> nom::IResult<&[u8], u8, PError> {
+            nom::number::complete::be_u8(i)
+        }
+
+        pub(crate) fn from_owned(v: &u8) -> u8 {
+            *v
+        }
+
+        pub(crate) fn to_owned(v: &u8) -> u8 {
+            *v
+        }
+    }
+
+    pub(super) mod timestamp {
+        use crate::parse::PError;
+
+        /// `timestamp`: a 64-bit big-endian count of seconds.
+        #[inline(always)]
+        pub(crate) fn read(i: &[u8]) -> nom::IResult<&[u8], u64, PError> {
+            crate::parse::num::be_u64(i)
+        }
+
+        pub(crate) fn from_owned(v: &u64) -> u64 {
+            *v
+        }
+
+        pub(crate) fn to_owned(v: &u64) -> u64 {
+            *v
+        }
+    }
 }
 
 /// Moving past one property of each type with nom's complete parsers, for
@@ -373,6 +520,35 @@ impl Properties {
         }
     }
 
+    /// Every property, borrowed, read straight from the bytes received
+    /// (whether or not they have been built): the cheapest way to read
+    /// them, as nothing is built or allocated, the headers included (see
+    /// [`FieldTableRef`]). For properties of one's own, a view of their
+    /// fields.
+    ///
+    /// ```
+    /// use amqp_codec::{BasicProperties, ContentHeader, FieldTable, FieldValue, Frame, FrameDecoder};
+    /// let mut headers = FieldTable::new();
+    /// headers.push("x-attempt", FieldValue::I32(3));
+    /// let sent = BasicProperties { message_id: Some("m-1".into()), headers: Some(headers), ..Default::default() };
+    /// let mut wire = bytes::BytesMut::new();
+    /// Frame::Header(1, ContentHeader::basic(0, sent.clone())).encode(&mut wire).unwrap();
+    ///
+    /// let Some(Frame::Header(_, header)) = FrameDecoder::new(4096).decode(&mut wire).unwrap() else { panic!() };
+    /// let view = header.properties.view();
+    /// assert_eq!(view.message_id, Some(&b"m-1"[..]));
+    /// assert_eq!(view.headers.and_then(|h| h.get("x-attempt")).and_then(|v| v.as_i64()), Some(3));
+    /// assert!(!header.properties.is_built()); // nothing was built
+    /// assert_eq!(view.to_owned(), sent);
+    /// ```
+    #[inline]
+    pub fn view(&self) -> BasicPropertiesRef<'_> {
+        match &self.0 {
+            PropertiesRepr::Wire { raw, .. } => BasicPropertiesRef::from_validated(raw),
+            PropertiesRepr::Owned(props) => props.view(),
+        }
+    }
+
     /// The properties as a [`BasicProperties`] of their own.
     pub fn into_basic(self) -> BasicProperties {
         match self.0 {
@@ -477,3 +653,30 @@ impl std::fmt::Debug for Properties {
 #[cfg(test)]
 #[path = "salvage_tests.rs"]
 mod salvage_tests;
+
+#[cfg(test)]
+mod view_tests {
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    use crate::{ContentHeader, Frame, FrameDecoder};
+
+    proptest! {
+        /// Viewing decoded properties reads what building them gives, and
+        /// builds nothing; a view of one's own properties reads the same.
+        #[test]
+        fn a_view_reads_what_building_gives(props in crate::arbitrary::properties()) {
+            let mut wire = BytesMut::new();
+            Frame::Header(1, ContentHeader::basic(0, props.clone())).encode(&mut wire).unwrap();
+            let Some(Frame::Header(_, header)) = FrameDecoder::new(0).decode(&mut wire).unwrap() else {
+                panic!("a header")
+            };
+            let view = header.properties.view();
+            prop_assert!(header.properties.is_built() == (header.properties.wire_bytes().is_none()));
+            prop_assert_eq!(view.to_owned(), props.clone());
+            prop_assert_eq!(view, props.view());
+            prop_assert_eq!(&*header.properties, &props);
+            prop_assert_eq!(header.properties.view(), view);
+        }
+    }
+}

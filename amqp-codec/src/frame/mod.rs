@@ -101,9 +101,7 @@ pub fn encode_method(channel: u16, method: &Method, dst: &mut BytesMut) -> Resul
 pub fn encode_body(channel: u16, body: &[u8], dst: &mut BytesMut) -> Result<(), EncodeError> {
     let size = u32::try_from(body.len()).map_err(|_| EncodeError::TooLong(body.len()))?;
     dst.reserve(body.len() + FRAME_OVERHEAD);
-    dst.put_u8(FRAME_BODY);
-    dst.put_u16(channel);
-    dst.put_u32(size);
+    dst.put_slice(&frame_head(FRAME_BODY, channel, size));
     dst.put_slice(body);
     dst.put_u8(FRAME_END);
     Ok(())
@@ -162,9 +160,11 @@ fn encode_content_inner(
     check_frame_max(dst.len() - method_start, frame_max)?;
     let header_start = dst.len();
     with_envelope(FRAME_HEADER, channel, dst, |dst| {
-        dst.put_u16(method.class_id());
-        dst.put_u16(0);
-        dst.put_u64(body.len() as u64);
+        let mut fixed = [0; 12];
+        fixed[..2].copy_from_slice(&method.class_id().to_be_bytes());
+        // weight: 0
+        fixed[4..].copy_from_slice(&(body.len() as u64).to_be_bytes());
+        dst.put_slice(&fixed);
         properties.encode(dst)
     })?;
     check_frame_max(dst.len() - header_start, frame_max)?;
@@ -183,6 +183,14 @@ fn check_frame_max(size: usize, frame_max: u32) -> Result<(), EncodeError> {
     }
 }
 
+/// `frame-type channel size`, the 7 bytes that start a frame.
+#[inline(always)]
+fn frame_head(frame_type: u8, channel: u16, size: u32) -> [u8; 7] {
+    let [c0, c1] = channel.to_be_bytes();
+    let [s0, s1, s2, s3] = size.to_be_bytes();
+    [frame_type, c0, c1, s0, s1, s2, s3]
+}
+
 /// Writes type, channel and a size placeholder, the payload, the end byte,
 /// then patches the size. On error nothing is appended.
 fn with_envelope(
@@ -192,9 +200,7 @@ fn with_envelope(
     payload: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
 ) -> Result<(), EncodeError> {
     let start = dst.len();
-    dst.put_u8(frame_type);
-    dst.put_u16(channel);
-    dst.put_u32(0);
+    dst.put_slice(&frame_head(frame_type, channel, 0));
     if let Err(err) = payload(dst) {
         dst.truncate(start);
         return Err(err);

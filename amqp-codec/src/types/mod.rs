@@ -12,7 +12,10 @@ mod table;
 mod validate;
 
 pub use strings::{LongString, ShortString};
-pub use table::{Decimal, FieldArray, FieldTable, FieldValue};
+pub use table::{
+    Decimal, FieldArray, FieldArrayIter, FieldArrayRef, FieldTable, FieldTableIter, FieldTableRef, FieldValue,
+    FieldValueRef,
+};
 pub use validate::DEFAULT_MAX_DEPTH;
 
 pub(crate) use validate::{field_value_pair, field_value_pair_by_length, long_bytes, short_string_len, table_body};

@@ -16,6 +16,10 @@ use crate::error::EncodeError;
 /// exchange names, routing keys and content types. Copying that many bytes is
 /// cheaper than the atomic increment and decrement a shared slice costs.
 const INLINE: usize = 38;
+const _: () = assert!(
+    INLINE >= 32 && INLINE <= 48,
+    "Repr::window covers INLINE bytes in three 16-byte words"
+);
 
 /// `PREFIX_MASKS[n]` keeps the first `n` bytes of an inline window and
 /// zeroes the rest: a fixed-size AND instead of a per-byte comparison.
@@ -68,9 +72,17 @@ impl Repr {
     fn window(tail: &[u8], len: usize) -> Option<Repr> {
         let window = tail.first_chunk::<INLINE>()?;
         let mask = PREFIX_MASKS.get(len)?;
+        // In three 16-byte words (the last overlapping the second), not
+        // byte by byte: LLVM unrolls a 38-byte loop into 38 scalar ANDs.
+        let word = |bytes: &[u8; INLINE], at: usize| -> u128 {
+            let mut w = [0; 16];
+            w.copy_from_slice(&bytes[at..at + 16]);
+            u128::from_ne_bytes(w)
+        };
         let mut buf = [0; INLINE];
-        for ((dst, &src), &keep) in buf.iter_mut().zip(window).zip(mask) {
-            *dst = src & keep;
+        for at in [0, 16, INLINE - 16] {
+            let masked = word(window, at) & word(mask, at);
+            buf[at..at + 16].copy_from_slice(&masked.to_ne_bytes());
         }
         Some(Repr::Inline { len: len as u8, buf })
     }
@@ -292,8 +304,42 @@ impl ShortString {
 
 impl LongString {
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        encode_long_bytes(self.as_bytes(), dst)
+        self.encode_after(dst, None)
     }
+
+    /// Appends a field value's type code if there is one, then the string
+    /// with its 32-bit length.
+    #[inline(always)]
+    pub(crate) fn encode_after(&self, dst: &mut BytesMut, code: Option<u8>) -> Result<(), EncodeError> {
+        match &self.0 {
+            Repr::Inline { len, buf } => {
+                let [a, b, c, d] = u32::from(*len).to_be_bytes();
+                match code {
+                    Some(code) => put_window(dst, &[code, a, b, c, d], buf, usize::from(*len)),
+                    None => put_window(dst, &[a, b, c, d], buf, usize::from(*len)),
+                }
+                Ok(())
+            }
+            Repr::Heap(bytes) => {
+                if let Some(code) = code {
+                    dst.put_u8(code);
+                }
+                encode_long_bytes(bytes, dst)
+            }
+        }
+    }
+}
+
+/// Appends `head`, then the first `len` bytes of an inline string's `buf`,
+/// copied as the whole fixed-size buffer and the excess cut off again:
+/// cheaper than a call to copy `len` bytes.
+#[inline(always)]
+fn put_window(dst: &mut BytesMut, head: &[u8], buf: &[u8; INLINE], len: usize) {
+    let end = dst.len() + head.len() + len;
+    dst.reserve(head.len() + INLINE);
+    dst.put_slice(head);
+    dst.put_slice(buf);
+    dst.truncate(end);
 }
 
 impl LongString {

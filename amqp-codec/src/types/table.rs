@@ -484,28 +484,44 @@ impl FieldValue {
 
     /// Appends the type code and the value.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        dst.put_u8(self.type_code());
+        // A scalar and its code go out as one fixed-size copy.
+        fn put<const N: usize>(dst: &mut BytesMut, code: u8, value: [u8; N]) {
+            let mut out = [0; 9];
+            out[0] = code;
+            out[1..=N].copy_from_slice(&value);
+            dst.put_slice(&out[..=N]);
+        }
+        let code = self.type_code();
         match self {
-            FieldValue::Bool(v) => dst.put_u8(u8::from(*v)),
-            FieldValue::I8(v) => dst.put_i8(*v),
-            FieldValue::U8(v) => dst.put_u8(*v),
-            FieldValue::I16(v) => dst.put_i16(*v),
-            FieldValue::U16(v) => dst.put_u16(*v),
-            FieldValue::I32(v) => dst.put_i32(*v),
-            FieldValue::U32(v) => dst.put_u32(*v),
-            FieldValue::I64(v) | FieldValue::I64L(v) => dst.put_i64(*v),
-            FieldValue::F32(v) => dst.put_f32(*v),
-            FieldValue::F64(v) => dst.put_f64(*v),
+            FieldValue::Bool(v) => put(dst, code, [u8::from(*v)]),
+            FieldValue::I8(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::U8(v) => put(dst, code, [*v]),
+            FieldValue::I16(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::U16(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::I32(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::U32(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::I64(v) | FieldValue::I64L(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::F32(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::F64(v) => put(dst, code, v.to_be_bytes()),
             FieldValue::Decimal(d) => {
-                dst.put_u8(d.scale);
-                dst.put_u32(d.value);
+                let [a, b, c, e] = d.value.to_be_bytes();
+                put(dst, code, [d.scale, a, b, c, e]);
             }
-            FieldValue::LongString(s) => s.encode(dst)?,
-            FieldValue::Array(a) => a.encode(dst)?,
-            FieldValue::Timestamp(v) => dst.put_u64(*v),
-            FieldValue::Table(t) => t.encode(dst)?,
-            FieldValue::Void => {}
-            FieldValue::ByteArray(b) => encode_long_bytes(b, dst)?,
+            FieldValue::LongString(s) => s.encode_after(dst, Some(code))?,
+            FieldValue::Array(a) => {
+                dst.put_u8(code);
+                a.encode(dst)?
+            }
+            FieldValue::Timestamp(v) => put(dst, code, v.to_be_bytes()),
+            FieldValue::Table(t) => {
+                dst.put_u8(code);
+                t.encode(dst)?
+            }
+            FieldValue::Void => dst.put_u8(code),
+            FieldValue::ByteArray(b) => {
+                dst.put_u8(code);
+                encode_long_bytes(b, dst)?
+            }
         }
         Ok(())
     }
@@ -710,6 +726,10 @@ fn materialize_table(raw: &RawBody) -> Vec<Entry> {
     }
     entries
 }
+
+#[path = "table_view.rs"]
+mod view;
+pub use view::{FieldArrayIter, FieldArrayRef, FieldTableIter, FieldTableRef, FieldValueRef};
 
 #[cfg(test)]
 #[path = "table_tests.rs"]
