@@ -4,7 +4,8 @@
 //!
 //! Every delivery runs in its own task: it decodes, waits for a handler slot
 //! (`concurrency`), runs the handler, and carries out what the handler and
-//! the retry policy decided. A wait spent in the process holds the delivery
+//! the retry policy decided. (On a current-thread runtime the work starts in
+//! the consumer's loop and becomes a task only if it has to wait.) A wait spent in the process holds the delivery
 //! (and its prefetch slot) but not a handler slot.
 
 use std::future::{Future, IntoFuture};
@@ -291,6 +292,7 @@ where
             record: record.clone(),
             stream,
             then: self.then,
+            inline: inline_waker(),
             _payload: PhantomData,
         });
         let done = started.spawn(
@@ -320,6 +322,9 @@ struct Shared<T, F, C> {
     stream: bool,
     /// Where `Ack::then` outputs go.
     then: Option<Destination>,
+    /// Set on a current-thread runtime: each delivery's work is first
+    /// polled in the consumer's loop (see `spawn_delivery`).
+    inline: Option<std::task::Waker>,
     _payload: PhantomData<fn() -> T>,
 }
 
@@ -336,7 +341,41 @@ where
             lock(&shared.record.stream).given(offset);
         }
     }
-    tasks.spawn(process(shared.clone(), delivery));
+    let mut work = Box::pin(process(shared.clone(), delivery));
+    if let Some(waker) = &shared.inline {
+        // On a current-thread runtime a task of its own buys a delivery no
+        // parallelism: it runs here until it first has to wait (most
+        // handlers never do), and only then becomes a task, which polls it
+        // again with its own waker.
+        let mut cx = std::task::Context::from_waker(waker);
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(&mut cx)));
+        match polled {
+            Ok(std::task::Poll::Ready(())) => return,
+            Ok(std::task::Poll::Pending) => {}
+            Err(_) => {
+                // As a panicked task would: the delivery stays unacknowledged.
+                tracing::error!(queue = %shared.queue, "a delivery's work panicked; the broker redelivers it");
+                return;
+            }
+        }
+    }
+    tasks.spawn(work);
+}
+
+/// A waker that does nothing: the first poll of a delivery's work made in
+/// the consumer's own loop (see `spawn_delivery`), whose wake-ups the task
+/// it then becomes takes over.
+struct FirstPoll;
+
+impl std::task::Wake for FirstPoll {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// The waker for first polls in the consumer's loop, when the runtime is
+/// current-thread (elsewhere every delivery gets a task, for parallelism).
+fn inline_waker() -> Option<std::task::Waker> {
+    let flavor = tokio::runtime::Handle::try_current().ok()?.runtime_flavor();
+    (flavor == tokio::runtime::RuntimeFlavor::CurrentThread).then(|| std::task::Waker::from(Arc::new(FirstPoll)))
 }
 
 /// The `x-stream-offset` header of a delivery from a stream.

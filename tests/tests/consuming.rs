@@ -1168,3 +1168,63 @@ fn statement_20_close_finishes_running_handlers_and_republishes_cut_short_waits(
         });
     })
 }
+
+/// On a current-thread runtime a delivery's work starts in the consumer's
+/// own loop and becomes a task only when it has to wait: handlers that
+/// answer at once, that wait, and that panic on their first attempt all
+/// settle, and every message is accepted exactly once. Run on a real
+/// clock on every broker.
+#[test]
+fn on_a_current_thread_runtime_handlers_that_answer_at_once_wait_or_panic_all_settle_once() {
+    use std::collections::HashMap;
+    const MESSAGES: u32 = 300;
+    acemq_tests::deadline_blocking(|| {
+        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+        for b in all {
+            let kind = b.kind;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(acemq_tests::deadline(async {
+                let policy = RetryPolicy::fixed(3, Duration::ZERO);
+                let (conn, q) = setup(&b, &policy).await;
+                let accepted: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
+                let seen = accepted.clone();
+                let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                    let seen = seen.clone();
+                    async move {
+                        let id = m.payload.id;
+                        match id % 3 {
+                            0 => {}
+                            1 => tokio::time::sleep(Duration::from_millis(20)).await,
+                            _ if m.envelope.attempt == 1 => panic!("the first attempt of {id} panics"),
+                            _ => {}
+                        }
+                        *seen.lock().unwrap().entry(id).or_default() += 1;
+                        Ack::accept()
+                    }
+                })
+                .prefetch(50)
+                .retry_with(policy)
+                .await
+                .unwrap();
+                let publisher = conn.publisher::<Order>("", &q);
+                for id in 0..MESSAGES {
+                    publisher.send(&Order { id }).await.unwrap();
+                }
+                eventually(Duration::from_secs(30), || {
+                    accepted.lock().unwrap().len() == MESSAGES as usize
+                })
+                .await;
+                consumer.close().await.unwrap();
+                let accepted = accepted.lock().unwrap().clone();
+                let twice: Vec<_> = accepted.iter().filter(|(_, n)| **n != 1).collect();
+                assert!(twice.is_empty(), "{kind:?}: accepted more than once: {twice:?}");
+                let ch = conn.consuming_connection().channel().await.unwrap();
+                assert_eq!(depth(&ch, &q).await, 0, "{kind:?}");
+                cleanup(&conn, &q).await;
+            }));
+        }
+    })
+}
