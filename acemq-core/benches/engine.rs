@@ -79,6 +79,43 @@ async fn publish_confirmed_with(
     figures
 }
 
+/// The least an async engine with a confirm future per publish costs in
+/// user space, with no I/O at all: each message is a command the size of
+/// the engine's, sent through an unbounded channel to a driver task that
+/// answers it on a oneshot of its own, at most `window` unanswered, as the
+/// engine's confirmed publish is driven. The wire floor plus this is what a
+/// client of that shape can reach here, before it encodes a single frame.
+async fn handoff_floor(messages: u64, window: usize) -> Figures {
+    use tokio::sync::{mpsc, oneshot};
+    type Handoff = ([u8; 160], oneshot::Sender<u64>);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
+    let driver = tokio::spawn(async move {
+        let mut sum = 0u64;
+        while let Some((command, reply)) = rx.recv().await {
+            sum = sum.wrapping_add(u64::from(std::hint::black_box(command)[0]));
+            let _ = reply.send(sum);
+        }
+    });
+    let mut in_flight = VecDeque::with_capacity(window);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for i in 0..messages {
+        if in_flight.len() == window {
+            let oldest: oneshot::Receiver<u64> = in_flight.pop_front().unwrap();
+            oldest.await.unwrap();
+        }
+        let (reply, answer) = oneshot::channel();
+        tx.send(([i as u8; 160], reply)).unwrap();
+        in_flight.push_back(answer);
+    }
+    for answer in in_flight {
+        answer.await.unwrap();
+    }
+    let figures = Figures::since("  handoff floor (no I/O)", messages, t0, c0);
+    drop(tx);
+    driver.await.unwrap();
+    figures
+}
+
 async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetch: u16) -> Figures {
     let ch = conn.channel().await.unwrap();
     ch.qos(prefetch).await.unwrap();
@@ -346,6 +383,7 @@ fn main() {
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
                 let (publish, consume) = wire_floor(&addr, &queue, messages);
                 publish.print();
+                handoff_floor(messages, 1000).await.print();
                 consume.print();
                 continue;
             }
@@ -403,6 +441,7 @@ fn main() {
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
             let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
+            let handoff = handoff_floor(messages, 1000).await;
             let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
             purge(&setup, &queue).await;
             let floor_envelope = wire_floor_envelope(&addr, &queue, messages);
@@ -420,6 +459,7 @@ fn main() {
             }
             publish.print();
             floor_publish.print();
+            handoff.print();
             publish_envelope.print();
             floor_envelope.print();
             consume.print();
