@@ -14,7 +14,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, FieldValue, ShortString};
+use amqp_codec::{
+    BasicConsume, BasicProperties, BasicPropertiesRef, BasicPublish, FieldTable, FieldValue, ShortString,
+};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio::sync::{watch, Semaphore};
@@ -380,18 +382,17 @@ fn inline_waker() -> Option<std::task::Waker> {
 
 /// The `x-stream-offset` header of a delivery from a stream.
 fn stream_offset(delivery: &Delivery) -> Option<i64> {
-    let properties = delivery.properties.as_ref().ok()?;
-    properties.headers.as_ref()?.get("x-stream-offset")?.as_i64()
+    let properties = delivery.properties.as_ref().ok()?.view();
+    properties.headers?.get("x-stream-offset")?.as_i64()
 }
 
 /// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
 /// else one if `redelivered`.
-fn redeliveries(properties: &BasicProperties, redelivered: bool) -> u32 {
+fn redeliveries(properties: &BasicPropertiesRef<'_>, redelivered: bool) -> u32 {
     let count = properties
         .headers
-        .as_ref()
         .and_then(|h| h.get("x-delivery-count"))
-        .and_then(FieldValue::as_i64);
+        .and_then(|v| v.as_i64());
     match count {
         Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
         None => u32::from(redelivered),
@@ -473,8 +474,10 @@ where
     Fut: Future<Output = Ack> + Send + 'static,
     C: Codec,
 {
+    // Read straight from the received bytes; `BasicProperties` are built
+    // only for what needs them (a retry, a set-aside, a hop).
     let properties = match &delivery.properties {
-        Ok(p) => p.as_ref(),
+        Ok(p) => p,
         Err(raw) => {
             // Whatever can still be read goes with it (message-id,
             // correlation-id, timestamp...), so an operator can find it.
@@ -487,7 +490,7 @@ where
             return Box::pin(set_aside_undecodable(shared, delivery, &salvaged.properties, &reason)).await;
         }
     };
-    let envelope = envelope_of(properties, delivery);
+    let envelope = envelope_of(&properties.view(), delivery);
     // What a retry needs once the envelope has gone to the handler.
     let facts = RetryFacts {
         id: envelope.id.clone(),
@@ -519,8 +522,8 @@ where
 }
 
 /// The envelope as the handler sees it: the attempt counts redeliveries.
-fn envelope_of(properties: &BasicProperties, delivery: &Delivery) -> Envelope {
-    let mut envelope = Envelope::read_from_message(properties, &delivery.body);
+fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delivery) -> Envelope {
+    let mut envelope = Envelope::read_from_message_view(properties, &delivery.body);
     envelope.attempt = envelope
         .attempt
         .saturating_add(redeliveries(properties, delivery.redelivered));
@@ -586,12 +589,14 @@ where
 async fn carry_out<T, F, C>(
     shared: &Shared<T, F, C>,
     delivery: &Delivery,
-    properties: &BasicProperties,
+    // As received: built into `BasicProperties` only on the paths that
+    // republish (an accept without a routing slip never builds them).
+    properties: &amqp_codec::Properties,
     facts: &RetryFacts,
     verdict: Ack,
 ) -> Result<&'static str, Error> {
     match verdict {
-        Ack::Accept if crate::hop::has_slip(properties) => {
+        Ack::Accept if crate::hop::has_slip_in(&properties.view()) => {
             Box::pin(forward(shared, delivery, properties, facts, None)).await
         }
         Ack::Accept => {

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortString};
+use amqp_codec::{BasicProperties, BasicPropertiesRef, FieldTable, FieldValue, FieldValueRef, ShortString};
+use bytes::Bytes;
 
 /// Header: the attempt number, 1 on first publish (`I`).
 pub const ATTEMPT_HEADER: &str = "x-acemq-attempt";
@@ -111,14 +112,21 @@ impl Envelope {
     /// share an id), and without `x-acemq-first-seen`, first seen is the
     /// `timestamp` property when there is one.
     pub fn read_from_message(properties: &BasicProperties, body: &[u8]) -> Envelope {
-        let mut envelope = Envelope::read_from(properties);
+        Envelope::read_from_message_view(&properties.view(), body)
+    }
+
+    /// [`Envelope::read_from_message`] over properties as received, read
+    /// straight from their bytes (see [`amqp_codec::Properties::view`]),
+    /// building nothing but the envelope.
+    pub fn read_from_message_view(properties: &BasicPropertiesRef<'_>, body: &[u8]) -> Envelope {
+        let mut envelope = Envelope::read_from_view(properties);
         if properties.message_id.is_none() {
             envelope.id = derived_id(properties, body);
         }
         let has_first_seen = properties
             .headers
             .as_ref()
-            .is_some_and(|h| h.contains_key(FIRST_SEEN_HEADER));
+            .is_some_and(|h| h.get(FIRST_SEEN_HEADER).is_some());
         if let (false, Some(timestamp)) = (has_first_seen, properties.timestamp) {
             envelope.first_seen = UNIX_EPOCH + Duration::from_secs(timestamp);
         }
@@ -129,49 +137,55 @@ impl Envelope {
     /// accepted; what is missing gets the value a first publish would have
     /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
     pub fn read_from(properties: &BasicProperties) -> Envelope {
+        Envelope::read_from_view(&properties.view())
+    }
+
+    /// [`Envelope::read_from`] over borrowed properties.
+    pub fn read_from_view(properties: &BasicPropertiesRef<'_>) -> Envelope {
         // One pass: the first of each managed header is read, every copy of
-        // them left out, and the rest kept in order (no copy of the table
-        // when there is nothing else in it).
+        // them left out, and the rest kept in order (no table is made when
+        // there is nothing else in it).
         let (mut attempt, mut first_seen, mut causation) = (None, None, None);
         let mut headers = FieldTable::new();
-        for (key, value) in properties.headers.iter().flat_map(FieldTable::iter) {
-            let slot = match key.as_bytes() {
+        for (key, value) in properties.headers.iter().flat_map(|h| h.iter()) {
+            let slot = match key {
                 k if k == ATTEMPT_HEADER.as_bytes() => &mut attempt,
                 k if k == FIRST_SEEN_HEADER.as_bytes() => &mut first_seen,
                 k if k == CAUSATION_HEADER.as_bytes() => &mut causation,
                 _ => {
-                    headers.push(key.clone(), value.clone());
+                    // A validated table's keys are short strings.
+                    if let Some(key) = ShortString::from_bytes(Bytes::copy_from_slice(key)) {
+                        headers.push(key, value.to_owned());
+                    }
                     continue;
                 }
             };
             slot.get_or_insert(value);
         }
         let attempt = attempt
-            .and_then(FieldValue::as_i64)
+            .and_then(|v| v.as_i64())
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n >= 1)
             .unwrap_or(1);
         let first_seen = first_seen
-            .and_then(FieldValue::as_i64)
+            .and_then(|v| v.as_i64())
             .and_then(|secs| u64::try_from(secs).ok())
             .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
             .unwrap_or_else(|| whole_seconds(SystemTime::now()));
         let causation_id = causation.and_then(|v| match v {
-            FieldValue::LongString(s) => Some(s.to_string_lossy().into_owned()),
+            FieldValueRef::LongString(s) => Some(String::from_utf8_lossy(s).into_owned()),
             _ => None,
         });
         Envelope {
             id: properties
                 .message_id
-                .as_ref()
-                .map(|id| id.to_string_lossy().into_owned())
+                .map(|id| String::from_utf8_lossy(id).into_owned())
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             attempt,
             first_seen,
             correlation_id: properties
                 .correlation_id
-                .as_ref()
-                .map(|c| c.to_string_lossy().into_owned()),
+                .map(|c| String::from_utf8_lossy(c).into_owned()),
             causation_id,
             headers,
         }
@@ -195,18 +209,17 @@ pub fn hop_id(input_id: &str, hop: &str) -> String {
 
 /// The id of a message that came without one: a version-5 UUID of the
 /// fields that travel unchanged with every copy of it.
-fn derived_id(properties: &BasicProperties, body: &[u8]) -> String {
+fn derived_id(properties: &BasicPropertiesRef<'_>, body: &[u8]) -> String {
     let mut name = Vec::with_capacity(body.len() + 128);
     let mut field = |bytes: &[u8]| {
         name.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
         name.extend_from_slice(bytes);
     };
-    let text = |s: &Option<ShortString>| s.as_ref().map(|s| s.as_bytes().to_vec()).unwrap_or_default();
-    field(&text(&properties.content_type));
-    field(&text(&properties.correlation_id));
+    field(properties.content_type.unwrap_or_default());
+    field(properties.correlation_id.unwrap_or_default());
     field(&properties.timestamp.map(u64::to_be_bytes).unwrap_or_default());
-    field(&text(&properties.kind));
-    field(&text(&properties.app_id));
+    field(properties.kind.unwrap_or_default());
+    field(properties.app_id.unwrap_or_default());
     field(body);
     uuid::Uuid::new_v5(&DERIVED_ID_NAMESPACE, &name).to_string()
 }

@@ -36,11 +36,8 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 /// Whether a message carries a routing slip.
-pub(crate) fn has_slip(properties: &BasicProperties) -> bool {
-    properties
-        .headers
-        .as_ref()
-        .is_some_and(|h| h.contains_key(ROUTING_SLIP_HEADER))
+pub(crate) fn has_slip_in(properties: &amqp_codec::BasicPropertiesRef<'_>) -> bool {
+    properties.headers.is_some_and(|h| h.get(ROUTING_SLIP_HEADER).is_some())
 }
 
 /// The slip of a message and the step it is at, if it has one.
