@@ -378,6 +378,19 @@ fn main() {
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
         let engine_only = only == "engine";
         for round in 0..if benching { 3 } else { 1 } {
+            // `=engine-consume`: the floor publishes, the engine consumes
+            // (to profile the engine's consume alone).
+            if only == "engine-consume" {
+                let props = BasicProperties {
+                    delivery_mode: Some(1),
+                    ..Default::default()
+                };
+                floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
+                    .expect("wire floor publish")
+                    .print();
+                consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();

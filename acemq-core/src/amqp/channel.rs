@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use amqp_codec::*;
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::message::Command;
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
@@ -97,7 +97,7 @@ impl Future for PublishConfirm {
 pub struct Consumer {
     tag: ShortString,
     channel: Channel,
-    deliveries: mpsc::Receiver<Delivery>,
+    deliveries: super::driver::DeliveryQueue,
 }
 
 impl Consumer {
@@ -120,7 +120,7 @@ impl Consumer {
 
     /// Deliveries already here, without waiting.
     pub fn try_next(&mut self) -> Option<Delivery> {
-        let delivery = self.deliveries.try_recv().ok();
+        let delivery = self.deliveries.try_recv();
         self.channel.conn.shared.took_delivery();
         delivery
     }

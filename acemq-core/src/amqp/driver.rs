@@ -5,7 +5,7 @@
 //! machine's events to them. It makes no protocol decision.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -113,9 +113,9 @@ enum Pending {
     Open(Reply1<(u16, u64, Arc<AtomicBool>)>),
     Call(Reply1<Option<Reply>>),
     Consume {
-        deliveries: mpsc::Sender<Delivery>,
-        queue: mpsc::Receiver<Delivery>,
-        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
+        route: ConsumerRoute,
+        queue: DeliveryQueue,
+        reply: Reply1<(ShortString, DeliveryQueue)>,
     },
 }
 
@@ -125,15 +125,63 @@ struct ChannelRoutes {
     /// Shared with the channel's handles: false once the channel is gone.
     open: Arc<AtomicBool>,
     confirms: VecDeque<(u64, Reply1<Confirmation>)>,
-    consumers: HashMap<ShortString, ConsumerRoute>,
+    /// A channel carries one consumer or a few: a scan comparing tags is
+    /// cheaper than hashing one per delivery.
+    consumers: Vec<ConsumerRoute>,
     /// The per-consumer prefetch last asked for with `basic.qos`: a new
     /// consumer's delivery queue holds at least that many.
     prefetch: u16,
 }
 
+/// One consumer's delivery queue, as its [`super::Consumer`] holds it:
+/// unbounded underneath, bounded by the driver, which counts what it puts
+/// in while the consumer counts what it takes out.
+#[derive(Debug)]
+pub(crate) struct DeliveryQueue {
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl DeliveryQueue {
+    /// The next delivery; `None` once the consumer is over.
+    pub(crate) async fn recv(&mut self) -> Option<Delivery> {
+        let delivery = self.rx.recv().await;
+        if delivery.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        delivery
+    }
+
+    /// A delivery already here, without waiting.
+    pub(crate) fn try_recv(&mut self) -> Option<Delivery> {
+        let delivery = self.rx.try_recv().ok();
+        if delivery.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        delivery
+    }
+
+    /// How many deliveries wait in it.
+    pub(crate) fn len(&self) -> usize {
+        self.rx.len()
+    }
+}
+
+/// Why [`ConsumerRoute::offer`] did not queue a delivery.
+enum Refused {
+    /// The queue holds its bound.
+    Full(Delivery),
+    /// The consumer's stream was dropped.
+    Closed(Delivery),
+}
+
 /// Where one consumer's deliveries go.
 struct ConsumerRoute {
-    tx: mpsc::Sender<Delivery>,
+    tag: ShortString,
+    tx: mpsc::UnboundedSender<Delivery>,
+    /// Queued and not yet taken (the consumer takes its share off).
+    queued: Arc<AtomicUsize>,
+    bound: usize,
     /// Deliveries that found its queue full, oldest first. While a live
     /// consumer has any, the driver reads nothing more from the socket.
     overflow: VecDeque<Delivery>,
@@ -144,30 +192,80 @@ struct ConsumerRoute {
 }
 
 impl ConsumerRoute {
-    fn new(tx: mpsc::Sender<Delivery>) -> Self {
-        ConsumerRoute {
+    /// A route whose queue holds at most `bound` deliveries, and the
+    /// consumer's end of that queue. The tag is set once the broker gives it.
+    fn new(bound: usize) -> (Self, DeliveryQueue) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let route = ConsumerRoute {
+            tag: ShortString::default(),
             tx,
+            queued: queued.clone(),
+            bound: bound.max(1),
             overflow: VecDeque::new(),
             cancelling: false,
+        };
+        (route, DeliveryQueue { rx, queued })
+    }
+
+    /// Queues `delivery` if there is room. The count is raised before the
+    /// send and the consumer lowers it after taking one, then looks at
+    /// `Shared::stalled`; the driver sets that flag before it looks at the
+    /// count again, so one of them always sees the other.
+    // The refused delivery comes back whole, as with `try_send`: boxing it
+    // would allocate on the path that is already the slow one.
+    #[allow(clippy::result_large_err)]
+    fn offer(&self, delivery: Delivery) -> Result<(), Refused> {
+        if self.tx.is_closed() {
+            return Err(Refused::Closed(delivery));
         }
+        if self.queued.load(Ordering::SeqCst) >= self.bound {
+            return Err(Refused::Full(delivery));
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(delivery).map_err(|mpsc::error::SendError(delivery)| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            Refused::Closed(delivery)
+        })
     }
 
     /// Hands over its overflow while there is room; whether any is left.
     fn unstall(&mut self) -> bool {
         while let Some(delivery) = self.overflow.pop_front() {
-            match self.tx.try_send(delivery) {
+            match self.offer(delivery) {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(delivery)) => {
+                Err(Refused::Full(delivery)) => {
                     self.overflow.push_front(delivery);
                     return true;
                 }
-                Err(mpsc::error::TrySendError::Closed(delivery)) => {
+                Err(Refused::Closed(delivery)) => {
                     lost_delivery(&delivery, self.overflow.len());
                     self.overflow.clear();
                 }
             }
         }
         false
+    }
+}
+
+impl ChannelRoutes {
+    fn consumer_mut(&mut self, tag: &ShortString) -> Option<&mut ConsumerRoute> {
+        self.consumers.iter_mut().find(|route| route.tag == *tag)
+    }
+
+    fn remove_consumer(&mut self, tag: &ShortString) -> Option<ConsumerRoute> {
+        let at = self.consumers.iter().position(|route| route.tag == *tag)?;
+        Some(self.consumers.swap_remove(at))
+    }
+
+    /// Adds the consumer the broker confirmed as `tag` (a tag in use
+    /// replaces its route, as the broker never gives one twice).
+    fn add_consumer(&mut self, tag: ShortString, mut route: ConsumerRoute) {
+        route.tag = tag;
+        match self.consumers.iter_mut().find(|r| r.tag == route.tag) {
+            Some(slot) => *slot = route,
+            None => self.consumers.push(route),
+        }
     }
 }
 
@@ -460,7 +558,7 @@ impl Driver {
         channel: u16,
         generation: u64,
         method: amqp_codec::BasicConsume,
-        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
+        reply: Reply1<(ShortString, DeliveryQueue)>,
     ) {
         let Some(routes) = self.routes(channel, generation) else {
             let _ = reply.send(Err(Error::ChannelNotOpen(channel)));
@@ -468,24 +566,17 @@ impl Driver {
         };
         let prefetch = usize::from(routes.prefetch);
         let bound = self.shared.delivery_buffer.max(prefetch);
-        let (deliveries, queue) = mpsc::channel(bound);
+        let (route, queue) = ConsumerRoute::new(bound);
         let no_wait_tag = method.no_wait.then(|| method.consumer_tag.clone());
         match self.machine.call(channel, Method::BasicConsume(method)) {
             Ok(Some(token)) => {
-                self.pending.insert(
-                    token,
-                    Pending::Consume {
-                        deliveries,
-                        queue,
-                        reply,
-                    },
-                );
+                self.pending.insert(token, Pending::Consume { route, queue, reply });
             }
             Ok(None) => {
                 // no-wait: the tag must be ours, and deliveries may follow at once.
                 let tag = no_wait_tag.unwrap_or_default();
                 if let Some(routes) = self.routes(channel, generation) {
-                    routes.consumers.insert(tag.clone(), ConsumerRoute::new(deliveries));
+                    routes.add_consumer(tag.clone(), route);
                 }
                 let _ = reply.send(Ok((tag, queue)));
             }
@@ -575,7 +666,7 @@ impl Driver {
             },
         };
         let routes = self.channels[usize::from(channel)].as_mut().expect("checked above");
-        let Some(route) = routes.consumers.get_mut(&delivery.consumer_tag) else {
+        let Some(route) = routes.consumer_mut(&delivery.consumer_tag) else {
             tracing::warn!(channel, consumer = %delivery.consumer_tag, "delivery for an unknown consumer");
             return;
         };
@@ -584,14 +675,14 @@ impl Driver {
             route.overflow.push_back(delivery);
             return;
         }
-        match route.tx.try_send(delivery) {
+        match route.offer(delivery) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(delivery)) => {
+            Err(Refused::Full(delivery)) => {
                 tracing::debug!(channel, consumer = %delivery.consumer_tag, "consumer queue full: reading paused");
                 self.stalled.push((channel, generation, delivery.consumer_tag.clone()));
                 route.overflow.push_back(delivery);
             }
-            Err(mpsc::error::TrySendError::Closed(delivery)) => lost_delivery(&delivery, 0),
+            Err(Refused::Closed(delivery)) => lost_delivery(&delivery, 0),
         }
     }
 
@@ -606,10 +697,7 @@ impl Driver {
         let mut pausing = false;
         let mut stalled = std::mem::take(&mut self.stalled);
         stalled.retain(|(channel, generation, tag)| {
-            let Some(route) = self
-                .routes(*channel, *generation)
-                .and_then(|r| r.consumers.get_mut(tag))
-            else {
+            let Some(route) = self.routes(*channel, *generation).and_then(|r| r.consumer_mut(tag)) else {
                 return false;
             };
             let left = route.unstall();
@@ -636,8 +724,8 @@ impl Driver {
     /// We asked to cancel `tag` on `channel` (all its consumers with `None`).
     fn cancelling(&mut self, channel: u16, generation: u64, tag: Option<&ShortString>) {
         if let Some(routes) = self.routes(channel, generation) {
-            for (t, route) in routes.consumers.iter_mut() {
-                if tag.map_or(true, |tag| tag == t) {
+            for route in routes.consumers.iter_mut() {
+                if tag.map_or(true, |tag| *tag == route.tag) {
                     route.cancelling = true;
                 }
             }
@@ -722,7 +810,7 @@ impl Driver {
             .channels
             .get_mut(usize::from(channel))
             .and_then(Option::as_mut)
-            .and_then(|routes| routes.consumers.remove(&consumer_tag));
+            .and_then(|routes| routes.remove_consumer(&consumer_tag));
         if let Some(route) = route {
             self.retire(route);
         }
@@ -746,7 +834,7 @@ impl Driver {
         }
         // Dropping the consumers' senders ends their streams, once what
         // their overflows hold is handed over.
-        for (_, route) in routes.consumers {
+        for route in routes.consumers {
             self.retire(route);
         }
     }
@@ -802,23 +890,17 @@ impl Driver {
                         .channels
                         .get_mut(usize::from(channel))
                         .and_then(Option::as_mut)
-                        .and_then(|routes| routes.consumers.remove(&ok.consumer_tag));
+                        .and_then(|routes| routes.remove_consumer(&ok.consumer_tag));
                     if let Some(route) = route {
                         self.retire(route);
                     }
                 }
                 let _ = reply.send(result.map(Some).map_err(Error::from));
             }
-            Pending::Consume {
-                deliveries,
-                queue,
-                reply,
-            } => match result {
+            Pending::Consume { route, queue, reply } => match result {
                 Ok(Reply::Method(Method::BasicConsumeOk(ok))) => {
                     if let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) {
-                        routes
-                            .consumers
-                            .insert(ok.consumer_tag.clone(), ConsumerRoute::new(deliveries));
+                        routes.add_consumer(ok.consumer_tag.clone(), route);
                     }
                     let _ = reply.send(Ok((ok.consumer_tag, queue)));
                 }

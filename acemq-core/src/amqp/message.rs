@@ -58,7 +58,7 @@ pub(crate) enum Command {
         channel: u16,
         generation: u64,
         method: BasicConsume,
-        reply: Reply1<(ShortString, mpsc::Receiver<Delivery>)>,
+        reply: Reply1<(ShortString, super::driver::DeliveryQueue)>,
     },
     Close {
         reply: Reply1<()>,
