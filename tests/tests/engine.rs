@@ -711,3 +711,62 @@ async fn cancelling_a_consumer_whose_queue_is_full_does_not_wait_for_it_to_be_dr
     })
     .await
 }
+
+/// Settlements take their own lane to the driver, not the command queue:
+/// acks, nacks and rejects given just before closing their channel still go
+/// out before the `channel.close`, so nothing comes back to the queue. On a
+/// current-thread runtime the settlements and the close are all queued
+/// before the driver runs once.
+#[tokio::test(flavor = "current_thread")]
+async fn settlements_given_just_before_a_channel_close_go_out_before_it() {
+    const TOTAL: usize = 600;
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let setup = conn.channel().await.unwrap();
+            let q = exclusive_queue(&setup).await;
+            setup.confirm_select().await.unwrap();
+            let mut confirms = Vec::new();
+            for i in 0..TOTAL {
+                let body = Bytes::from(format!("{i}"));
+                confirms.push(
+                    setup
+                        .publish("", &q, false, BasicProperties::default(), body)
+                        .await
+                        .unwrap(),
+                );
+            }
+            for confirm in confirms {
+                assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+            }
+            let ch = conn.channel().await.unwrap();
+            ch.qos(TOTAL as u16).await.unwrap();
+            let mut consumer = ch.consume(&q).await.unwrap();
+            let mut deliveries = Vec::new();
+            while deliveries.len() < TOTAL {
+                let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("{:?}: delivery {} within 10 s", b.kind, deliveries.len()))
+                    .expect("the consumer goes on");
+                deliveries.push(delivery);
+            }
+            // Acks one by one, with a multiple ack, a nack and a reject (both
+            // without requeue) among them; then at once the close.
+            for (i, delivery) in deliveries.iter().enumerate() {
+                match i % 100 {
+                    10 => delivery.nack(false).unwrap(),
+                    20 => delivery.reject(false).unwrap(),
+                    99 => delivery.ack_multiple().unwrap(),
+                    n if n > 90 => {} // covered by the multiple ack at 99
+                    _ => delivery.ack().unwrap(),
+                }
+            }
+            ch.close().await.unwrap();
+            // Unsettled deliveries would be back in the queue by now.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(acemq_tests::depth(&setup, &q).await, 0, "{:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}

@@ -113,9 +113,15 @@ impl Consumer {
 
     /// The next delivery, or `None` once the consumer has ended.
     pub async fn next(&mut self) -> Option<Delivery> {
-        let delivery = self.deliveries.recv().await;
-        self.channel.conn.shared.took_delivery();
-        delivery
+        // Polled in place: each async layer would move the delivery once more.
+        std::future::poll_fn(|cx| {
+            let polled = self.deliveries.poll_recv(cx);
+            if polled.is_ready() {
+                self.channel.conn.shared.took_delivery();
+            }
+            polled
+        })
+        .await
     }
 
     /// Deliveries already here, without waiting.
@@ -405,7 +411,7 @@ impl Channel {
                     properties: content.header.map(|h| h.properties),
                     body: content.body,
                     acker: Acker {
-                        commands: self.conn.commands.downgrade(),
+                        shared: self.conn.shared.clone(),
                         channel: self.id,
                         generation: self.generation,
                     },

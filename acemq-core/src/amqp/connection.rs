@@ -205,17 +205,10 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (commands, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new(buffers));
+        let shared = Arc::new(Shared::new(buffers, commands.downgrade()));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();
-        tokio::spawn(driver::run(
-            stream,
-            machine,
-            shared.clone(),
-            commands.downgrade(),
-            rx,
-            opened_tx,
-        ));
+        tokio::spawn(driver::run(stream, machine, shared.clone(), rx, opened_tx));
         match opened_rx.await {
             Ok(Ok(())) => Ok(Connection { commands, shared }),
             Ok(Err(err)) => Err(err),

@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify, Semaphore};
 
 use super::connection::Buffers;
 use super::error::Error;
-use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage};
+use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage, SettleOp};
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
 use crate::time::sleep_until;
 
@@ -42,6 +42,23 @@ pub(crate) struct Shared {
     /// consumer that takes a delivery then says so on `consumer_took`.
     pub(crate) stalled: AtomicBool,
     pub(crate) consumer_took: Notify,
+    /// Acks, nacks and rejects from the deliveries' handles, in order. They
+    /// skip the command queue (a settlement is 24 bytes, a command ten
+    /// times that), and the driver takes them all before any command, so a
+    /// settlement still goes out before whatever its task sends next.
+    settles: Mutex<SettleLane>,
+    /// The lane holds something (set under its lock, read without it).
+    settles_waiting: AtomicBool,
+    /// To wake the driver for the lane; weak, so that deliveries do not
+    /// keep the connection open.
+    commands: mpsc::WeakUnboundedSender<Command>,
+}
+
+#[derive(Debug, Default)]
+struct SettleLane {
+    ops: Vec<SettleOp>,
+    /// The driver is gone: settlements are refused.
+    ended: bool,
 }
 
 /// What a publish costs in the publish buffer besides its body: roughly the
@@ -49,7 +66,7 @@ pub(crate) struct Shared {
 const PUBLISH_OVERHEAD: usize = 128;
 
 impl Shared {
-    pub(crate) fn new(buffers: Buffers) -> Self {
+    pub(crate) fn new(buffers: Buffers, commands: mpsc::WeakUnboundedSender<Command>) -> Self {
         let publish_buffer = u32::try_from(buffers.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
         Shared {
             tuned: OnceLock::new(),
@@ -63,6 +80,9 @@ impl Shared {
             delivery_buffer: buffers.deliveries.max(1),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
+            settles: Mutex::new(SettleLane::default()),
+            settles_waiting: AtomicBool::new(false),
+            commands,
         }
     }
 
@@ -96,6 +116,53 @@ impl Shared {
         if self.stalled.load(Ordering::SeqCst) {
             self.consumer_took.notify_one();
         }
+    }
+
+    /// Queues a settlement for the driver, and wakes it if the lane was
+    /// empty; an error once the driver or the handles are gone.
+    pub(crate) fn settle(&self, op: SettleOp) -> Result<(), ()> {
+        let first = {
+            let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
+            if lane.ended {
+                return Err(());
+            }
+            lane.ops.push(op);
+            let first = lane.ops.len() == 1;
+            if first {
+                self.settles_waiting.store(true, Ordering::SeqCst);
+            }
+            first
+        };
+        if first {
+            let commands = self.commands.upgrade().ok_or(())?;
+            commands.send(Command::Settled).map_err(|_| ())?;
+        }
+        Ok(())
+    }
+
+    /// Whether the connection has ended (its driver, or every handle).
+    pub(crate) fn connection_gone(&self) -> bool {
+        self.settles.lock().unwrap_or_else(|p| p.into_inner()).ended
+            || self.commands.upgrade().map_or(true, |c| c.is_closed())
+    }
+
+    /// Takes what the lane holds into `into` (emptied first).
+    fn take_settles(&self, into: &mut Vec<SettleOp>) {
+        into.clear();
+        if !self.settles_waiting.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::swap(&mut lane.ops, into);
+        self.settles_waiting.store(false, Ordering::SeqCst);
+    }
+
+    /// The driver is done: later settlements fail.
+    fn end_settles(&self) {
+        let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
+        lane.ended = true;
+        lane.ops.clear();
+        self.settles_waiting.store(false, Ordering::SeqCst);
     }
 
     /// Bytes of publishes taken from the buffer and not yet written.
@@ -144,12 +211,12 @@ pub(crate) struct DeliveryQueue {
 
 impl DeliveryQueue {
     /// The next delivery; `None` once the consumer is over.
-    pub(crate) async fn recv(&mut self) -> Option<Delivery> {
-        let delivery = self.rx.recv().await;
-        if delivery.is_some() {
+    pub(crate) fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Delivery>> {
+        let polled = self.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(Some(_)) = &polled {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
-        delivery
+        polled
     }
 
     /// A delivery already here, without waiting.
@@ -281,8 +348,6 @@ fn lost_delivery(delivery: &Delivery, more: usize) {
 struct Driver {
     machine: proto::Connection,
     shared: Arc<Shared>,
-    /// Weak, so that the command stream ends when every handle is gone.
-    commands_tx: mpsc::WeakUnboundedSender<Command>,
     pending: HashMap<Token, Pending>,
     channels: Vec<Option<ChannelRoutes>>,
     next_generation: u64,
@@ -302,6 +367,8 @@ struct Driver {
     /// Bytes ever put in the write buffer, and ever written from it.
     buffered: u64,
     written: u64,
+    /// Settlements taken from the lane (kept for its allocation).
+    settling: Vec<SettleOp>,
 }
 
 /// Runs a connection over `stream` until it ends. `opened` hears when the
@@ -310,7 +377,6 @@ pub(crate) async fn run<S>(
     stream: S,
     machine: proto::Connection,
     shared: Arc<Shared>,
-    commands_tx: mpsc::WeakUnboundedSender<Command>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), Error>>,
 ) where
@@ -320,7 +386,6 @@ pub(crate) async fn run<S>(
     let mut driver = Driver {
         machine,
         shared,
-        commands_tx,
         pending: HashMap::new(),
         channels: Vec::new(),
         next_generation: 0,
@@ -332,6 +397,7 @@ pub(crate) async fn run<S>(
         room_written: VecDeque::new(),
         buffered: 0,
         written: 0,
+        settling: Vec::new(),
     };
     let mut read_buf = BytesMut::with_capacity(128 * 1024);
     let mut write_buf = BytesMut::with_capacity(128 * 1024);
@@ -339,6 +405,7 @@ pub(crate) async fn run<S>(
     let mut reading = true;
     let shared = driver.shared.clone();
     loop {
+        driver.settle();
         driver.drain_events();
         let before = write_buf.len();
         driver.machine.poll_transmit(&mut write_buf, now());
@@ -398,6 +465,7 @@ pub(crate) async fn run<S>(
             }
         }
     }
+    driver.shared.end_settles();
     driver.drain_events();
     driver.fail_everything();
     // Publishers waiting for room hear that the connection is gone.
@@ -432,9 +500,23 @@ impl Driver {
         }
     }
 
-    /// Carries out one command from the handles.
+    /// Writes the settlements waiting in the lane.
+    fn settle(&mut self) {
+        let mut ops = std::mem::take(&mut self.settling);
+        self.shared.take_settles(&mut ops);
+        for op in &ops {
+            self.send(op.channel, op.generation, op.method());
+        }
+        self.settling = ops;
+    }
+
+    /// Carries out one command from the handles, after the settlements
+    /// queued before it.
     fn apply(&mut self, command: Command) {
+        self.settle();
         match command {
+            // `settle` above took what it woke the driver for.
+            Command::Settled => {}
             Command::OpenChannel { reply } => self.open_channel(reply),
             Command::Call {
                 channel,
@@ -660,7 +742,7 @@ impl Driver {
             properties: content.header.map(|h| h.properties),
             body: content.body,
             acker: Acker {
-                commands: self.commands_tx.clone(),
+                shared: self.shared.clone(),
                 channel,
                 generation,
             },

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use amqp_codec::track::Content;
 use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, Method, ShortString, UndecodableHeader};
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::Error;
 use crate::proto::{CloseReason, Reply};
@@ -63,6 +63,9 @@ pub(crate) enum Command {
     Close {
         reply: Reply1<()>,
     },
+    /// Settlements wait in the connection's settle lane: sent by the first
+    /// one into an empty lane, to wake the driver.
+    Settled,
 }
 
 /// Something that happened to the connection as a whole.
@@ -193,7 +196,8 @@ impl ReturnedMessage {
 /// ones (the channel has since closed) are dropped by the driver.
 #[derive(Debug, Clone)]
 pub(crate) struct Acker {
-    pub(crate) commands: mpsc::WeakUnboundedSender<Command>,
+    /// Where settlements go (see [`super::driver::Shared::settle`]).
+    pub(crate) shared: Arc<super::driver::Shared>,
     pub(crate) channel: u16,
     pub(crate) generation: u64,
 }
@@ -201,49 +205,65 @@ pub(crate) struct Acker {
 impl Acker {
     /// Whether the connection the delivery came on has ended.
     pub(crate) fn connection_gone(&self) -> bool {
-        self.commands.upgrade().map_or(true, |c| c.is_closed())
+        self.shared.connection_gone()
     }
 
-    fn send(&self, method: Method) -> Result<(), Error> {
-        let commands = self.commands.upgrade().ok_or(Error::ChannelNotOpen(self.channel))?;
-        commands
-            .send(Command::Send {
-                channel: self.channel,
-                generation: self.generation,
-                method,
-            })
-            .map_err(|_| Error::ChannelNotOpen(self.channel))
+    /// Puts a settlement in the connection's settle lane (one lock, no
+    /// command of its own).
+    fn settle(&self, tag: u64, kind: SettleKind) -> Result<(), Error> {
+        let op = SettleOp {
+            channel: self.channel,
+            generation: self.generation,
+            tag,
+            kind,
+        };
+        self.shared.settle(op).map_err(|()| Error::ChannelNotOpen(self.channel))
     }
 
     pub(crate) fn ack(&self, tag: u64, multiple: bool) -> Result<(), Error> {
-        self.send(
-            amqp_codec::BasicAck {
-                delivery_tag: tag,
-                multiple,
-            }
-            .into(),
-        )
+        self.settle(tag, SettleKind::Ack { multiple })
     }
 
     pub(crate) fn nack(&self, tag: u64, multiple: bool, requeue: bool) -> Result<(), Error> {
-        self.send(
-            amqp_codec::BasicNack {
-                delivery_tag: tag,
+        self.settle(tag, SettleKind::Nack { multiple, requeue })
+    }
+
+    pub(crate) fn reject(&self, tag: u64, requeue: bool) -> Result<(), Error> {
+        self.settle(tag, SettleKind::Reject { requeue })
+    }
+}
+
+/// One settlement on its way to the driver.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SettleOp {
+    pub(crate) channel: u16,
+    pub(crate) generation: u64,
+    pub(crate) tag: u64,
+    pub(crate) kind: SettleKind,
+}
+
+/// Which settlement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SettleKind {
+    Ack { multiple: bool },
+    Nack { multiple: bool, requeue: bool },
+    Reject { requeue: bool },
+}
+
+impl SettleOp {
+    /// The method that says it.
+    pub(crate) fn method(&self) -> Method {
+        let delivery_tag = self.tag;
+        match self.kind {
+            SettleKind::Ack { multiple } => amqp_codec::BasicAck { delivery_tag, multiple }.into(),
+            SettleKind::Nack { multiple, requeue } => amqp_codec::BasicNack {
+                delivery_tag,
                 multiple,
                 requeue,
             }
             .into(),
-        )
-    }
-
-    pub(crate) fn reject(&self, tag: u64, requeue: bool) -> Result<(), Error> {
-        self.send(
-            amqp_codec::BasicReject {
-                delivery_tag: tag,
-                requeue,
-            }
-            .into(),
-        )
+            SettleKind::Reject { requeue } => amqp_codec::BasicReject { delivery_tag, requeue }.into(),
+        }
     }
 }
 
