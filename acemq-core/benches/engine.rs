@@ -373,7 +373,8 @@ fn main() {
             .await
             .unwrap();
         // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
-        // profiling); `=publish` the engine's publish and the publisher's;
+        // profiling), `=engine-publish` and `=engine-consume` each of them;
+        // `=publish` the engine's publish and the publisher's;
         // `=consume` the acemq consumer alone.
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
         let engine_only = only == "engine";
@@ -389,6 +390,12 @@ fn main() {
                     .expect("wire floor publish")
                     .print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
+            // `=engine-publish`: the engine's confirmed publish alone.
+            if only == "engine-publish" {
+                publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
                 continue;
             }
             if engine_only {

@@ -108,7 +108,7 @@ impl Flight {
                 Some(confirm) => confirm,
                 None => self.write(conn, true).await?,
             };
-            let mut blocked = confirm.connection().blocked_changes();
+            let mut blocked = confirm.blocked_changes();
             match await_confirm(confirm, &mut blocked, inner.config.blocked_timeout, message_id).await {
                 Err(err) if !inner.config.without_recovery && is_loss(&err) => {
                     tracing::debug!(message_id, %err, "the connection died before the confirm; writing the message again");
@@ -389,7 +389,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         let inner = &self.conn.inner;
         let confirm = inner.confirms.then_some(confirm);
         let blocked = match &confirm {
-            Some(confirm) => confirm.connection().blocked_changes(),
+            Some(confirm) => confirm.blocked_changes(),
             None => inner.publishing.current().blocked_changes(),
         };
         // Kept to be written again after a recovery; not needed when there

@@ -69,13 +69,17 @@ impl Connection {
 #[derive(Debug)]
 pub struct PublishConfirm {
     rx: oneshot::Receiver<Result<Confirmation, Error>>,
-    conn: Connection,
+    /// Of the connection the message was written on (one reference count,
+    /// where a [`Connection`] handle would cost three).
+    shared: Arc<super::driver::Shared>,
 }
 
 impl PublishConfirm {
-    /// The connection the message was written on.
-    pub fn connection(&self) -> &Connection {
-        &self.conn
+    /// Watches the blocked state of the connection the message was written
+    /// on (see [`Connection::blocked_changes`]): a confirm does not come
+    /// while the broker blocks it.
+    pub fn blocked_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.shared.blocked.subscribe()
     }
 }
 
@@ -85,7 +89,7 @@ impl Future for PublishConfirm {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match Pin::new(&mut self.rx).poll(cx) {
             Poll::Ready(Ok(result)) => Poll::Ready(result),
-            Poll::Ready(Err(_)) => Poll::Ready(Err(self.conn.shared.closed_error())),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.shared.closed_error())),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -309,32 +313,34 @@ impl Channel {
     /// buffer ([`super::Config::publish_buffer`]) is full, i.e. when the
     /// socket takes less than is published (a broker that stops reading):
     /// that is the backpressure that bounds a publisher's memory.
-    pub async fn publish(
+    pub fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
         properties: BasicProperties,
         body: Bytes,
-    ) -> Result<PublishConfirm, Error> {
+    ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         let publish = BasicPublish {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             mandatory,
             ..Default::default()
         };
-        self.basic_publish(publish, properties, body).await
+        self.basic_publish(publish, properties, body)
     }
 
     /// `basic.publish` with every field of the method under your control
     /// (see [`Channel::publish`]).
-    pub async fn basic_publish(
+    pub fn basic_publish(
         &self,
         publish: BasicPublish,
         properties: BasicProperties,
         body: Bytes,
-    ) -> Result<PublishConfirm, Error> {
-        self.publish_shared(publish, Arc::new(properties), body).await
+    ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
+        // Boxed now, so that the future holds a pointer rather than the
+        // properties (a future is moved whole each time it is awaited).
+        self.publish_shared(publish, Arc::new(properties), body)
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
@@ -359,7 +365,7 @@ impl Channel {
         })?;
         Ok(PublishConfirm {
             rx,
-            conn: self.conn.clone(),
+            shared: shared.clone(),
         })
     }
 
