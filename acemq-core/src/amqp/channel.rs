@@ -66,6 +66,8 @@ impl Connection {
 
 /// The broker's answer to one publish; resolves when it is confirmed (or at
 /// once with [`Confirmation::NotRequested`] on a channel without confirms).
+/// Like a delivery, it does not keep the connection or its channel open:
+/// hold the [`Channel`] while waiting, or the confirm fails with the close.
 #[derive(Debug)]
 pub struct PublishConfirm {
     rx: oneshot::Receiver<Result<Confirmation, Error>>,

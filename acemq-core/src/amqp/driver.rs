@@ -45,7 +45,9 @@ pub(crate) struct Shared {
     /// Acks, nacks and rejects from the deliveries' handles, in order. They
     /// skip the command queue (a settlement is 24 bytes, a command ten
     /// times that), and the driver takes them all before any command, so a
-    /// settlement still goes out before whatever its task sends next.
+    /// settlement always goes out before whatever its task sends next (it
+    /// may overtake a command sent before it that the driver has not taken
+    /// yet, which no caller waiting for its confirm or reply can see).
     settles: Mutex<SettleLane>,
     /// The lane holds something (set under its lock, read without it).
     settles_waiting: AtomicBool,
