@@ -770,3 +770,41 @@ async fn settlements_given_just_before_a_channel_close_go_out_before_it() {
     })
     .await
 }
+
+/// A connection whose driver's task ends without finishing its run (here:
+/// its runtime shuts down under it; a bug that panicked would do the same)
+/// still says it is over, to `is_closed`, `closed()` and new calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_whose_runtime_shuts_down_says_it_is_over() {
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let (url, config) = (b.url.clone(), b.config());
+            let conn = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let conn = runtime.block_on(Connection::open(&url, config)).unwrap();
+                // The driver's task is dropped with its runtime.
+                drop(runtime);
+                conn
+            })
+            .join()
+            .unwrap();
+            assert!(conn.is_closed(), "{:?}", b.kind);
+            let reason = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+                .await
+                .unwrap_or_else(|_| panic!("{:?}: closed() within 5 s of the driver's end", b.kind));
+            assert_eq!(reason, CloseReason::ConnectionLost, "{:?}", b.kind);
+            assert!(
+                matches!(
+                    conn.channel().await,
+                    Err(Error::ConnectionClosed(CloseReason::ConnectionLost))
+                ),
+                "{:?}",
+                b.kind
+            );
+        }
+    })
+    .await
+}

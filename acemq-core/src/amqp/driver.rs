@@ -384,6 +384,9 @@ pub(crate) async fn run<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    // However the task ends (a bug that panics, or a runtime shut down under
+    // it), everyone waiting on the connection hears that it is over.
+    let _over = Over(shared.clone());
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut driver = Driver {
         machine,
@@ -472,6 +475,27 @@ pub(crate) async fn run<S>(
     driver.fail_everything();
     // Publishers waiting for room hear that the connection is gone.
     driver.shared.room.close();
+}
+
+/// Marks the connection over when the driver's task ends, also when it
+/// ends without reaching the end of `run`: `closed()` and `is_closed()` then
+/// say so, publishers waiting for room and new settlements fail. (Pending
+/// replies fail by themselves: their senders are dropped with the driver.)
+struct Over(Arc<Shared>);
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        let shared = &self.0;
+        shared.end_settles();
+        shared.room.close();
+        if !*shared.closed.borrow() {
+            if let Ok(mut slot) = shared.close_reason.lock() {
+                slot.get_or_insert(CloseReason::ConnectionLost);
+            }
+            let _ = shared.events.send(ConnectionEvent::Closed(CloseReason::ConnectionLost));
+            shared.closed.send_replace(true);
+        }
+    }
 }
 
 /// What [`Driver::unstall`] found still stalled.
