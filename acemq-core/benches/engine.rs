@@ -10,6 +10,7 @@
 //! it runs a small smoke version so CI exercises it.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
@@ -28,6 +29,16 @@ async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window
         ..Default::default()
     };
     publish_confirmed_with(conn, queue, messages, window, props, "confirmed publish (w=1000)").await
+}
+
+/// The same, with the properties given once as an `Arc` and shared by
+/// every publish (the wire floor, too, encodes them once).
+async fn publish_confirmed_shared(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let props = Arc::new(BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    });
+    publish_confirmed_with(conn, queue, messages, window, props, "  same, properties shared").await
 }
 
 /// The engine's confirmed publish with the properties `Publisher` writes
@@ -56,7 +67,7 @@ async fn publish_confirmed_with(
     queue: &str,
     messages: u64,
     window: usize,
-    props: BasicProperties,
+    props: impl Into<Arc<BasicProperties>> + Clone,
     name: &'static str,
 ) -> Figures {
     let ch = conn.channel().await.unwrap();
@@ -393,13 +404,21 @@ fn main() {
                 continue;
             }
             // `=engine-publish`: the engine's confirmed publish alone.
-            if only == "engine-publish" {
-                publish_confirmed(&conn, &queue, messages, 1000).await.print();
+            // `=engine-publish-shared`: the same with the properties shared.
+            if only == "engine-publish" || only == "engine-publish-shared" {
+                let figures = if only == "engine-publish" {
+                    publish_confirmed(&conn, &queue, messages, 1000).await
+                } else {
+                    publish_confirmed_shared(&conn, &queue, messages, 1000).await
+                };
+                figures.print();
                 purge(&setup, &queue).await;
                 continue;
             }
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
+                publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
                 let (publish, consume) = wire_floor(&addr, &queue, messages);
                 publish.print();
@@ -459,6 +478,8 @@ fn main() {
             // exactly the messages it is to take: a deeper queue costs the
             // broker more, and would bias whichever scenario runs later.
             let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
+            purge(&setup, &queue).await;
+            let publish_shared = publish_confirmed_shared(&conn, &queue, messages, 1000).await;
             let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
             let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
             let handoff = handoff_floor(messages, 1000).await;
@@ -478,6 +499,7 @@ fn main() {
                 println!("round {round}");
             }
             publish.print();
+            publish_shared.print();
             floor_publish.print();
             handoff.print();
             publish_envelope.print();

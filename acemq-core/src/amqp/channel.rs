@@ -315,12 +315,16 @@ impl Channel {
     /// buffer ([`super::Config::publish_buffer`]) is full, i.e. when the
     /// socket takes less than is published (a broker that stops reading):
     /// that is the backpressure that bounds a publisher's memory.
+    ///
+    /// `properties` are a [`BasicProperties`], or an
+    /// `Arc<BasicProperties>` to publish the same properties many times
+    /// without copying them for each message.
     pub fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
-        properties: BasicProperties,
+        properties: impl Into<Arc<BasicProperties>>,
         body: Bytes,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         let publish = BasicPublish {
@@ -337,12 +341,12 @@ impl Channel {
     pub fn basic_publish(
         &self,
         publish: BasicPublish,
-        properties: BasicProperties,
+        properties: impl Into<Arc<BasicProperties>>,
         body: Bytes,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         // Boxed now, so that the future holds a pointer rather than the
         // properties (a future is moved whole each time it is awaited).
-        self.publish_shared(publish, Arc::new(properties), body)
+        self.publish_shared(publish, properties.into(), body)
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
