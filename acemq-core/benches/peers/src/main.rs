@@ -244,6 +244,8 @@ impl Props {
 enum Client {
     Floor,
     Engine,
+    /// The engine with the properties given once as an `Arc`.
+    EngineShared,
     Lapin,
     Amqprs,
     BeginSend,
@@ -256,6 +258,7 @@ impl Client {
         match self {
             Client::Floor => "wire floor".into(),
             Client::Engine => "acemq engine".into(),
+            Client::EngineShared => "acemq engine, properties shared".into(),
             Client::Lapin => "lapin".into(),
             Client::Amqprs => "amqprs".into(),
             Client::BeginSend => "acemq Publisher::begin_send".into(),
@@ -403,8 +406,14 @@ impl Clients {
 }
 
 /// The engine's confirmed publish: `Channel::publish`, futures of the
-/// confirms kept in a queue of at most [`WINDOW`].
-async fn engine_publish(conn: &Connection, queue: &str, messages: u64, props: BasicProperties) -> Figures {
+/// confirms kept in a queue of at most [`WINDOW`]. The properties are
+/// cloned for every publish, or shared when given as an `Arc`.
+async fn engine_publish(
+    conn: &Connection,
+    queue: &str,
+    messages: u64,
+    props: impl Into<std::sync::Arc<BasicProperties>> + Clone,
+) -> Figures {
     let ch = conn.channel().await.expect("engine channel");
     ch.confirm_select().await.expect("confirm.select");
     let body = Bytes::from(vec![b'x'; BODY]);
@@ -688,7 +697,13 @@ const PUBLISH_GROUPS: [(&str, Props, &[Client]); 2] = [
     (
         "publish, minimal properties",
         Props::Minimal,
-        &[Client::Floor, Client::Engine, Client::Lapin, Client::Amqprs],
+        &[
+            Client::Floor,
+            Client::Engine,
+            Client::EngineShared,
+            Client::Lapin,
+            Client::Amqprs,
+        ],
     ),
     (
         "publish, envelope properties",
@@ -696,6 +711,7 @@ const PUBLISH_GROUPS: [(&str, Props, &[Client]); 2] = [
         &[
             Client::Floor,
             Client::Engine,
+            Client::EngineShared,
             Client::Lapin,
             Client::Amqprs,
             Client::BeginSend,
@@ -738,6 +754,10 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                             .unwrap_or_else(|err| panic!("{what}: {err}"))
                     }
                     Client::Engine => within(&what, engine_publish(&clients.engine, queue, messages, properties)).await,
+                    Client::EngineShared => {
+                        let shared = std::sync::Arc::new(properties);
+                        within(&what, engine_publish(&clients.engine, queue, messages, shared)).await
+                    }
                     Client::Lapin => within(&what, peers::lapin_publish(&clients.lapin, queue, messages, props)).await,
                     Client::Amqprs => {
                         within(&what, peers::amqprs_publish(&clients.amqprs, queue, messages, props)).await
@@ -954,6 +974,13 @@ fn print_targets(rounds: &[Round], args: &Args) {
             ratio(group, Client::Engine, Client::Floor, cpu_per_message),
             &|v| v <= 1.15,
         );
+        if label == "publish" {
+            target(
+                "engine publish, properties shared: CPU/msg ≤ 1.15× floor".to_string(),
+                ratio(group, Client::EngineShared, Client::Floor, cpu_per_message),
+                &|v| v <= 1.15,
+            );
+        }
         for peer in [Client::Lapin, Client::Amqprs] {
             target(
                 format!(
