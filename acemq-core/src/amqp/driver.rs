@@ -721,6 +721,16 @@ impl Driver {
                 outcome,
                 returned,
             } => self.confirm(channel, seq, outcome, returned),
+            Event::Confirms {
+                channel,
+                first,
+                last,
+                outcome,
+            } => {
+                for seq in first..=last {
+                    self.confirm(channel, seq, outcome, None);
+                }
+            }
             Event::Return { channel, content } => self.unmatched_return(channel, content),
             Event::ConsumerCancelled { channel, consumer_tag } => self.consumer_cancelled(channel, consumer_tag),
             Event::Flow { .. } => {}

@@ -210,7 +210,9 @@ pub enum Event {
         /// The message.
         content: Content,
     },
-    /// A publish was confirmed.
+    /// A publish was confirmed, and it was returned first: `returned` is
+    /// the `basic.return` paired with it. (The machine gives publishes
+    /// that were not returned as [`Event::Confirms`].)
     Confirm {
         /// The channel.
         channel: u16,
@@ -220,6 +222,22 @@ pub enum Event {
         outcome: Outcome,
         /// The `basic.return` paired with it, if it was returned.
         returned: Option<Content>,
+    },
+    /// Every publish numbered `first..=last` was confirmed with `outcome`,
+    /// and none of them was returned. One ack or nack with `multiple` set
+    /// gives one such event per run of consecutive outstanding numbers, so
+    /// a confirm costs the application one event per run, not one per
+    /// message. Each publish is confirmed once, by this or by
+    /// [`Event::Confirm`], in ascending order on its channel.
+    Confirms {
+        /// The channel.
+        channel: u16,
+        /// The first sequence number of the run.
+        first: u64,
+        /// The last sequence number of the run (`first` for a run of one).
+        last: u64,
+        /// Ack or nack.
+        outcome: Outcome,
     },
     /// A `basic.return` that pairs with no outstanding publish (or arrived on
     /// a channel without confirms).
@@ -1166,17 +1184,50 @@ impl Connection {
             self.protocol_error(ReplyCode::CommandInvalid, format!("on channel {channel}: {err}"));
             return;
         }
+        // Runs of consecutive numbers not returned go out as one event.
+        let mut run: Option<(u64, u64)> = None;
         for &seq in &resolved {
             let returned = if state.returns.settle(seq).is_some() {
                 state.returned.remove(&seq)
             } else {
                 None
             };
-            self.events.push_back(Event::Confirm {
+            match (returned, run) {
+                (None, Some((first, last))) if last.checked_add(1) == Some(seq) => run = Some((first, seq)),
+                (None, _) => {
+                    if let Some((first, last)) = run.replace((seq, seq)) {
+                        self.events.push_back(Event::Confirms {
+                            channel,
+                            first,
+                            last,
+                            outcome,
+                        });
+                    }
+                }
+                (returned, _) => {
+                    if let Some((first, last)) = run.take() {
+                        self.events.push_back(Event::Confirms {
+                            channel,
+                            first,
+                            last,
+                            outcome,
+                        });
+                    }
+                    self.events.push_back(Event::Confirm {
+                        channel,
+                        seq,
+                        outcome,
+                        returned,
+                    });
+                }
+            }
+        }
+        if let Some((first, last)) = run {
+            self.events.push_back(Event::Confirms {
                 channel,
-                seq,
+                first,
+                last,
                 outcome,
-                returned,
             });
         }
         self.scratch = resolved;

@@ -1217,6 +1217,19 @@ impl App {
                 );
                 false
             }
+            Event::Confirms {
+                channel, first, last, ..
+            } => {
+                assert!(first <= last, "a run of confirms from {first} to {last}");
+                let outstanding = self.outstanding.entry(channel).or_default();
+                for seq in first..=last {
+                    assert!(
+                        outstanding.remove(&seq),
+                        "a confirm of {seq} on channel {channel}, which is not outstanding"
+                    );
+                }
+                false
+            }
             Event::ChannelClosed {
                 channel, unconfirmed, ..
             } => {

@@ -382,10 +382,13 @@ fn confirms_and_returns_pair_through_the_machine() {
     let confirms: Vec<(u64, Outcome, bool)> = p
         .events()
         .into_iter()
-        .map(|e| match e {
+        .flat_map(|e| match e {
             Event::Confirm {
                 seq, outcome, returned, ..
-            } => (seq, outcome, returned.is_some()),
+            } => vec![(seq, outcome, returned.is_some())],
+            Event::Confirms {
+                first, last, outcome, ..
+            } => (first..=last).map(|seq| (seq, outcome, false)).collect(),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -397,6 +400,73 @@ fn confirms_and_returns_pair_through_the_machine() {
             (3, Outcome::Ack, false)
         ]
     );
+}
+
+#[test]
+fn a_multiple_ack_gives_one_event_per_run_of_consecutive_publishes() {
+    let mut p = Peer::open(0);
+    let ch = p.open_channel();
+    p.conn.call(ch, ConfirmSelect { no_wait: false }.into()).unwrap();
+    p.client_method();
+    p.server(ch, ConfirmSelectOk {});
+    p.events();
+    let publish = BasicPublish {
+        routing_key: "q".into(),
+        ..Default::default()
+    };
+    for seq in 1..=1000 {
+        assert_eq!(
+            p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+            Some(seq)
+        );
+    }
+    // 7 nacked alone, then everything up to 600 acked, then 1000 nacked.
+    p.server(
+        ch,
+        BasicNack {
+            delivery_tag: 7,
+            multiple: false,
+            requeue: false,
+        },
+    );
+    p.server(
+        ch,
+        BasicAck {
+            delivery_tag: 600,
+            multiple: true,
+        },
+    );
+    p.server(
+        ch,
+        BasicNack {
+            delivery_tag: 1000,
+            multiple: true,
+            requeue: false,
+        },
+    );
+    let runs: Vec<(u64, u64, Outcome)> = p
+        .events()
+        .into_iter()
+        .map(|e| match e {
+            Event::Confirms {
+                channel,
+                first,
+                last,
+                outcome,
+            } if channel == ch => (first, last, outcome),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (7, 7, Outcome::Nack),
+            (1, 6, Outcome::Ack),
+            (8, 600, Outcome::Ack),
+            (601, 1000, Outcome::Nack)
+        ]
+    );
+    assert_eq!(p.conn.unconfirmed(ch), 0);
 }
 
 #[test]
