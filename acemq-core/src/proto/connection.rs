@@ -1185,6 +1185,17 @@ impl Connection {
             return;
         }
         // Runs of consecutive numbers not returned go out as one event.
+        let events = &mut self.events;
+        let end_run = |events: &mut VecDeque<Event>, run: Option<(u64, u64)>| {
+            if let Some((first, last)) = run {
+                events.push_back(Event::Confirms {
+                    channel,
+                    first,
+                    last,
+                    outcome,
+                });
+            }
+        };
         let mut run: Option<(u64, u64)> = None;
         for &seq in &resolved {
             let returned = if state.returns.settle(seq).is_some() {
@@ -1192,28 +1203,12 @@ impl Connection {
             } else {
                 None
             };
-            match (returned, run) {
-                (None, Some((first, last))) if last.checked_add(1) == Some(seq) => run = Some((first, seq)),
-                (None, _) => {
-                    if let Some((first, last)) = run.replace((seq, seq)) {
-                        self.events.push_back(Event::Confirms {
-                            channel,
-                            first,
-                            last,
-                            outcome,
-                        });
-                    }
-                }
-                (returned, _) => {
-                    if let Some((first, last)) = run.take() {
-                        self.events.push_back(Event::Confirms {
-                            channel,
-                            first,
-                            last,
-                            outcome,
-                        });
-                    }
-                    self.events.push_back(Event::Confirm {
+            match (&mut run, returned) {
+                (Some((_, last)), None) if last.checked_add(1) == Some(seq) => *last = seq,
+                (_, None) => end_run(events, run.replace((seq, seq))),
+                (_, returned) => {
+                    end_run(events, run.take());
+                    events.push_back(Event::Confirm {
                         channel,
                         seq,
                         outcome,
@@ -1222,14 +1217,7 @@ impl Connection {
                 }
             }
         }
-        if let Some((first, last)) = run {
-            self.events.push_back(Event::Confirms {
-                channel,
-                first,
-                last,
-                outcome,
-            });
-        }
+        end_run(events, run);
         self.scratch = resolved;
     }
 

@@ -336,14 +336,20 @@ fn a_frame_on_an_unopened_channel_closes_the_connection_with_504() {
     ));
 }
 
-#[test]
-fn confirms_and_returns_pair_through_the_machine() {
+/// An open connection with one channel in confirm mode, events taken.
+fn confirming_peer() -> (Peer, u16) {
     let mut p = Peer::open(0);
     let ch = p.open_channel();
     p.conn.call(ch, ConfirmSelect { no_wait: false }.into()).unwrap();
     p.client_method();
     p.server(ch, ConfirmSelectOk {});
     p.events();
+    (p, ch)
+}
+
+#[test]
+fn confirms_and_returns_pair_through_the_machine() {
+    let (mut p, ch) = confirming_peer();
     let publish = |key: &str| BasicPublish {
         routing_key: key.into(),
         mandatory: true,
@@ -404,12 +410,7 @@ fn confirms_and_returns_pair_through_the_machine() {
 
 #[test]
 fn a_multiple_ack_gives_one_event_per_run_of_consecutive_publishes() {
-    let mut p = Peer::open(0);
-    let ch = p.open_channel();
-    p.conn.call(ch, ConfirmSelect { no_wait: false }.into()).unwrap();
-    p.client_method();
-    p.server(ch, ConfirmSelectOk {});
-    p.events();
+    let (mut p, ch) = confirming_peer();
     let publish = BasicPublish {
         routing_key: "q".into(),
         ..Default::default()
