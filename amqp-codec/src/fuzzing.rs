@@ -174,16 +174,22 @@ fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> V
 /// Decodes each frame, encodes it, decodes that again: the second decode must
 /// succeed, and encoding it again must give the same bytes (decode → encode is
 /// stable after one pass; field values such as `t` normalise on the first).
-/// A content header's properties are salvaged too (see `salvage_agrees`).
+/// A content header's properties are salvaged too (see `salvage_agrees`),
+/// and published after the last `basic.publish` decoded through one
+/// [`crate::PublishEncoder`] for the whole input: twice with the same
+/// properties, with bodies of two sizes, it writes what
+/// [`crate::encode_content`] writes.
 pub fn roundtrip(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    let (_, depth) = limits(selector);
+    let (frame_max, depth) = limits(selector);
     let decoder = FrameDecoder::new(0).with_max_depth(depth);
     let mut buf = Bytes::copy_from_slice(rest);
+    let mut publisher = (crate::PublishEncoder::new(), crate::BasicPublish::default());
     while let Ok((frame, used)) = decoder.decode_slice(&buf) {
         let first = encode(&frame);
+        publish_agrees(&mut publisher, &frame, frame_max);
         if let Frame::Header(channel, header) = &frame {
             // The properties as received encode as the bytes received; built
             // into fields, they must encode as the same bytes.
@@ -214,6 +220,37 @@ pub fn roundtrip(data: &[u8]) {
             "encode(decode(encode(frame))) differs from encode(frame)"
         );
         buf = buf.slice(used..);
+    }
+}
+
+/// Publishes a decoded header's properties after the last decoded
+/// `basic.publish`, through the encoder that keeps frames and through
+/// `encode_content`: the bytes (or the refusal) must be the same.
+fn publish_agrees(publisher: &mut (crate::PublishEncoder, crate::BasicPublish), frame: &Frame, frame_max: u32) {
+    let (encoder, last) = publisher;
+    let channel = match frame {
+        Frame::Method(_, Method::BasicPublish(publish)) => {
+            last.clone_from(publish);
+            return;
+        }
+        Frame::Header(channel, _) => *channel,
+        _ => return,
+    };
+    let Frame::Header(_, header) = frame else { return };
+    let properties = std::sync::Arc::new(header.properties.clone().into_basic());
+    let size = (header.body_size % 20_000) as usize;
+    for body in [vec![b'b'; size], vec![b'c'; size / 3]] {
+        let mut kept = BytesMut::new();
+        let kept_result = encoder.encode(channel, last, &properties, &body, frame_max, &mut kept);
+        let mut fresh = BytesMut::new();
+        let method = Method::BasicPublish(last.clone());
+        let fresh_result = crate::encode_content(channel, &method, &properties, &body, frame_max, &mut fresh);
+        assert_eq!(
+            kept_result.is_ok(),
+            fresh_result.is_ok(),
+            "PublishEncoder and encode_content disagree: {kept_result:?} against {fresh_result:?}"
+        );
+        assert_eq!(kept, fresh, "PublishEncoder writes other bytes than encode_content");
     }
 }
 

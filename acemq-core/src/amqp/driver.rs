@@ -632,7 +632,7 @@ impl Driver {
         channel: u16,
         generation: u64,
         publish: &amqp_codec::BasicPublish,
-        properties: &amqp_codec::BasicProperties,
+        properties: &Arc<amqp_codec::BasicProperties>,
         body: &[u8],
         confirm: Option<Reply1<Confirmation>>,
     ) {
@@ -642,7 +642,7 @@ impl Driver {
             }
             return;
         }
-        match self.machine.publish(channel, publish, properties, body) {
+        match self.machine.publish_shared(channel, publish, properties, body) {
             Ok(Some(seq)) => {
                 if let (Some(confirm), Some(routes)) = (confirm, self.routes(channel, generation)) {
                     routes.confirms.push_back((seq, confirm));

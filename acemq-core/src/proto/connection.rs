@@ -15,6 +15,7 @@
 //! Every rule of the protocol lives here, so it is testable without tokio.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use amqp_codec::track::{
@@ -23,7 +24,7 @@ use amqp_codec::track::{
 use amqp_codec::{
     encode_content, encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk,
     ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable,
-    Frame, FrameDecoder, Method, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    Frame, FrameDecoder, Method, PublishEncoder, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
 };
 use bytes::BytesMut;
 
@@ -347,6 +348,9 @@ pub struct Connection {
     state: State,
     decoder: FrameDecoder,
     outbox: BytesMut,
+    /// Keeps the last publish's method and header frames (see
+    /// [`Connection::publish_shared`]).
+    publish_encoder: PublishEncoder,
     events: VecDeque<Event>,
     tuned: Option<Tuned>,
     server_properties: FieldTable,
@@ -381,6 +385,7 @@ impl Connection {
             state: State::ExpectStart,
             decoder: FrameDecoder::new(FRAME_MIN_SIZE.max(131_072)),
             outbox,
+            publish_encoder: PublishEncoder::new(),
             events: VecDeque::new(),
             tuned: None,
             server_properties: FieldTable::new(),
@@ -580,6 +585,45 @@ impl Connection {
         properties: &BasicProperties,
         body: &[u8],
     ) -> Result<Option<u64>, CommandError> {
+        self.publish_with(channel, publish, properties, |frame_max, outbox, _| {
+            // `Method` owns its fields; cloning the small publish copies its
+            // inline strings (or counts a reference for a long one).
+            encode_content(
+                channel,
+                &Method::BasicPublish(publish.clone()),
+                properties,
+                body,
+                frame_max,
+                outbox,
+            )
+        })
+    }
+
+    /// [`Connection::publish`] with properties in an [`Arc`], as the driver
+    /// has them. The same bytes go out; what differs is the cost: a publish
+    /// that repeats the last one's channel, exchange, routing key and flags
+    /// copies its method frame, and one with the same `Arc` of properties
+    /// copies its content header, instead of encoding them again (see
+    /// [`PublishEncoder`]).
+    pub fn publish_shared(
+        &mut self,
+        channel: u16,
+        publish: &BasicPublish,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+    ) -> Result<Option<u64>, CommandError> {
+        self.publish_with(channel, publish, properties, |frame_max, outbox, encoder| {
+            encoder.encode(channel, publish, properties, body, frame_max, outbox)
+        })
+    }
+
+    fn publish_with(
+        &mut self,
+        channel: u16,
+        publish: &BasicPublish,
+        properties: &BasicProperties,
+        encode: impl FnOnce(u32, &mut BytesMut, &mut PublishEncoder) -> Result<(), EncodeError>,
+    ) -> Result<Option<u64>, CommandError> {
         self.ensure_open()?;
         let frame_max = self.tuned.map_or(FRAME_MIN_SIZE, |t| t.frame_max);
         let Some(state) = self
@@ -592,16 +636,7 @@ impl Connection {
         if state.phase != Phase::Open {
             return Err(CommandError::ChannelNotOpen(channel));
         }
-        // `Method` owns its fields; a clone of the small publish costs three
-        // reference-count increments, not a copy of the strings.
-        encode_content(
-            channel,
-            &Method::BasicPublish(publish.clone()),
-            properties,
-            body,
-            frame_max,
-            &mut self.outbox,
-        )?;
+        encode(frame_max, &mut self.outbox, &mut self.publish_encoder)?;
         let seq = state.confirms.on_publish();
         if let (Some(seq), true) = (seq, publish.mandatory) {
             state.returns.on_mandatory_publish(

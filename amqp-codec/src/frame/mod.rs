@@ -8,12 +8,14 @@
 
 mod envelope;
 mod header;
+mod publish;
 mod stored;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub use envelope::{decode_frame, FrameDecoder};
 pub use header::{ContentHeader, UndecodableHeader};
+pub use publish::PublishEncoder;
 pub use stored::{encode_content_raw, encode_delivery, DeliverRef};
 
 use crate::error::EncodeError;

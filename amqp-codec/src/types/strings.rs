@@ -104,6 +104,25 @@ impl Repr {
         }
     }
 
+    /// Whether both hold the same bytes. Every inline string has zeros past
+    /// its length (`from_slice` starts from zeros, `window` masks), so two
+    /// inline ones compare as their whole windows, in three 16-byte words
+    /// (as `window` copies them), without a call to memcmp.
+    #[inline]
+    fn same_bytes(&self, other: &Repr) -> bool {
+        match (self, other) {
+            (Repr::Inline { len: a, buf: x }, Repr::Inline { len: b, buf: y }) => {
+                let word = |bytes: &[u8; INLINE], at: usize| -> u128 {
+                    let mut w = [0; 16];
+                    w.copy_from_slice(&bytes[at..at + 16]);
+                    u128::from_ne_bytes(w)
+                };
+                a == b && [0, 16, INLINE - 16].into_iter().all(|at| word(x, at) == word(y, at))
+            }
+            _ => self.as_slice() == other.as_slice(),
+        }
+    }
+
     fn to_bytes(&self) -> Bytes {
         match self {
             Repr::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
@@ -171,7 +190,7 @@ macro_rules! byte_string {
 
         impl PartialEq for $name {
             fn eq(&self, other: &Self) -> bool {
-                self.as_bytes() == other.as_bytes()
+                self.0.same_bytes(&other.0)
             }
         }
 
@@ -383,4 +402,30 @@ pub(crate) fn encode_long_bytes(bytes: &[u8], dst: &mut BytesMut) -> Result<(), 
     dst.put_u32(len);
     dst.put_slice(bytes);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_strings_compare_equal_however_they_were_built() {
+        let tail = b"orders.created and the bytes after it in a read buffer";
+        let from_window = ShortString::from_prefix(tail, 14);
+        let from_slice = ShortString::from("orders.created");
+        let from_static = ShortString::from_static("orders.created");
+        let mut set = ShortString::from("something else entirely");
+        set.set_prefix(tail, 14);
+        for s in [&from_window, &from_static, &set] {
+            assert_eq!(*s, from_slice);
+            assert_eq!(from_slice, *s);
+        }
+        // A prefix of the same window is another string.
+        assert_ne!(ShortString::from_prefix(tail, 13), from_slice);
+        assert_ne!(ShortString::from("orders.createe"), from_slice);
+        assert_eq!(ShortString::from_prefix(tail, 0), ShortString::new());
+        let long = "x".repeat(INLINE + 1);
+        assert_eq!(ShortString::from(long.as_str()), ShortString::from(long.clone()));
+        assert_ne!(ShortString::from(long.as_str()), ShortString::from(&long[1..]));
+    }
 }

@@ -1,0 +1,351 @@
+//! [`PublishEncoder`]: `basic.publish` messages, with the method and header
+//! frames of the last message kept and copied when the next one repeats them.
+
+use std::sync::{Arc, Weak};
+
+use bytes::{BufMut, BytesMut};
+
+use super::{
+    check_frame_max, encode_body, encode_method, with_envelope, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_OVERHEAD,
+};
+use crate::error::EncodeError;
+use crate::method::{BasicPublish, Method};
+use crate::properties::BasicProperties;
+
+/// Where the body size sits in a content header frame: after the 7-byte
+/// frame head, the class id and the weight.
+const BODY_SIZE_AT: usize = 7 + 2 + 2;
+
+/// Encodes `basic.publish` messages as [`super::encode_content`] does, byte
+/// for byte, but keeps the last message's method frame and content header
+/// frame. A publisher sends the same exchange, routing key and flags many
+/// times over, often with the same properties: the next message then copies
+/// those frames (the header with its body size patched) instead of encoding
+/// them again.
+///
+/// The method frame is reused when the channel and every field of the
+/// `basic.publish` are equal; the header frame when the channel is the same
+/// and the properties are the same [`Arc`] (an `Arc`'s value cannot change
+/// while it is shared). The encoder holds a [`Weak`] to the last properties,
+/// which keeps their allocation, not their value, alive: a later `Arc` can
+/// never be taken for them.
+///
+/// ```
+/// use std::sync::Arc;
+/// use amqp_codec::{encode_content, BasicProperties, BasicPublish, PublishEncoder};
+/// let publish = BasicPublish { routing_key: "orders".into(), ..Default::default() };
+/// let props = Arc::new(BasicProperties { delivery_mode: Some(2), ..Default::default() });
+/// let mut encoder = PublishEncoder::new();
+/// let (mut kept, mut fresh) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+/// for body in [&b"first"[..], b"second, longer"] {
+///     encoder.encode(1, &publish, &props, body, 131_072, &mut kept).unwrap();
+///     encode_content(1, &publish.clone().into(), &props, body, 131_072, &mut fresh).unwrap();
+/// }
+/// assert_eq!(kept, fresh);
+/// ```
+#[derive(Debug, Default)]
+pub struct PublishEncoder {
+    method: Option<KeptMethod>,
+    header: Option<KeptHeader>,
+    /// The kept method frame, header frame and the head of a body frame in
+    /// one buffer, for a message whose body takes one frame: one copy
+    /// instead of four. Empty when it must be built again.
+    prefix: Vec<u8>,
+}
+
+/// One message to encode.
+struct Message<'a> {
+    channel: u16,
+    publish: &'a BasicPublish,
+    properties: &'a Arc<BasicProperties>,
+    body: &'a [u8],
+}
+
+#[derive(Debug)]
+struct KeptMethod {
+    channel: u16,
+    publish: BasicPublish,
+    frame: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct KeptHeader {
+    channel: u16,
+    properties: Weak<BasicProperties>,
+    frame: Vec<u8>,
+}
+
+impl PublishEncoder {
+    /// An encoder with nothing kept yet.
+    pub fn new() -> Self {
+        PublishEncoder::default()
+    }
+
+    /// Appends the `basic.publish` method frame, the content header and the
+    /// body split into frames of at most `frame_max` bytes (0 = no limit).
+    /// On error nothing is appended.
+    pub fn encode(
+        &mut self,
+        channel: u16,
+        publish: &BasicPublish,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+        frame_max: u32,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel && kept.publish == *publish);
+        let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
+            && std::ptr::eq(kept.properties.as_ptr(), Arc::as_ptr(properties)));
+        if method_kept && header_kept && self.copy_prefix(channel, body, frame_max, dst) {
+            return Ok(());
+        }
+        let start = dst.len();
+        let message = Message {
+            channel,
+            publish,
+            properties,
+            body,
+        };
+        let result = self.encode_inner(&message, frame_max, (method_kept, header_kept), dst);
+        if result.is_err() {
+            dst.truncate(start);
+        }
+        result
+    }
+
+    /// The message whose frames are all kept, when its body takes exactly
+    /// one frame and every frame fits `frame_max`: the prefix, the body and
+    /// the end byte, with the two sizes patched. `false` if it does not
+    /// apply (nothing is written then).
+    fn copy_prefix(&mut self, channel: u16, body: &[u8], frame_max: u32, dst: &mut BytesMut) -> bool {
+        let (Some(method), Some(header)) = (&self.method, &self.header) else {
+            return false;
+        };
+        let limit = if frame_max == 0 {
+            u32::MAX as usize
+        } else {
+            frame_max as usize
+        };
+        let fits = !body.is_empty()
+            && body.len() + FRAME_OVERHEAD <= limit
+            && method.frame.len() <= limit
+            && header.frame.len() <= limit;
+        if !fits {
+            return false;
+        }
+        if self.prefix.is_empty() {
+            self.prefix.extend_from_slice(&method.frame);
+            self.prefix.extend_from_slice(&header.frame);
+            self.prefix
+                .extend_from_slice(&super::frame_head(FRAME_BODY, channel, 0));
+        }
+        let at = dst.len();
+        let size_at = at + method.frame.len() + BODY_SIZE_AT;
+        let body_head_at = at + self.prefix.len() - 4;
+        dst.reserve(self.prefix.len() + body.len() + 1);
+        dst.put_slice(&self.prefix);
+        dst[size_at..size_at + 8].copy_from_slice(&(body.len() as u64).to_be_bytes());
+        dst[body_head_at..body_head_at + 4].copy_from_slice(&(body.len() as u32).to_be_bytes());
+        dst.put_slice(body);
+        dst.put_u8(FRAME_END);
+        true
+    }
+
+    fn encode_inner(
+        &mut self,
+        &Message {
+            channel,
+            publish,
+            properties,
+            body,
+        }: &Message<'_>,
+        frame_max: u32,
+        (method_kept, header_kept): (bool, bool),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let max_body = match frame_max {
+            0 => usize::MAX,
+            max if (max as usize) <= FRAME_OVERHEAD => return Err(EncodeError::FrameMaxTooSmall(max)),
+            max => max as usize - FRAME_OVERHEAD,
+        };
+        dst.reserve(64 + body.len() + FRAME_OVERHEAD * (1 + body.len() / max_body.max(1)));
+
+        let method_at = dst.len();
+        match &mut self.method {
+            Some(kept) if method_kept => dst.put_slice(&kept.frame),
+            kept => {
+                self.prefix.clear();
+                encode_method(channel, &Method::BasicPublish(publish.clone()), dst)?;
+                let frame = &dst[method_at..];
+                match kept {
+                    // The buffer is reused: a publisher that changes its
+                    // routing key every time pays a copy, not an allocation.
+                    Some(kept) => {
+                        kept.channel = channel;
+                        kept.publish.clone_from(publish);
+                        kept.frame.clear();
+                        kept.frame.extend_from_slice(frame);
+                    }
+                    None => {
+                        *kept = Some(KeptMethod {
+                            channel,
+                            publish: publish.clone(),
+                            frame: frame.to_vec(),
+                        })
+                    }
+                }
+            }
+        }
+        check_frame_max(dst.len() - method_at, frame_max)?;
+
+        let header_at = dst.len();
+        match &mut self.header {
+            Some(kept) if header_kept => {
+                dst.put_slice(&kept.frame);
+                dst[header_at + BODY_SIZE_AT..header_at + BODY_SIZE_AT + 8]
+                    .copy_from_slice(&(body.len() as u64).to_be_bytes());
+            }
+            kept => {
+                self.prefix.clear();
+                with_envelope(FRAME_HEADER, channel, dst, |dst| {
+                    let mut fixed = [0; 12];
+                    fixed[..2].copy_from_slice(&BasicPublish::CLASS_ID.to_be_bytes());
+                    // weight: 0
+                    fixed[4..].copy_from_slice(&(body.len() as u64).to_be_bytes());
+                    dst.put_slice(&fixed);
+                    properties.encode(dst)
+                })?;
+                let frame = &dst[header_at..];
+                match kept {
+                    Some(kept) => {
+                        kept.channel = channel;
+                        kept.properties = Arc::downgrade(properties);
+                        kept.frame.clear();
+                        kept.frame.extend_from_slice(frame);
+                    }
+                    None => {
+                        *kept = Some(KeptHeader {
+                            channel,
+                            properties: Arc::downgrade(properties),
+                            frame: frame.to_vec(),
+                        })
+                    }
+                }
+            }
+        }
+        check_frame_max(dst.len() - header_at, frame_max)?;
+
+        for chunk in body.chunks(max_body) {
+            encode_body(channel, chunk, dst)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{encode_content, FieldTable, FieldValue};
+
+    fn fresh(channel: u16, publish: &BasicPublish, props: &BasicProperties, body: &[u8], frame_max: u32) -> BytesMut {
+        let mut out = BytesMut::new();
+        encode_content(channel, &publish.clone().into(), props, body, frame_max, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_change_between_publishes_gives_the_bytes_a_fresh_encode_gives() {
+        let mut headers = FieldTable::new();
+        headers.insert("x-acemq-attempt", FieldValue::I32(2));
+        let a = Arc::new(BasicProperties {
+            delivery_mode: Some(2),
+            headers: Some(headers),
+            ..Default::default()
+        });
+        let b = Arc::new(BasicProperties {
+            message_id: Some("m-2".into()),
+            ..Default::default()
+        });
+        let orders = BasicPublish {
+            routing_key: "orders".into(),
+            ..Default::default()
+        };
+        let mandatory = BasicPublish {
+            mandatory: true,
+            ..orders.clone()
+        };
+        let elsewhere = BasicPublish {
+            exchange: "billing".into(),
+            ..orders.clone()
+        };
+        let long_body = vec![7u8; 10_000];
+        // (channel, method, properties, body, frame_max): each step changes one thing.
+        type Step<'a> = (u16, &'a BasicPublish, &'a Arc<BasicProperties>, &'a [u8], u32);
+        let steps: Vec<Step> = vec![
+            (1, &orders, &a, b"one", 131_072),
+            (1, &orders, &a, b"one", 131_072),
+            (1, &orders, &a, b"a longer body", 131_072),
+            (1, &orders, &a, &long_body, 4096),
+            (2, &orders, &a, b"other channel", 131_072),
+            (2, &mandatory, &a, b"mandatory", 131_072),
+            (2, &elsewhere, &a, b"exchange", 131_072),
+            (2, &elsewhere, &b, b"properties", 131_072),
+            (2, &elsewhere, &a, b"back", 131_072),
+            (2, &elsewhere, &a, b"", 0),
+        ];
+        let mut encoder = PublishEncoder::new();
+        for (i, (channel, publish, props, body, frame_max)) in steps.into_iter().enumerate() {
+            let mut kept = BytesMut::new();
+            encoder
+                .encode(channel, publish, props, body, frame_max, &mut kept)
+                .unwrap();
+            assert_eq!(kept, fresh(channel, publish, props, body, frame_max), "step {i}");
+        }
+    }
+
+    #[test]
+    fn properties_dropped_and_made_again_are_encoded_again() {
+        let publish = BasicPublish::default();
+        let mut encoder = PublishEncoder::new();
+        for id in ["first", "second", "third"] {
+            // A new Arc each time, perhaps at the address of the last one
+            // were its allocation not kept by the encoder's Weak.
+            let props = Arc::new(BasicProperties {
+                message_id: Some(id.into()),
+                ..Default::default()
+            });
+            let mut kept = BytesMut::new();
+            encoder.encode(1, &publish, &props, b"x", 131_072, &mut kept).unwrap();
+            assert_eq!(kept, fresh(1, &publish, &props, b"x", 131_072), "{id}");
+            assert_eq!(Arc::strong_count(&props), 1, "the encoder holds no strong reference");
+        }
+    }
+
+    #[test]
+    fn a_frame_too_large_appends_nothing_and_the_next_publish_is_whole() {
+        let publish = BasicPublish {
+            routing_key: "q".into(),
+            ..Default::default()
+        };
+        let big = Arc::new(BasicProperties {
+            correlation_id: Some("c".repeat(200).as_str().into()),
+            message_id: Some("m".repeat(200).as_str().into()),
+            app_id: Some("a".repeat(200).as_str().into()),
+            ..Default::default()
+        });
+        let mut encoder = PublishEncoder::new();
+        let mut out = BytesMut::from(&b"kept"[..]);
+        // The header frame is over 600 bytes: more than a frame_max of 300.
+        assert!(matches!(
+            encoder.encode(1, &publish, &big, b"x", 300, &mut out),
+            Err(EncodeError::FrameTooLarge { .. })
+        ));
+        assert_eq!(&out[..], b"kept");
+        // The same again is refused again, though its frames are now kept.
+        assert!(encoder.encode(1, &publish, &big, b"x", 300, &mut out).is_err());
+        assert_eq!(&out[..], b"kept");
+        let small = Arc::new(BasicProperties::default());
+        encoder.encode(1, &publish, &small, b"x", 300, &mut out).unwrap();
+        assert_eq!(&out[4..], &fresh(1, &publish, &small, b"x", 300)[..]);
+    }
+}
