@@ -24,11 +24,17 @@ const BODY_SIZE_AT: usize = 7 + 2 + 2;
 /// them again.
 ///
 /// The method frame is reused when the channel and every field of the
-/// `basic.publish` are equal; the header frame when the channel is the same
-/// and the properties are the same [`Arc`] (an `Arc`'s value cannot change
-/// while it is shared). The encoder holds a [`Weak`] to the last properties,
-/// which keeps their allocation, not their value, alive: a later `Arc` can
-/// never be taken for them.
+/// `basic.publish` are equal. The header frame is reused when the channel
+/// is the same and the properties are the same [`Arc`] (an `Arc`'s value
+/// cannot change while it is shared), or equal ones without headers:
+/// - properties someone else holds too are known by address only: the
+///   encoder holds a [`Weak`], which keeps their allocation, not their
+///   value, alive, so a later `Arc` can never be taken for them;
+/// - properties made for this one message (nobody else holds the `Arc`,
+///   e.g. a `BasicProperties` a publisher gave by value) are kept until the
+///   next message is encoded, and compared with it field by field, the
+///   fields that vary between messages first. Headers are not compared: a
+///   table can be equal and encode otherwise (`0.0` and `-0.0`).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -71,8 +77,73 @@ struct KeptMethod {
 #[derive(Debug)]
 struct KeptHeader {
     channel: u16,
-    properties: Weak<BasicProperties>,
+    properties: KeptProperties,
     frame: Vec<u8>,
+}
+
+/// The properties a kept header frame was encoded from.
+#[derive(Debug)]
+enum KeptProperties {
+    /// Held by others too: known by address (see [`PublishEncoder`]).
+    Shared(Weak<BasicProperties>),
+    /// Made for one message and held by nobody else: compared by value.
+    Owned(Arc<BasicProperties>),
+}
+
+impl KeptProperties {
+    fn new(properties: &Arc<BasicProperties>) -> Self {
+        if Arc::strong_count(properties) == 1 && properties.headers.is_none() {
+            KeptProperties::Owned(properties.clone())
+        } else {
+            KeptProperties::Shared(Arc::downgrade(properties))
+        }
+    }
+
+    /// Whether `properties` encode as these did.
+    #[inline]
+    fn matches(&self, properties: &Arc<BasicProperties>) -> bool {
+        match self {
+            KeptProperties::Shared(weak) => std::ptr::eq(weak.as_ptr(), Arc::as_ptr(properties)),
+            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || encode_alike(kept, properties),
+        }
+    }
+}
+
+/// Whether two property lists without headers encode as the same bytes:
+/// every field equal, those that usually differ between messages compared
+/// first. Written out field by field, so that a new field cannot be missed.
+fn encode_alike(a: &BasicProperties, b: &BasicProperties) -> bool {
+    let BasicProperties {
+        content_type,
+        content_encoding,
+        headers,
+        delivery_mode,
+        priority,
+        correlation_id,
+        reply_to,
+        expiration,
+        message_id,
+        timestamp,
+        kind,
+        user_id,
+        app_id,
+        cluster_id,
+    } = a;
+    headers.is_none()
+        && b.headers.is_none()
+        && *message_id == b.message_id
+        && *timestamp == b.timestamp
+        && *correlation_id == b.correlation_id
+        && *expiration == b.expiration
+        && *delivery_mode == b.delivery_mode
+        && *priority == b.priority
+        && *content_type == b.content_type
+        && *content_encoding == b.content_encoding
+        && *reply_to == b.reply_to
+        && *kind == b.kind
+        && *user_id == b.user_id
+        && *app_id == b.app_id
+        && *cluster_id == b.cluster_id
 }
 
 impl PublishEncoder {
@@ -95,7 +166,7 @@ impl PublishEncoder {
     ) -> Result<(), EncodeError> {
         let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel && kept.publish == *publish);
         let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
-            && std::ptr::eq(kept.properties.as_ptr(), Arc::as_ptr(properties)));
+            && kept.properties.matches(properties));
         if method_kept && header_kept && self.copy_prefix(channel, body, frame_max, dst) {
             return Ok(());
         }
@@ -219,14 +290,14 @@ impl PublishEncoder {
                 match kept {
                     Some(kept) => {
                         kept.channel = channel;
-                        kept.properties = Arc::downgrade(properties);
+                        kept.properties = KeptProperties::new(properties);
                         kept.frame.clear();
                         kept.frame.extend_from_slice(frame);
                     }
                     None => {
                         *kept = Some(KeptHeader {
                             channel,
-                            properties: Arc::downgrade(properties),
+                            properties: KeptProperties::new(properties),
                             frame: frame.to_vec(),
                         })
                     }
@@ -304,20 +375,59 @@ mod tests {
     }
 
     #[test]
-    fn properties_dropped_and_made_again_are_encoded_again() {
+    fn properties_made_for_one_message_are_compared_by_value_and_let_go_by_the_next() {
         let publish = BasicPublish::default();
         let mut encoder = PublishEncoder::new();
-        for id in ["first", "second", "third"] {
-            // A new Arc each time, perhaps at the address of the last one
-            // were its allocation not kept by the encoder's Weak.
-            let props = Arc::new(BasicProperties {
+        let made = |id: &str, expiration: Option<&str>| {
+            Arc::new(BasicProperties {
                 message_id: Some(id.into()),
+                expiration: expiration.map(Into::into),
+                ..Default::default()
+            })
+        };
+        // Each differs from the last in one field, or in none.
+        let all = [
+            made("first", None),
+            made("first", None),
+            made("second", None),
+            made("second", Some("60000")),
+            made("second", Some("60000")),
+            made("second", Some("6000")),
+        ];
+        for (i, props) in all.iter().enumerate() {
+            let mut kept = BytesMut::new();
+            encoder.encode(1, &publish, props, b"x", 131_072, &mut kept).unwrap();
+            assert_eq!(kept, fresh(1, &publish, props, b"x", 131_072), "message {i}");
+        }
+        // Kept: the first of each run of equal properties, the last run's
+        // only. Every earlier one is let go.
+        let counts: Vec<usize> = all.iter().map(Arc::strong_count).collect();
+        assert_eq!(counts, [1, 1, 1, 1, 1, 2]);
+        // Properties someone else holds as well are never kept alive.
+        let shared = made("shared", None);
+        let also = shared.clone();
+        encoder
+            .encode(1, &publish, &shared, b"x", 131_072, &mut BytesMut::new())
+            .unwrap();
+        assert_eq!(Arc::strong_count(&all[5]), 1, "replaced, so let go");
+        drop(also);
+        assert_eq!(Arc::strong_count(&shared), 1, "known by a Weak only");
+    }
+
+    #[test]
+    fn equal_properties_with_headers_are_encoded_again() {
+        let publish = BasicPublish::default();
+        let mut encoder = PublishEncoder::new();
+        for zero in [0.0, -0.0] {
+            let mut headers = FieldTable::new();
+            headers.insert("x", FieldValue::F64(zero));
+            let props = Arc::new(BasicProperties {
+                headers: Some(headers),
                 ..Default::default()
             });
             let mut kept = BytesMut::new();
             encoder.encode(1, &publish, &props, b"x", 131_072, &mut kept).unwrap();
-            assert_eq!(kept, fresh(1, &publish, &props, b"x", 131_072), "{id}");
-            assert_eq!(Arc::strong_count(&props), 1, "the encoder holds no strong reference");
+            assert_eq!(kept, fresh(1, &publish, &props, b"x", 131_072), "{zero:?}");
         }
     }
 
