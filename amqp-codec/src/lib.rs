@@ -25,6 +25,9 @@
 //!   [`Frame::UndecodableHeader`], not a stream error: the one message can be
 //!   set aside and the connection lives on, with every property that can
 //!   still be read ([`UndecodableHeader::salvage`]).
+//! - [`PublishEncoder`] encodes `basic.publish` messages byte for byte as
+//!   [`encode_content`] does, copying the previous message's method and
+//!   header frames when the next one repeats them.
 //! - Nothing panics on any input.
 //! - Parsing is hand-written nom (streaming for the 7-byte envelope header,
 //!   `complete` for payloads); nom never appears in a public signature.
