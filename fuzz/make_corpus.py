@@ -620,6 +620,19 @@ def frame_seeds():
     add("then_unknown_method", basic_ack(1, 1) + method(1, 60, 99))
     add("then_trailing_args", basic_ack(1, 1) + method(1, 60, 80, u64(1) + bits(True) + b"\x00"))
     add("truncated_tail", deliveries[:-40], selector(0, 64))
+    # Publishes that repeat the last one's method or properties, changing one
+    # thing at a time (the PublishEncoder's kept frames, in roundtrip).
+    same = properties(delivery_mode=2, content_type="application/json")
+    add("publish_repeats",
+        content(1, basic_publish(1, "orders", "order.placed"), b"a", same)
+        + content(1, basic_publish(1, "orders", "order.placed"), b"bb", same)
+        + content(1, basic_publish(1, "orders", "order.placed", mandatory=True), b"c", same)
+        + content(1, basic_publish(1, "orders", "order.paid", mandatory=True), b"d", same)
+        + content(2, basic_publish(2, "orders", "order.paid", mandatory=True), b"e", same)
+        + content(2, basic_publish(2, "orders", "order.paid", mandatory=True), b"f",
+                  properties(delivery_mode=2, content_type="application/json", expiration="60000"))
+        + content(2, basic_publish(2, "", "order.paid"), b"", same)
+        + content(2, basic_publish(2, "", "order.paid"), bytes(5000), same, frame_max=4096), selector(1, 16))
     return seeds
 
 
