@@ -32,7 +32,7 @@ pub struct Channel {
 /// Closes the channel when the last handle goes.
 #[derive(Debug)]
 struct CloseOnDrop {
-    commands: tokio::sync::mpsc::UnboundedSender<Command>,
+    commands: super::lane::Sender<Command>,
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,

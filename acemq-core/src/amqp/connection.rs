@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use amqp_codec::FieldTable;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, oneshot};
 
 use super::driver::{self, Shared};
 use super::message::{Command, ConnectionEvent};
@@ -100,7 +100,7 @@ impl Config {
 /// consumers) is dropped.
 #[derive(Clone)]
 pub struct Connection {
-    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) commands: super::lane::Sender<Command>,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -204,7 +204,7 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        let (commands, rx) = mpsc::unbounded_channel();
+        let (commands, rx) = super::lane::channel();
         let shared = Arc::new(Shared::new(buffers, commands.downgrade()));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();

@@ -53,7 +53,7 @@ pub(crate) struct Shared {
     settles_waiting: AtomicBool,
     /// To wake the driver for the lane; weak, so that deliveries do not
     /// keep the connection open.
-    commands: mpsc::WeakUnboundedSender<Command>,
+    commands: super::lane::WeakSender<Command>,
 }
 
 #[derive(Debug, Default)]
@@ -68,7 +68,7 @@ struct SettleLane {
 const PUBLISH_OVERHEAD: usize = 128;
 
 impl Shared {
-    pub(crate) fn new(buffers: Buffers, commands: mpsc::WeakUnboundedSender<Command>) -> Self {
+    pub(crate) fn new(buffers: Buffers, commands: super::lane::WeakSender<Command>) -> Self {
         let publish_buffer = u32::try_from(buffers.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
         Shared {
             tuned: OnceLock::new(),
@@ -379,7 +379,7 @@ pub(crate) async fn run<S>(
     stream: S,
     machine: proto::Connection,
     shared: Arc<Shared>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
+    mut commands: super::lane::Receiver<Command>,
     opened: oneshot::Sender<Result<(), Error>>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -407,6 +407,9 @@ pub(crate) async fn run<S>(
     let mut read_buf = BytesMut::with_capacity(128 * 1024);
     let mut write_buf = BytesMut::with_capacity(128 * 1024);
     let mut commands_open = true;
+    // What the lane held when last taken (its allocation is kept: the lane
+    // and the driver swap two vectors back and forth).
+    let mut batch: Vec<Command> = Vec::new();
     let mut reading = true;
     let shared = driver.shared.clone();
     loop {
@@ -449,22 +452,17 @@ pub(crate) async fn run<S>(
             },
             // A consumer took a delivery (the loop's top hands over more).
             _ = shared.consumer_took.notified(), if stalled.any => {}
-            command = commands.recv(), if commands_open => match command {
-                Some(command) => {
-                    driver.apply(command);
-                    // Take what else is queued now: it goes out in the same write.
-                    for _ in 0..1024 {
-                        match commands.try_recv() {
-                            Ok(command) => driver.apply(command),
-                            Err(_) => break,
-                        }
+            // Everything queued since the last batch: it goes out in one write.
+            more = commands.recv(&mut batch), if commands_open => {
+                if more {
+                    for command in batch.drain(..) {
+                        driver.apply(command);
                     }
-                }
-                None => {
+                } else {
                     commands_open = false;
                     driver.machine.close();
                 }
-            },
+            }
             _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
                 driver.machine.handle_timeout(now())
             }

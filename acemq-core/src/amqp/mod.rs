@@ -23,6 +23,7 @@ mod channel;
 mod connection;
 mod driver;
 mod error;
+mod lane;
 pub(crate) mod message;
 mod url;
 

@@ -1,0 +1,305 @@
+//! The command lane: many senders, one receiver that takes everything
+//! queued in one swap. It replaces an unbounded mpsc for the driver's
+//! commands: a send is a lock, a push and (only when the driver sleeps on
+//! an empty lane) a wake; the driver takes a whole batch under one lock.
+//!
+//! It keeps what the driver relied on from the mpsc:
+//! - one order for every command of every sender;
+//! - the receiver hears when the last (strong) sender is gone, after it
+//!   has taken everything sent before;
+//! - a send after the receiver is dropped fails and hands the value back,
+//!   and values still queued when it is dropped are dropped with it (their
+//!   reply senders then tell their waiters);
+//! - weak senders, which do not keep the lane open.
+//!
+//! Every change of state and the receiver's waker live under one mutex, so
+//! a send can never slip between the receiver's check and its sleep.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+struct State<T> {
+    items: Vec<T>,
+    senders: usize,
+    receiver_gone: bool,
+    waker: Option<Waker>,
+}
+
+struct Lane<T> {
+    state: Mutex<State<T>>,
+}
+
+impl<T> Lane<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // Nothing runs user code under this lock; a poisoned one still
+        // holds a consistent state.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A new lane's sender and receiver.
+pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
+    let lane = Arc::new(Lane {
+        state: Mutex::new(State {
+            items: Vec::new(),
+            senders: 1,
+            receiver_gone: false,
+            waker: None,
+        }),
+    });
+    (Sender { lane: lane.clone() }, Receiver { lane })
+}
+
+/// Sends into the lane; the lane stays open while one exists.
+pub(crate) struct Sender<T> {
+    lane: Arc<Lane<T>>,
+}
+
+impl<T> std::fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("lane::Sender").finish_non_exhaustive()
+    }
+}
+
+impl<T> Sender<T> {
+    /// Queues `value`, or hands it back once the receiver is gone.
+    pub(crate) fn send(&self, value: T) -> Result<(), T> {
+        let waker = {
+            let mut state = self.lane.lock();
+            if state.receiver_gone {
+                return Err(value);
+            }
+            state.items.push(value);
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Whether the receiver is gone.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lane.lock().receiver_gone
+    }
+
+    /// A sender that does not keep the lane open.
+    pub(crate) fn downgrade(&self) -> WeakSender<T> {
+        WeakSender {
+            lane: self.lane.clone(),
+        }
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        self.lane.lock().senders += 1;
+        Sender {
+            lane: self.lane.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut state = self.lane.lock();
+            state.senders -= 1;
+            if state.senders == 0 {
+                state.waker.take()
+            } else {
+                None
+            }
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// A sender that does not keep the lane open (see [`Sender::downgrade`]).
+pub(crate) struct WeakSender<T> {
+    lane: Arc<Lane<T>>,
+}
+
+impl<T> std::fmt::Debug for WeakSender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("lane::WeakSender").finish_non_exhaustive()
+    }
+}
+
+impl<T> WeakSender<T> {
+    /// A sender, while some other sender still keeps the lane open.
+    pub(crate) fn upgrade(&self) -> Option<Sender<T>> {
+        let mut state = self.lane.lock();
+        if state.senders == 0 {
+            return None;
+        }
+        state.senders += 1;
+        drop(state);
+        Some(Sender {
+            lane: self.lane.clone(),
+        })
+    }
+}
+
+/// Takes what the lane holds, in batches.
+pub(crate) struct Receiver<T> {
+    lane: Arc<Lane<T>>,
+}
+
+impl<T> Receiver<T> {
+    /// Swaps everything queued into `batch`, which must be empty: `Ready(true)`
+    /// when that is something, `Ready(false)` once the lane is empty and
+    /// every sender is gone, else `Pending` (woken by the next send, or by
+    /// the last sender's drop).
+    pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<bool> {
+        debug_assert!(batch.is_empty(), "the last batch is not used up");
+        let mut state = self.lane.lock();
+        if !state.items.is_empty() {
+            std::mem::swap(&mut state.items, batch);
+            return Poll::Ready(true);
+        }
+        if state.senders == 0 {
+            return Poll::Ready(false);
+        }
+        match &mut state.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// [`Receiver::poll_recv`] as a future.
+    pub(crate) async fn recv(&mut self, batch: &mut Vec<T>) -> bool {
+        std::future::poll_fn(|cx| self.poll_recv(cx, batch)).await
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        let left = {
+            let mut state = self.lane.lock();
+            state.receiver_gone = true;
+            state.waker = None;
+            std::mem::take(&mut state.items)
+        };
+        drop(left);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn next_batch(rx: &mut Receiver<u32>) -> Option<Vec<u32>> {
+        let mut batch = Vec::new();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv(&mut batch))
+            .await
+            .expect("the lane answers within 5 s");
+        got.then_some(batch)
+    }
+
+    #[tokio::test]
+    async fn every_sender_s_values_come_out_in_one_order_in_batches() {
+        let (tx, mut rx) = channel();
+        let other = tx.clone();
+        for i in 0..5 {
+            tx.send(i).unwrap();
+            other.send(100 + i).unwrap();
+        }
+        assert_eq!(
+            next_batch(&mut rx).await.unwrap(),
+            [0, 100, 1, 101, 2, 102, 3, 103, 4, 104]
+        );
+        tx.send(7).unwrap();
+        assert_eq!(next_batch(&mut rx).await.unwrap(), [7]);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_is_woken_by_a_send_from_another_task() {
+        let (tx, mut rx) = channel();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.send(1).unwrap();
+            tx
+        });
+        assert_eq!(next_batch(&mut rx).await.unwrap(), [1]);
+        drop(sender.await.unwrap());
+        assert_eq!(next_batch(&mut rx).await, None);
+    }
+
+    #[tokio::test]
+    async fn the_lane_ends_after_the_last_strong_sender_and_what_it_sent() {
+        let (tx, mut rx) = channel();
+        let weak = tx.downgrade();
+        let upgraded = weak.upgrade().expect("a strong sender exists");
+        tx.send(1).unwrap();
+        drop(tx);
+        upgraded.send(2).unwrap();
+        drop(upgraded);
+        assert!(weak.upgrade().is_none(), "no strong sender is left");
+        assert_eq!(next_batch(&mut rx).await.unwrap(), [1, 2]);
+        assert_eq!(next_batch(&mut rx).await, None);
+        // The last sender dropped while the receiver waits wakes it.
+        let (tx, mut rx) = channel::<u32>();
+        let dropper = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(tx);
+        });
+        assert_eq!(next_batch(&mut rx).await, None);
+        dropper.await.unwrap();
+    }
+
+    #[test]
+    fn sends_after_the_receiver_is_gone_fail_and_what_was_queued_is_dropped() {
+        let (tx, rx) = channel();
+        let queued = Arc::new(());
+        tx.send(queued.clone()).unwrap();
+        assert!(!tx.is_closed());
+        drop(rx);
+        assert!(tx.is_closed());
+        assert_eq!(
+            Arc::strong_count(&queued),
+            1,
+            "the queued value was dropped with the receiver"
+        );
+        let refused = tx.send(queued.clone()).unwrap_err();
+        assert!(Arc::ptr_eq(&refused, &queued));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_senders_on_other_threads_lose_nothing() {
+        let (tx, mut rx) = channel();
+        let mut senders = Vec::new();
+        for s in 0..4u32 {
+            let tx = tx.clone();
+            senders.push(tokio::spawn(async move {
+                for i in 0..10_000u32 {
+                    tx.send(s * 100_000 + i).unwrap();
+                    if i % 100 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }));
+        }
+        drop(tx);
+        let mut seen: Vec<Vec<u32>> = vec![Vec::new(); 4];
+        while let Some(batch) = next_batch(&mut rx).await {
+            for v in batch {
+                seen[(v / 100_000) as usize].push(v % 100_000);
+            }
+        }
+        for sender in senders {
+            sender.await.unwrap();
+        }
+        for (s, values) in seen.iter().enumerate() {
+            assert_eq!(
+                *values,
+                (0..10_000).collect::<Vec<_>>(),
+                "sender {s}'s values, in its order"
+            );
+        }
+    }
+}
