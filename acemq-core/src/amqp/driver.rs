@@ -63,6 +63,9 @@ struct SettleLane {
     ended: bool,
 }
 
+/// How many commands' room the driver's batch vector keeps between bursts.
+const KEPT_BATCH: usize = 1024;
+
 /// What a publish costs in the publish buffer besides its body: roughly the
 /// frames' headers, the method and common properties.
 const PUBLISH_OVERHEAD: usize = 128;
@@ -458,6 +461,9 @@ pub(crate) async fn run<S>(
                     for command in batch.drain(..) {
                         driver.apply(command);
                     }
+                    // A burst (up to the publish buffer's worth) leaves no
+                    // large vector behind in the lane or here.
+                    batch.shrink_to(KEPT_BATCH);
                 } else {
                     commands_open = false;
                     driver.machine.close();
