@@ -228,15 +228,14 @@ pub fn roundtrip(data: &[u8]) {
 /// `encode_content`: the bytes (or the refusal) must be the same.
 fn publish_agrees(publisher: &mut (crate::PublishEncoder, crate::BasicPublish), frame: &Frame, frame_max: u32) {
     let (encoder, last) = publisher;
-    let channel = match frame {
+    let (channel, header) = match frame {
         Frame::Method(_, Method::BasicPublish(publish)) => {
             last.clone_from(publish);
             return;
         }
-        Frame::Header(channel, _) => *channel,
+        Frame::Header(channel, header) => (*channel, header),
         _ => return,
     };
-    let Frame::Header(_, header) = frame else { return };
     let properties = std::sync::Arc::new(header.properties.clone().into_basic());
     let size = (header.body_size % 20_000) as usize;
     for body in [vec![b'b'; size], vec![b'c'; size / 3]] {

@@ -151,25 +151,49 @@ fn encode_content_inner(
     frame_max: u32,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    let max_body = reserve_content(body.len(), frame_max, dst)?;
+    let method_start = dst.len();
+    encode_method(channel, method, dst)?;
+    check_frame_max(dst.len() - method_start, frame_max)?;
+    let header_start = dst.len();
+    encode_header(channel, method.class_id(), body.len(), properties, dst)?;
+    check_frame_max(dst.len() - header_start, frame_max)?;
+    encode_bodies(channel, body, max_body, dst)
+}
+
+/// The largest body slice one frame carries under `frame_max` (0 = no
+/// limit), after reserving room in `dst` for a message of `body_len` bytes.
+fn reserve_content(body_len: usize, frame_max: u32, dst: &mut BytesMut) -> Result<usize, EncodeError> {
     let max_body = match frame_max {
         0 => usize::MAX,
         max if (max as usize) <= FRAME_OVERHEAD => return Err(EncodeError::FrameMaxTooSmall(max)),
         max => max as usize - FRAME_OVERHEAD,
     };
-    dst.reserve(64 + body.len() + FRAME_OVERHEAD * (1 + body.len() / max_body.max(1)));
-    let method_start = dst.len();
-    encode_method(channel, method, dst)?;
-    check_frame_max(dst.len() - method_start, frame_max)?;
-    let header_start = dst.len();
+    dst.reserve(64 + body_len + FRAME_OVERHEAD * (1 + body_len / max_body.max(1)));
+    Ok(max_body)
+}
+
+/// Appends a content header frame: class, weight 0, body size, properties.
+fn encode_header(
+    channel: u16,
+    class_id: u16,
+    body_len: usize,
+    properties: &BasicProperties,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
     with_envelope(FRAME_HEADER, channel, dst, |dst| {
         let mut fixed = [0; 12];
-        fixed[..2].copy_from_slice(&method.class_id().to_be_bytes());
+        fixed[..2].copy_from_slice(&class_id.to_be_bytes());
         // weight: 0
-        fixed[4..].copy_from_slice(&(body.len() as u64).to_be_bytes());
+        fixed[4..].copy_from_slice(&(body_len as u64).to_be_bytes());
         dst.put_slice(&fixed);
         properties.encode(dst)
-    })?;
-    check_frame_max(dst.len() - header_start, frame_max)?;
+    })
+}
+
+/// Appends `body` as body frames of at most `max_body` bytes (none for an
+/// empty body).
+fn encode_bodies(channel: u16, body: &[u8], max_body: usize, dst: &mut BytesMut) -> Result<(), EncodeError> {
     for chunk in body.chunks(max_body) {
         encode_body(channel, chunk, dst)?;
     }

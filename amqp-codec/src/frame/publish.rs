@@ -6,7 +6,8 @@ use std::sync::{Arc, Weak};
 use bytes::{BufMut, BytesMut};
 
 use super::{
-    check_frame_max, encode_body, encode_method, with_envelope, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_OVERHEAD,
+    check_frame_max, encode_bodies, encode_header, encode_method, reserve_content, FRAME_BODY, FRAME_END,
+    FRAME_OVERHEAD,
 };
 use crate::error::EncodeError;
 use crate::method::{BasicPublish, Method};
@@ -234,83 +235,55 @@ impl PublishEncoder {
         (method_kept, header_kept): (bool, bool),
         dst: &mut BytesMut,
     ) -> Result<(), EncodeError> {
-        let max_body = match frame_max {
-            0 => usize::MAX,
-            max if (max as usize) <= FRAME_OVERHEAD => return Err(EncodeError::FrameMaxTooSmall(max)),
-            max => max as usize - FRAME_OVERHEAD,
-        };
-        dst.reserve(64 + body.len() + FRAME_OVERHEAD * (1 + body.len() / max_body.max(1)));
+        let max_body = reserve_content(body.len(), frame_max, dst)?;
 
         let method_at = dst.len();
-        match &mut self.method {
+        match &self.method {
             Some(kept) if method_kept => dst.put_slice(&kept.frame),
-            kept => {
+            _ => {
                 self.prefix.clear();
                 encode_method(channel, &Method::BasicPublish(publish.clone()), dst)?;
-                let frame = &dst[method_at..];
-                match kept {
-                    // The buffer is reused: a publisher that changes its
-                    // routing key every time pays a copy, not an allocation.
-                    Some(kept) => {
-                        kept.channel = channel;
-                        kept.publish.clone_from(publish);
-                        kept.frame.clear();
-                        kept.frame.extend_from_slice(frame);
-                    }
-                    None => {
-                        *kept = Some(KeptMethod {
-                            channel,
-                            publish: publish.clone(),
-                            frame: frame.to_vec(),
-                        })
-                    }
-                }
+                let frame = refill(self.method.take().map(|kept| kept.frame), &dst[method_at..]);
+                self.method = Some(KeptMethod {
+                    channel,
+                    publish: publish.clone(),
+                    frame,
+                });
             }
         }
         check_frame_max(dst.len() - method_at, frame_max)?;
 
         let header_at = dst.len();
-        match &mut self.header {
+        match &self.header {
             Some(kept) if header_kept => {
                 dst.put_slice(&kept.frame);
                 dst[header_at + BODY_SIZE_AT..header_at + BODY_SIZE_AT + 8]
                     .copy_from_slice(&(body.len() as u64).to_be_bytes());
             }
-            kept => {
+            _ => {
                 self.prefix.clear();
-                with_envelope(FRAME_HEADER, channel, dst, |dst| {
-                    let mut fixed = [0; 12];
-                    fixed[..2].copy_from_slice(&BasicPublish::CLASS_ID.to_be_bytes());
-                    // weight: 0
-                    fixed[4..].copy_from_slice(&(body.len() as u64).to_be_bytes());
-                    dst.put_slice(&fixed);
-                    properties.encode(dst)
-                })?;
-                let frame = &dst[header_at..];
-                match kept {
-                    Some(kept) => {
-                        kept.channel = channel;
-                        kept.properties = KeptProperties::new(properties);
-                        kept.frame.clear();
-                        kept.frame.extend_from_slice(frame);
-                    }
-                    None => {
-                        *kept = Some(KeptHeader {
-                            channel,
-                            properties: KeptProperties::new(properties),
-                            frame: frame.to_vec(),
-                        })
-                    }
-                }
+                encode_header(channel, BasicPublish::CLASS_ID, body.len(), properties, dst)?;
+                let frame = refill(self.header.take().map(|kept| kept.frame), &dst[header_at..]);
+                self.header = Some(KeptHeader {
+                    channel,
+                    properties: KeptProperties::new(properties),
+                    frame,
+                });
             }
         }
         check_frame_max(dst.len() - header_at, frame_max)?;
 
-        for chunk in body.chunks(max_body) {
-            encode_body(channel, chunk, dst)?;
-        }
-        Ok(())
+        encode_bodies(channel, body, max_body, dst)
     }
+}
+
+/// `bytes` in the vector a kept frame had, if any: a publisher that changes
+/// its routing key every time pays a copy, not an allocation.
+fn refill(old: Option<Vec<u8>>, bytes: &[u8]) -> Vec<u8> {
+    let mut frame = old.unwrap_or_default();
+    frame.clear();
+    frame.extend_from_slice(bytes);
+    frame
 }
 
 #[cfg(test)]
