@@ -384,7 +384,8 @@ fn main() {
             .await
             .unwrap();
         // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
-        // profiling), `=engine-publish` and `=engine-consume` each of them;
+        // profiling), `=engine-publish` and `=engine-consume` each of them,
+        // `=floor-publish` the wire floor's publish;
         // `=publish` the engine's publish and the publisher's;
         // `=consume` the acemq consumer alone.
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
@@ -401,6 +402,19 @@ fn main() {
                     .expect("wire floor publish")
                     .print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();
+                continue;
+            }
+            // `=floor-publish`: the wire floor's publish alone (to profile it
+            // beside the engine's).
+            if only == "floor-publish" {
+                let props = BasicProperties {
+                    delivery_mode: Some(1),
+                    ..Default::default()
+                };
+                floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
+                    .expect("wire floor publish")
+                    .print();
+                purge(&setup, &queue).await;
                 continue;
             }
             // `=engine-publish`: the engine's confirmed publish alone.

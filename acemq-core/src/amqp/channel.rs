@@ -12,6 +12,7 @@ use amqp_codec::*;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::book::Claim;
 use super::message::Command;
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
 use super::{Connection, Error};
@@ -70,10 +71,19 @@ impl Connection {
 /// hold the [`Channel`] while waiting, or the confirm fails with the close.
 #[derive(Debug)]
 pub struct PublishConfirm {
-    rx: oneshot::Receiver<Result<Confirmation, Error>>,
+    /// Its entry in the connection's confirm book; taken with the outcome.
+    claim: Option<Claim>,
     /// Of the connection the message was written on (one reference count,
     /// where a [`Connection`] handle would cost three).
     shared: Arc<super::driver::Shared>,
+}
+
+impl Drop for PublishConfirm {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.shared.confirms.abandon(claim);
+        }
+    }
 }
 
 impl PublishConfirm {
@@ -89,9 +99,18 @@ impl Future for PublishConfirm {
     type Output = Result<Confirmation, Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(Ok(result)) => Poll::Ready(result),
-            Poll::Ready(Err(_)) => Poll::Ready(Err(self.shared.closed_error())),
+        let this = &mut *self;
+        // Polled again after it returned: the connection's error, as a
+        // dropped confirm would give (the entry may be another's by now).
+        let Some(claim) = &this.claim else {
+            return Poll::Ready(Err(this.shared.closed_error()));
+        };
+        match this.shared.confirms.poll(claim, cx) {
+            Poll::Ready(outcome) => {
+                // Spent either way: the book has freed or kept the entry.
+                this.claim = None;
+                Poll::Ready(outcome.unwrap_or_else(|| Err(this.shared.closed_error())))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -359,18 +378,25 @@ impl Channel {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
         shared.take_room(room).await?;
-        let (confirm, rx) = oneshot::channel();
-        self.conn.send(Command::Publish {
+        let (ticket, claim) = shared.confirms.open();
+        let sent = self.conn.commands.send(Command::Publish {
             channel: self.id,
             generation: self.generation,
             publish,
             properties,
             body,
-            confirm: Some(confirm),
+            confirm: ticket,
             room,
-        })?;
+        });
+        if let Err(command) = sent {
+            // The driver is gone; the entry goes back with the command.
+            if let Command::Publish { confirm, .. } = command {
+                shared.confirms.forget(confirm, claim);
+            }
+            return Err(shared.closed_error());
+        }
         Ok(PublishConfirm {
-            rx,
+            claim: Some(claim),
             shared: shared.clone(),
         })
     }

@@ -14,6 +14,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify, Semaphore};
 
+use super::book::Ticket;
 use super::connection::Buffers;
 use super::error::Error;
 use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage, SettleOp};
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) publish_buffer: u32,
     /// The least bound of a consumer's delivery queue.
     pub(crate) delivery_buffer: usize,
+    /// Where the publishes' confirms wait (closed when the driver ends).
+    pub(crate) confirms: super::book::Book,
     /// Some consumer's queue is full and the driver waits for room: a
     /// consumer that takes a delivery then says so on `consumer_took`.
     pub(crate) stalled: AtomicBool,
@@ -83,6 +86,7 @@ impl Shared {
             room: Semaphore::new(publish_buffer as usize),
             publish_buffer,
             delivery_buffer: buffers.deliveries.max(1),
+            confirms: super::book::Book::default(),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
             settles: Mutex::new(SettleLane::default()),
@@ -196,7 +200,9 @@ struct ChannelRoutes {
     generation: u64,
     /// Shared with the channel's handles: false once the channel is gone.
     open: Arc<AtomicBool>,
-    confirms: VecDeque<(u64, Reply1<Confirmation>)>,
+    /// The publishes waiting for a confirm, by sequence number, with their
+    /// entries in the confirm book.
+    confirms: VecDeque<(u64, Ticket)>,
     /// A channel carries one consumer or a few: a scan comparing tags is
     /// cheaper than hashing one per delivery.
     consumers: Vec<ConsumerRoute>,
@@ -358,6 +364,9 @@ struct Driver {
     next_generation: u64,
     opened: Option<oneshot::Sender<Result<(), Error>>>,
     closers: Vec<Reply1<()>>,
+    /// The wakers of confirms settled together, woken once the book's
+    /// lock is let go (kept for its capacity).
+    wake: Vec<std::task::Waker>,
     /// The consumers (channel, generation, tag) with an overflow.
     stalled: Vec<(u16, u64, ShortString)>,
     /// Consumers gone from their channel (cancelled, channel closed) whose
@@ -399,6 +408,7 @@ pub(crate) async fn run<S>(
         next_generation: 0,
         opened: Some(opened),
         closers: Vec::new(),
+        wake: Vec::new(),
         stalled: Vec::new(),
         retired: Vec::new(),
         room_applied: 0,
@@ -492,6 +502,9 @@ impl Drop for Over {
         let shared = &self.0;
         shared.end_settles();
         shared.room.close();
+        // After the driver (and every ticket it held) is gone: a confirm
+        // still waiting is one no settle will reach.
+        shared.confirms.close();
         if !*shared.closed.borrow() {
             if let Ok(mut slot) = shared.close_reason.lock() {
                 slot.get_or_insert(CloseReason::ConnectionLost);
@@ -638,29 +651,26 @@ impl Driver {
         publish: &amqp_codec::BasicPublish,
         properties: &Arc<amqp_codec::BasicProperties>,
         body: &[u8],
-        confirm: Option<Reply1<Confirmation>>,
+        confirm: Ticket,
     ) {
         if self.routes(channel, generation).is_none() {
-            if let Some(confirm) = confirm {
-                let _ = confirm.send(Err(Error::ChannelNotOpen(channel)));
-            }
+            self.shared
+                .confirms
+                .settle(confirm, Err(Error::ChannelNotOpen(channel)));
             return;
         }
         match self.machine.publish_shared(channel, publish, properties, body) {
-            Ok(Some(seq)) => {
-                if let (Some(confirm), Some(routes)) = (confirm, self.routes(channel, generation)) {
-                    routes.confirms.push_back((seq, confirm));
-                }
-            }
-            Ok(None) => {
-                if let Some(confirm) = confirm {
-                    let _ = confirm.send(Ok(Confirmation::NotRequested));
-                }
-            }
+            Ok(Some(seq)) => match self.routes(channel, generation) {
+                Some(routes) => routes.confirms.push_back((seq, confirm)),
+                None => self
+                    .shared
+                    .confirms
+                    .settle(confirm, Err(Error::ChannelNotOpen(channel))),
+            },
+            Ok(None) => self.shared.confirms.settle(confirm, Ok(Confirmation::NotRequested)),
             Err(err) => {
-                if let Some(confirm) = confirm {
-                    let _ = confirm.send(Err(self.command_error(err)));
-                }
+                let error = self.command_error(err);
+                self.shared.confirms.settle(confirm, Err(error));
             }
         }
     }
@@ -730,11 +740,7 @@ impl Driver {
                 first,
                 last,
                 outcome,
-            } => {
-                for seq in first..=last {
-                    self.confirm(channel, seq, outcome, None);
-                }
-            }
+            } => self.confirm_run(channel, first, last, outcome),
             Event::Return { channel, content } => self.unmatched_return(channel, content),
             Event::ConsumerCancelled { channel, consumer_tag } => self.consumer_cancelled(channel, consumer_tag),
             Event::Flow { .. } => {}
@@ -907,14 +913,43 @@ impl Driver {
                 .position(|(s, _)| *s == seq)
                 .and_then(|at| routes.confirms.remove(at))
         };
-        if let Some((_, tx)) = waiter {
+        if let Some((_, ticket)) = waiter {
             let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
                 (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
                 (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
                 (_, None) => Confirmation::Ack,
             };
-            let _ = tx.send(Ok(confirmation));
+            self.shared.confirms.settle(ticket, Ok(confirmation));
         }
+    }
+
+    /// Confirms `first..=last` (sequence numbers the broker confirmed
+    /// together, none of them returned), settled under one lock of the book
+    /// when they are the oldest waiting, as they are unless some were
+    /// confirmed out of order before.
+    fn confirm_run(&mut self, channel: u16, first: u64, last: u64, outcome: amqp_codec::track::Outcome) {
+        let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
+            return;
+        };
+        let count = usize::try_from(last - first + 1).unwrap_or(usize::MAX);
+        let in_order = routes.confirms.len() >= count
+            && routes.confirms.front().map(|(s, _)| *s) == Some(first)
+            && routes.confirms.get(count - 1).map(|(s, _)| *s) == Some(last);
+        if !in_order {
+            for seq in first..=last {
+                self.confirm(channel, seq, outcome, None);
+            }
+            return;
+        }
+        let confirmation = match outcome {
+            amqp_codec::track::Outcome::Nack => Confirmation::Nack,
+            amqp_codec::track::Outcome::Ack => Confirmation::Ack,
+        };
+        let settled = routes
+            .confirms
+            .drain(..count)
+            .map(|(_, ticket)| (ticket, Ok(confirmation.clone())));
+        self.shared.confirms.settle_all(settled, &mut self.wake);
     }
 
     fn unmatched_return(&mut self, channel: u16, content: amqp_codec::track::Content) {
@@ -951,9 +986,11 @@ impl Driver {
             Some(r) => Error::ChannelClosed(r),
             None => Error::ChannelNotOpen(channel),
         };
-        for (_, tx) in routes.confirms {
-            let _ = tx.send(Err(error.clone()));
-        }
+        let failed = routes
+            .confirms
+            .into_iter()
+            .map(|(_, ticket)| (ticket, Err(error.clone())));
+        self.shared.confirms.settle_all(failed, &mut self.wake);
         // Dropping the consumers' senders ends their streams, once what
         // their overflows hold is handed over.
         for route in routes.consumers {
@@ -995,11 +1032,22 @@ impl Driver {
                         self.channels.resize_with(index + 1, || None);
                     }
                     let open = Arc::new(AtomicBool::new(true));
-                    self.channels[index] = Some(ChannelRoutes {
+                    let earlier = self.channels[index].replace(ChannelRoutes {
                         generation,
                         open: open.clone(),
                         ..ChannelRoutes::default()
                     });
+                    // The machine reuses a number only once its channel has
+                    // closed (and `channel_closed` emptied it); should one
+                    // still be here, its publishes hear that it is gone.
+                    if let Some(earlier) = earlier {
+                        earlier.open.store(false, Ordering::SeqCst);
+                        let failed = earlier
+                            .confirms
+                            .into_iter()
+                            .map(|(_, ticket)| (ticket, Err(Error::ChannelNotOpen(channel))));
+                        self.shared.confirms.settle_all(failed, &mut self.wake);
+                    }
                     let _ = reply.send(Ok((channel, generation, open)));
                 }
                 Err(err) => {
@@ -1048,9 +1096,11 @@ impl Driver {
         }
         for routes in self.channels.drain(..).flatten() {
             routes.open.store(false, Ordering::SeqCst);
-            for (_, tx) in routes.confirms {
-                let _ = tx.send(Err(error.clone()));
-            }
+            let failed = routes
+                .confirms
+                .into_iter()
+                .map(|(_, ticket)| (ticket, Err(error.clone())));
+            self.shared.confirms.settle_all(failed, &mut self.wake);
         }
         if let Some(opened) = self.opened.take() {
             let _ = opened.send(Err(error));

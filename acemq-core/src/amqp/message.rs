@@ -46,7 +46,8 @@ pub(crate) enum Command {
         /// that must be written again after a recovery keeps them for free.
         properties: Arc<BasicProperties>,
         body: Bytes,
-        confirm: Option<Reply1<Confirmation>>,
+        /// Its entry in the connection's confirm book, settled by the driver.
+        confirm: super::book::Ticket,
         /// The room it took in the connection's publish buffer (see
         /// [`super::connection::Config::publish_buffer`]), given back once
         /// its frames are written to the socket.

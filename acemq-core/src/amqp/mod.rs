@@ -19,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+mod book;
 mod channel;
 mod connection;
 mod driver;
