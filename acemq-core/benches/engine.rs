@@ -345,7 +345,13 @@ fn wire_floor_envelope(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
 
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
-    let messages = if benching { 100_000 } else { 2_000 };
+    // `ACEMQ_BENCH_MESSAGES=N` sets the count (two counts under callgrind
+    // give the cost of one message in a steady state, without the warm-up).
+    let messages = match std::env::var("ACEMQ_BENCH_MESSAGES") {
+        Ok(n) => n.parse().expect("ACEMQ_BENCH_MESSAGES is a number"),
+        Err(_) if benching => 100_000,
+        Err(_) => 2_000,
+    };
     let url = std::env::var("ACEMQ_RABBITMQ_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -12,7 +12,7 @@ use std::time::Instant;
 use amqp_codec::{FieldTable, Method, ShortString};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify, Semaphore};
+use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
 
 use super::book::Ticket;
 use super::connection::Buffers;
@@ -214,25 +214,49 @@ struct ChannelRoutes {
 /// One consumer's delivery queue, as its [`super::Consumer`] holds it:
 /// unbounded underneath, bounded by the driver, which counts what it puts
 /// in while the consumer counts what it takes out.
+///
+/// A lane (see `super::lane`): the consumer takes everything the driver
+/// has queued under one lock, then hands it out from `taken` one by one,
+/// lowering the count for each as it goes, so a delivery still in `taken`
+/// is still queued as far as the driver's bound is concerned.
 #[derive(Debug)]
 pub(crate) struct DeliveryQueue {
-    rx: mpsc::UnboundedReceiver<Delivery>,
+    rx: super::lane::Receiver<Delivery>,
+    taken: VecDeque<Delivery>,
     queued: Arc<AtomicUsize>,
 }
 
 impl DeliveryQueue {
     /// The next delivery; `None` once the consumer is over.
     pub(crate) fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Delivery>> {
-        let polled = self.rx.poll_recv(cx);
-        if let std::task::Poll::Ready(Some(_)) = &polled {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
+        use std::task::Poll;
+        if self.taken.is_empty() {
+            // The buffers change hands whole: an empty deque becomes a
+            // vector and back without moving or allocating anything.
+            let mut batch = Vec::from(std::mem::take(&mut self.taken));
+            let polled = self.rx.poll_recv(cx, &mut batch);
+            self.taken = VecDeque::from(batch);
+            match polled {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => return Poll::Ready(None),
+                Poll::Ready(true) => {}
+            }
         }
-        polled
+        Poll::Ready(self.take_one())
     }
 
     /// A delivery already here, without waiting.
     pub(crate) fn try_recv(&mut self) -> Option<Delivery> {
-        let delivery = self.rx.try_recv().ok();
+        if self.taken.is_empty() {
+            let mut batch = Vec::from(std::mem::take(&mut self.taken));
+            self.rx.try_recv(&mut batch);
+            self.taken = VecDeque::from(batch);
+        }
+        self.take_one()
+    }
+
+    fn take_one(&mut self) -> Option<Delivery> {
+        let delivery = self.taken.pop_front();
         if delivery.is_some() {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -241,7 +265,7 @@ impl DeliveryQueue {
 
     /// How many deliveries wait in it.
     pub(crate) fn len(&self) -> usize {
-        self.rx.len()
+        self.taken.len() + self.rx.len()
     }
 }
 
@@ -256,7 +280,7 @@ enum Refused {
 /// Where one consumer's deliveries go.
 struct ConsumerRoute {
     tag: ShortString,
-    tx: mpsc::UnboundedSender<Delivery>,
+    tx: super::lane::Sender<Delivery>,
     /// Queued and not yet taken (the consumer takes its share off).
     queued: Arc<AtomicUsize>,
     bound: usize,
@@ -273,7 +297,7 @@ impl ConsumerRoute {
     /// A route whose queue holds at most `bound` deliveries, and the
     /// consumer's end of that queue. The tag is set once the broker gives it.
     fn new(bound: usize) -> (Self, DeliveryQueue) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = super::lane::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let route = ConsumerRoute {
             tag: ShortString::default(),
@@ -283,7 +307,12 @@ impl ConsumerRoute {
             overflow: VecDeque::new(),
             cancelling: false,
         };
-        (route, DeliveryQueue { rx, queued })
+        let queue = DeliveryQueue {
+            rx,
+            taken: VecDeque::new(),
+            queued,
+        };
+        (route, queue)
     }
 
     /// Queues `delivery` if there is room. The count is raised before the
@@ -294,14 +323,17 @@ impl ConsumerRoute {
     // would allocate on the path that is already the slow one.
     #[allow(clippy::result_large_err)]
     fn offer(&self, delivery: Delivery) -> Result<(), Refused> {
-        if self.tx.is_closed() {
-            return Err(Refused::Closed(delivery));
-        }
         if self.queued.load(Ordering::SeqCst) >= self.bound {
-            return Err(Refused::Full(delivery));
+            // A stream dropped while full is closed, not full.
+            return Err(if self.tx.is_closed() {
+                Refused::Closed(delivery)
+            } else {
+                Refused::Full(delivery)
+            });
         }
         self.queued.fetch_add(1, Ordering::SeqCst);
-        self.tx.send(delivery).map_err(|mpsc::error::SendError(delivery)| {
+        // The send itself says whether the stream was dropped.
+        self.tx.send(delivery).map_err(|delivery| {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             Refused::Closed(delivery)
         })

@@ -2,6 +2,8 @@
 //! queued in one swap. It replaces an unbounded mpsc for the driver's
 //! commands: a send is a lock, a push and (only when the driver sleeps on
 //! an empty lane) a wake; the driver takes a whole batch under one lock.
+//! Each consumer's delivery queue is one too, with the driver as its one
+//! sender (see `driver::DeliveryQueue`).
 //!
 //! It keeps what the driver relied on from the mpsc:
 //! - one order for every command of every sender;
@@ -148,6 +150,12 @@ pub(crate) struct Receiver<T> {
     lane: Arc<Lane<T>>,
 }
 
+impl<T> std::fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("lane::Receiver").finish_non_exhaustive()
+    }
+}
+
 impl<T> Receiver<T> {
     /// Swaps everything queued into `batch`, which must be empty: `Ready(true)`
     /// when that is something, `Ready(false)` once the lane is empty and
@@ -168,6 +176,20 @@ impl<T> Receiver<T> {
             slot => *slot = Some(cx.waker().clone()),
         }
         Poll::Pending
+    }
+
+    /// Swaps everything queued into `batch` (which must be empty) without
+    /// waiting; whether that was something.
+    pub(crate) fn try_recv(&mut self, batch: &mut Vec<T>) -> bool {
+        debug_assert!(batch.is_empty(), "the last batch is not used up");
+        let mut state = self.lane.lock();
+        std::mem::swap(&mut state.items, batch);
+        !batch.is_empty()
+    }
+
+    /// How many values are queued.
+    pub(crate) fn len(&self) -> usize {
+        self.lane.lock().items.len()
     }
 
     /// [`Receiver::poll_recv`] as a future.
@@ -215,6 +237,26 @@ mod tests {
         );
         tx.send(7).unwrap();
         assert_eq!(next_batch(&mut rx).await.unwrap(), [7]);
+    }
+
+    #[test]
+    fn try_recv_takes_what_is_queued_without_waiting_and_len_counts_it() {
+        let (tx, mut rx) = channel();
+        let mut batch = Vec::new();
+        assert!(!rx.try_recv(&mut batch), "nothing queued yet");
+        assert_eq!(rx.len(), 0);
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        assert_eq!(rx.len(), 2);
+        assert!(rx.try_recv(&mut batch));
+        assert_eq!(batch, [1, 2]);
+        assert_eq!(rx.len(), 0);
+        batch.clear();
+        // After the last sender: what it sent is still there to take.
+        tx.send(3).unwrap();
+        drop(tx);
+        assert!(rx.try_recv(&mut batch));
+        assert_eq!(batch, [3]);
     }
 
     #[tokio::test]
