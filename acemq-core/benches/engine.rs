@@ -391,7 +391,8 @@ fn main() {
             .unwrap();
         // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
         // profiling), `=engine-publish` and `=engine-consume` each of them,
-        // `=floor-publish` the wire floor's publish;
+        // `=floor-publish` the wire floor's publish, `=handoff` the handoff
+        // floor;
         // `=publish` the engine's publish and the publisher's;
         // `=consume` the acemq consumer alone.
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
@@ -421,6 +422,11 @@ fn main() {
                     .expect("wire floor publish")
                     .print();
                 purge(&setup, &queue).await;
+                continue;
+            }
+            // `=handoff`: the handoff floor alone (no broker traffic).
+            if only == "handoff" {
+                handoff_floor(messages, 1000).await.print();
                 continue;
             }
             // `=engine-publish`: the engine's confirmed publish alone.

@@ -107,16 +107,29 @@ impl Shared {
     /// Takes `room` bytes of the publish buffer, waiting until the driver
     /// has written enough; an error once the connection has ended.
     pub(crate) async fn take_room(&self, room: u32) -> Result<(), Error> {
-        let permit = match self.room.try_acquire_many(room) {
-            Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.closed_error()),
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
-                self.room.acquire_many(room).await.map_err(|_| self.closed_error())?
-            }
-        };
-        // The driver gives it back with `add_permits` once written.
-        permit.forget();
+        if !self.try_take_room(room)? {
+            // Boxed: the wait for room is the rare path, and a future that
+            // holds it inline is as large as the semaphore's, which a
+            // publish would then move about on every call.
+            Box::pin(self.room.acquire_many(room))
+                .await
+                .map_err(|_| self.closed_error())?
+                .forget();
+        }
         Ok(())
+    }
+
+    /// [`Shared::take_room`] without waiting: `false` if the room is not
+    /// there now. (The driver gives it back with `add_permits` once written.)
+    pub(crate) fn try_take_room(&self, room: u32) -> Result<bool, Error> {
+        match self.room.try_acquire_many(room) {
+            Ok(permit) => {
+                permit.forget();
+                Ok(true)
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => Err(self.closed_error()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(false),
+        }
     }
 
     /// A consumer took a delivery from its queue: wakes the driver if it
@@ -588,7 +601,10 @@ impl Driver {
     /// Carries out one command from the handles, after the settlements
     /// queued before it.
     fn apply(&mut self, command: Command) {
-        self.settle();
+        // Checked here first: most commands find the settle lane empty.
+        if self.shared.settles_waiting.load(Ordering::SeqCst) {
+            self.settle();
+        }
         match command {
             // `settle` above took what it woke the driver for.
             Command::Settled => {}
