@@ -684,6 +684,11 @@ impl Connection {
         }
         if dst.is_empty() {
             std::mem::swap(dst, &mut self.outbox);
+            // The buffer handed back has been written out from its front:
+            // empty, it starts again at the front of its allocation for
+            // free (copying nothing, allocating nothing), rather than fill
+            // the tail and then move what it holds to the front.
+            let _ = self.outbox.try_reclaim(self.outbox.capacity() + 1);
         } else {
             dst.extend_from_slice(&self.outbox);
             self.outbox.clear();
