@@ -67,7 +67,7 @@ async fn publish_confirmed_with(
     queue: &str,
     messages: u64,
     window: usize,
-    props: impl Into<Arc<BasicProperties>> + Clone,
+    props: impl acemq_core::amqp::PublishProperties + Clone,
     name: &'static str,
 ) -> Figures {
     let ch = conn.channel().await.unwrap();
@@ -86,6 +86,35 @@ async fn publish_confirmed_with(
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
     }
     let figures = Figures::since(name, messages, t0, c0);
+    ch.close().await.unwrap();
+    figures
+}
+
+/// The engine's confirmed publish with properties by value that differ on
+/// every message (a message id each): what the by-value path costs when
+/// nothing can be shared.
+async fn publish_confirmed_unique(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let ch = conn.channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let body = Bytes::from(vec![b'x'; 256]);
+    let mut in_flight = VecDeque::with_capacity(window);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for n in 0..messages {
+        if in_flight.len() == window {
+            let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+        }
+        let props = BasicProperties {
+            delivery_mode: Some(1),
+            message_id: Some(n.to_string().as_str().into()),
+            ..Default::default()
+        };
+        in_flight.push_back(ch.publish("", queue, false, props, body.clone()).await.unwrap());
+    }
+    for confirm in in_flight {
+        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+    }
+    let figures = Figures::since("  same, a message id each", messages, t0, c0);
     ch.close().await.unwrap();
     figures
 }
@@ -431,11 +460,12 @@ fn main() {
             }
             // `=engine-publish`: the engine's confirmed publish alone.
             // `=engine-publish-shared`: the same with the properties shared.
-            if only == "engine-publish" || only == "engine-publish-shared" {
-                let figures = if only == "engine-publish" {
-                    publish_confirmed(&conn, &queue, messages, 1000).await
-                } else {
-                    publish_confirmed_shared(&conn, &queue, messages, 1000).await
+            // `=engine-publish-unique`: the same with a message id each.
+            if only == "engine-publish" || only == "engine-publish-shared" || only == "engine-publish-unique" {
+                let figures = match only.as_str() {
+                    "engine-publish" => publish_confirmed(&conn, &queue, messages, 1000).await,
+                    "engine-publish-shared" => publish_confirmed_shared(&conn, &queue, messages, 1000).await,
+                    _ => publish_confirmed_unique(&conn, &queue, messages, 1000).await,
                 };
                 figures.print();
                 purge(&setup, &queue).await;
@@ -443,6 +473,8 @@ fn main() {
             }
             if engine_only {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
+                publish_confirmed_unique(&conn, &queue, messages, 1000).await.print();
                 purge(&setup, &queue).await;
                 publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
                 consume_with_ack(&conn, &queue, messages, 1000).await.print();

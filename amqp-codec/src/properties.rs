@@ -372,6 +372,53 @@ pub struct SalvagedProperties {
 }
 
 impl BasicProperties {
+    /// Whether `self` and `other`, both without headers, encode as the same
+    /// bytes: every field equal, those that usually differ between messages
+    /// compared first. Always `false` when either has headers: a table is
+    /// never compared by value (`0.0` and `-0.0` are equal and encode
+    /// differently). Written out field by field, so that a new field cannot
+    /// be missed.
+    ///
+    /// ```
+    /// use amqp_codec::BasicProperties;
+    /// let a = BasicProperties { delivery_mode: Some(2), ..Default::default() };
+    /// assert!(a.encodes_like(&a.clone()));
+    /// assert!(!a.encodes_like(&BasicProperties::default()));
+    /// ```
+    pub fn encodes_like(&self, other: &BasicProperties) -> bool {
+        let BasicProperties {
+            content_type,
+            content_encoding,
+            headers,
+            delivery_mode,
+            priority,
+            correlation_id,
+            reply_to,
+            expiration,
+            message_id,
+            timestamp,
+            kind,
+            user_id,
+            app_id,
+            cluster_id,
+        } = self;
+        headers.is_none()
+            && other.headers.is_none()
+            && *message_id == other.message_id
+            && *timestamp == other.timestamp
+            && *correlation_id == other.correlation_id
+            && *expiration == other.expiration
+            && *delivery_mode == other.delivery_mode
+            && *priority == other.priority
+            && *content_type == other.content_type
+            && *content_encoding == other.content_encoding
+            && *reply_to == other.reply_to
+            && *kind == other.kind
+            && *user_id == other.user_id
+            && *app_id == other.app_id
+            && *cluster_id == other.cluster_id
+    }
+
     /// Reads everything that can be read of a flag word and property list
     /// as they lie on the wire (what
     /// [`crate::UndecodableHeader::raw_properties`] holds), with the default

@@ -190,6 +190,64 @@ async fn properties_shared_by_many_publishes_come_back_on_each_and_are_released(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn properties_given_by_value_come_back_as_given_whether_or_not_they_equal_the_last() {
+    acemq_tests::deadline(async {
+        // Runs of equal properties (shared by the channel), each broken by
+        // one field, by headers, and by equal headers (never shared).
+        let plain = |expiration: &str, message_id: &str| BasicProperties {
+            delivery_mode: Some(2),
+            expiration: Some(expiration.into()),
+            message_id: Some(message_id.into()),
+            ..Default::default()
+        };
+        let with_headers = BasicProperties {
+            headers: Some(every_field_type()),
+            ..plain("1000", "a")
+        };
+        let given = [
+            plain("1000", "a"),
+            plain("1000", "a"),
+            plain("1000", "a"),
+            plain("2000", "a"),
+            plain("1000", "a"),
+            plain("1000", "b"),
+            with_headers.clone(),
+            with_headers,
+            plain("1000", "b"),
+            BasicProperties::default(),
+            BasicProperties::default(),
+            plain("1000", "a"),
+        ];
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let mut confirms = Vec::new();
+            for (i, props) in given.iter().enumerate() {
+                let body = Bytes::from(format!("body-{i}"));
+                confirms.push(ch.publish("", &q, true, props.clone(), body).await.unwrap());
+            }
+            for confirm in confirms {
+                assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            }
+            for (i, props) in given.iter().enumerate() {
+                let got = ch.basic_get(&q, true).await.unwrap().expect("a message");
+                assert_eq!(got.body, format!("body-{i}").as_bytes(), "{:?}", b.kind);
+                assert_eq!(
+                    encoded(props_of(&got.properties)),
+                    encoded(props),
+                    "message {i} on {:?}",
+                    b.kind
+                );
+            }
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
     acemq_tests::deadline(async {
         for b in brokers().await {

@@ -27,19 +27,129 @@ pub struct Channel {
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
-    _close_on_drop: Arc<CloseOnDrop>,
+    state: Arc<ChannelState>,
 }
 
-/// Closes the channel when the last handle goes.
+/// What every handle of one channel shares; closes the channel when the
+/// last handle goes.
 #[derive(Debug)]
-struct CloseOnDrop {
+struct ChannelState {
     commands: super::lane::Sender<Command>,
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
+    /// The properties of the last publish given them by value (without
+    /// headers): the next one with equal properties shares them instead of
+    /// allocating its own (see [`PublishProperties`]).
+    last_properties: std::sync::Mutex<LastProperties>,
+    /// Publishes by value still to go before the channel compares again
+    /// (see [`LastProperties::GIVE_UP`]).
+    skip_properties: std::sync::atomic::AtomicU32,
 }
 
-impl Drop for CloseOnDrop {
+/// See [`ChannelState::last_properties`].
+#[derive(Debug, Default)]
+struct LastProperties {
+    kept: Option<Arc<BasicProperties>>,
+    /// Publishes since the last one that shared: after
+    /// [`LastProperties::GIVE_UP`] of them in a row the channel stops
+    /// keeping and comparing (properties that change on every message, a
+    /// message id each, would pay for it on every publish) for the next
+    /// [`LastProperties::RETRY`] publishes by value.
+    misses: u32,
+}
+
+impl LastProperties {
+    const GIVE_UP: u32 = 4;
+    const RETRY: u32 = 256;
+}
+
+/// The properties a publish takes: a [`BasicProperties`] by value, or an
+/// `Arc<BasicProperties>` shared by many publishes, which is never copied.
+///
+/// Properties given by value that equal the previous ones given by value on
+/// the same channel (compared with [`BasicProperties::encodes_like`], so
+/// never when they have headers) travel as the previous ones' `Arc`: a
+/// publisher that sets the same few properties on every message allocates
+/// and encodes them once. The channel keeps the last ones until the next.
+pub trait PublishProperties: sealed::Sealed {
+    /// The properties as the publish carries them.
+    #[doc(hidden)]
+    fn into_shared(self, channel: &Channel) -> Arc<BasicProperties>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for amqp_codec::BasicProperties {}
+    impl Sealed for std::sync::Arc<amqp_codec::BasicProperties> {}
+}
+
+impl PublishProperties for Arc<BasicProperties> {
+    fn into_shared(self, _: &Channel) -> Arc<BasicProperties> {
+        self
+    }
+}
+
+impl PublishProperties for BasicProperties {
+    // Inlined, with the work under the lock out of line: the properties are
+    // then moved once, straight into their `Arc` (as `Arc::new` at the
+    // call site would), however the publish goes.
+    #[inline(always)]
+    fn into_shared(self, channel: &Channel) -> Arc<BasicProperties> {
+        let state = &channel.state;
+        // Given up for now, or never comparable: no lock, no comparison.
+        if self.headers.is_some() {
+            return Arc::new(self);
+        }
+        if state.skip_properties.load(Ordering::Relaxed) > 0 {
+            state.skip_properties.fetch_sub(1, Ordering::Relaxed);
+            return Arc::new(self);
+        }
+        if let Some(kept) = state.share_properties(&self) {
+            return kept;
+        }
+        let fresh = Arc::new(self);
+        state.keep_properties(&fresh);
+        fresh
+    }
+}
+
+impl ChannelState {
+    fn last_properties(&self) -> std::sync::MutexGuard<'_, LastProperties> {
+        // Nothing under this lock panics; a poisoned one still holds an Arc.
+        self.last_properties
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The last properties kept, if `properties` encode like them.
+    #[inline(never)]
+    fn share_properties(&self, properties: &BasicProperties) -> Option<Arc<BasicProperties>> {
+        let mut last = self.last_properties();
+        let kept = last.kept.as_ref().filter(|kept| kept.encodes_like(properties))?.clone();
+        last.misses = 0;
+        Some(kept)
+    }
+
+    /// `fresh` did not share: kept for the next publish, unless that has
+    /// failed [`LastProperties::GIVE_UP`] times in a row.
+    #[inline(never)]
+    fn keep_properties(&self, fresh: &Arc<BasicProperties>) {
+        let mut last = self.last_properties();
+        last.misses += 1;
+        if last.misses < LastProperties::GIVE_UP {
+            last.kept = Some(fresh.clone());
+        } else {
+            // Nothing kept: the publish's `Arc` has one owner, and the
+            // encoder compares such properties with the next message's.
+            last.kept = None;
+            last.misses = 0;
+            self.skip_properties.store(LastProperties::RETRY, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for ChannelState {
     fn drop(&mut self) {
         if !self.open.load(Ordering::SeqCst) {
             return;
@@ -192,18 +302,20 @@ macro_rules! rpc {
 
 impl Channel {
     pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>) -> Self {
-        let close_on_drop = Arc::new(CloseOnDrop {
+        let state = Arc::new(ChannelState {
             commands: conn.commands.clone(),
             id,
             generation,
             open: open.clone(),
+            last_properties: std::sync::Mutex::new(LastProperties::default()),
+            skip_properties: std::sync::atomic::AtomicU32::new(0),
         });
         Channel {
             conn,
             id,
             generation,
             open,
-            _close_on_drop: close_on_drop,
+            state,
         }
     }
 
@@ -337,13 +449,15 @@ impl Channel {
     ///
     /// `properties` are a [`BasicProperties`], or an
     /// `Arc<BasicProperties>` to publish the same properties many times
-    /// without copying them for each message.
+    /// without copying them for each message. Properties given by value
+    /// that equal the last ones given by value on this channel are shared
+    /// the same way (see [`PublishProperties`]).
     pub fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
-        properties: impl Into<Arc<BasicProperties>>,
+        properties: impl PublishProperties,
         body: Bytes,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         let publish = BasicPublish {
@@ -360,12 +474,12 @@ impl Channel {
     pub fn basic_publish(
         &self,
         publish: BasicPublish,
-        properties: impl Into<Arc<BasicProperties>>,
+        properties: impl PublishProperties,
         body: Bytes,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         // Boxed now, so that the future holds a pointer rather than the
         // properties (a future is moved whole each time it is awaited).
-        self.publish_shared(publish, properties.into(), body)
+        self.publish_shared(publish, properties.into_shared(self), body)
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
@@ -485,5 +599,64 @@ impl Channel {
     /// `channel.close` with a normal close; waits for `close-ok`.
     pub async fn close(&self) -> Result<(), Error> {
         self.call(crate::proto::goodbye()).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn equal_properties_given_by_value_share_the_last_ones_and_others_do_not() {
+        let conn = Connection::open("memory://channel-properties-test", super::super::Config::default())
+            .await
+            .unwrap();
+        let ch = conn.channel().await.unwrap();
+        let props = |message_id: &str| BasicProperties {
+            delivery_mode: Some(2),
+            message_id: Some(message_id.into()),
+            ..Default::default()
+        };
+        let first = props("a").into_shared(&ch);
+        let again = props("a").into_shared(&ch);
+        assert!(Arc::ptr_eq(&first, &again), "equal properties share the last ones");
+        let other = props("b").into_shared(&ch);
+        assert!(!Arc::ptr_eq(&first, &other), "a changed field is its own");
+        assert_eq!(*other, props("b"));
+        let after = props("b").into_shared(&ch);
+        assert!(Arc::ptr_eq(&other, &after), "the last ones are now those");
+        // Headers are never compared: equal ones are not shared, nor kept.
+        let with_headers = BasicProperties {
+            headers: Some(FieldTable::default()),
+            ..props("b")
+        };
+        let h1 = with_headers.clone().into_shared(&ch);
+        let h2 = with_headers.into_shared(&ch);
+        assert!(!Arc::ptr_eq(&h1, &h2));
+        assert!(Arc::ptr_eq(&props("b").into_shared(&ch), &other));
+        // Another channel keeps its own.
+        let ch2 = conn.channel().await.unwrap();
+        assert!(!Arc::ptr_eq(&props("b").into_shared(&ch2), &other));
+        // An Arc given is the Arc used, and leaves the last ones alone.
+        let given = Arc::new(props("b"));
+        assert!(Arc::ptr_eq(&given.clone().into_shared(&ch), &given));
+        assert!(Arc::ptr_eq(&props("b").into_shared(&ch), &other));
+        // Properties that differ every time: after a few, the channel stops
+        // keeping them (their Arc has one owner), and tries again later.
+        for n in 0..LastProperties::GIVE_UP {
+            props(&format!("unique-{n}")).into_shared(&ch);
+        }
+        let lone = props("c").into_shared(&ch);
+        assert_eq!(Arc::strong_count(&lone), 1, "given up: nothing kept");
+        assert!(!Arc::ptr_eq(&props("c").into_shared(&ch), &props("c").into_shared(&ch)));
+        for _ in 0..LastProperties::RETRY {
+            props("d").into_shared(&ch);
+        }
+        let retried = props("d").into_shared(&ch);
+        assert!(
+            Arc::ptr_eq(&retried, &props("d").into_shared(&ch)),
+            "sharing again after the retry"
+        );
+        conn.close().await.unwrap();
     }
 }

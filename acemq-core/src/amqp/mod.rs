@@ -28,7 +28,7 @@ mod lane;
 pub(crate) mod message;
 mod url;
 
-pub use channel::{Channel, Consumer, PublishConfirm};
+pub use channel::{Channel, Consumer, PublishConfirm, PublishProperties};
 pub use connection::{Config, Connection};
 pub use error::Error;
 pub use message::{Confirmation, ConnectionEvent, Delivery, GetMessage, Properties, ReturnedMessage};

@@ -105,46 +105,9 @@ impl KeptProperties {
     fn matches(&self, properties: &Arc<BasicProperties>) -> bool {
         match self {
             KeptProperties::Shared(weak) => std::ptr::eq(weak.as_ptr(), Arc::as_ptr(properties)),
-            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || encode_alike(kept, properties),
+            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || kept.encodes_like(properties),
         }
     }
-}
-
-/// Whether two property lists without headers encode as the same bytes:
-/// every field equal, those that usually differ between messages compared
-/// first. Written out field by field, so that a new field cannot be missed.
-fn encode_alike(a: &BasicProperties, b: &BasicProperties) -> bool {
-    let BasicProperties {
-        content_type,
-        content_encoding,
-        headers,
-        delivery_mode,
-        priority,
-        correlation_id,
-        reply_to,
-        expiration,
-        message_id,
-        timestamp,
-        kind,
-        user_id,
-        app_id,
-        cluster_id,
-    } = a;
-    headers.is_none()
-        && b.headers.is_none()
-        && *message_id == b.message_id
-        && *timestamp == b.timestamp
-        && *correlation_id == b.correlation_id
-        && *expiration == b.expiration
-        && *delivery_mode == b.delivery_mode
-        && *priority == b.priority
-        && *content_type == b.content_type
-        && *content_encoding == b.content_encoding
-        && *reply_to == b.reply_to
-        && *kind == b.kind
-        && *user_id == b.user_id
-        && *app_id == b.app_id
-        && *cluster_id == b.cluster_id
 }
 
 impl PublishEncoder {

@@ -412,7 +412,7 @@ async fn engine_publish(
     conn: &Connection,
     queue: &str,
     messages: u64,
-    props: impl Into<std::sync::Arc<BasicProperties>> + Clone,
+    props: impl acemq_core::amqp::PublishProperties + Clone,
 ) -> Figures {
     let ch = conn.channel().await.expect("engine channel");
     ch.confirm_select().await.expect("confirm.select");
