@@ -423,6 +423,67 @@ fn a_stream_is_declared_with_no_consumers_and_delivers_as_credit_comes_back() {
     ]);
 }
 
+/// A stream delivery consumed with acks, on channel 3.
+fn a_stream_delivery() -> Vec<Op> {
+    vec![
+        declare(Q::Stream, QueueArgs::default()),
+        Op::Publish {
+            ch: Ch(0),
+            to: Target::Default,
+            key: Key::Queue(Q::Stream),
+            mandatory: false,
+            props: Props::default(),
+        },
+        Op::Consume {
+            ch: Ch(3),
+            q: Q::Stream,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::First,
+        },
+    ]
+}
+
+#[test]
+fn rejecting_a_stream_delivery_closes_the_connection_with_540() {
+    let mut ops = a_stream_delivery();
+    ops.push(Op::Reject {
+        ch: Ch(3),
+        pick: 0,
+        requeue: false,
+    });
+    replay(ops);
+}
+
+#[test]
+fn nacking_a_stream_delivery_closes_the_connection_with_540() {
+    let mut ops = a_stream_delivery();
+    ops.push(Op::Nack {
+        ch: Ch(3),
+        pick: 0,
+        multiple: true,
+        requeue: true,
+    });
+    replay(ops);
+}
+
+#[test]
+fn a_stream_delivery_rejected_in_a_transaction_closes_the_connection_at_commit() {
+    let mut ops = a_stream_delivery();
+    ops.extend([
+        Op::TxSelect { ch: Ch(3) },
+        Op::Reject {
+            ch: Ch(3),
+            pick: 0,
+            requeue: true,
+        },
+        Op::TxCommit { ch: Ch(3) },
+    ]);
+    replay(ops);
+}
+
 #[test]
 fn deleting_a_quorum_queue_if_unused_or_empty_is_a_540_and_a_stream_ignores_both() {
     let delete = |ch, q, if_unused, if_empty| Op::DeleteQueue {

@@ -326,8 +326,26 @@ impl BrokerMachine {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let taken = self.take_unacked(id, ch, tag, multiple)?;
+        self.refuse_stream_rejects(id, &taken, how)?;
         self.apply_settlement(id, ch, taken, how, now);
         Ok(())
+    }
+
+    /// A stream delivery can only be acked: RabbitMQ 3.10.8 answers a
+    /// `basic.reject` or `basic.nack` of one (at once, or at `tx.commit`)
+    /// by closing the connection (540).
+    pub(crate) fn refuse_stream_rejects(&self, id: ConnId, taken: &[Unacked], how: Settle) -> Result<(), AmqpError> {
+        if how == Settle::Ack {
+            return Ok(());
+        }
+        let Some(stream) = taken.iter().find(|entry| entry.queued.is_none()) else {
+            return Ok(());
+        };
+        let vhost = self.conns.get(&id).map(|c| c.vhost.clone()).unwrap_or_default();
+        Err(AmqpError::not_implemented(format!(
+            "basic.nack and basic.reject not supported by stream queues {}",
+            crate::error::rs_queue(&stream.queue, &vhost)
+        )))
     }
 
     /// Takes the deliveries a settlement covers off the channel's unacked

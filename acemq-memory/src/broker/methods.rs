@@ -731,6 +731,11 @@ impl BrokerMachine {
             return Err(AmqpError::precondition("channel is not transactional"));
         };
         let ops = std::mem::take(tx);
+        for op in &ops {
+            if let TxOp::Settle(taken, how) = op {
+                self.refuse_stream_rejects(from.id, taken, *how)?;
+            }
+        }
         for op in ops {
             match op {
                 TxOp::Publish(content) => {
