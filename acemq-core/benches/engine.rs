@@ -70,30 +70,31 @@ async fn publish_confirmed_with(
     props: impl acemq_core::amqp::PublishProperties + Clone,
     name: &'static str,
 ) -> Figures {
-    let ch = conn.channel().await.unwrap();
-    ch.confirm_select().await.unwrap();
-    let body = Bytes::from(vec![b'x'; 256]);
-    let mut in_flight = VecDeque::with_capacity(window);
-    let (t0, c0) = (Instant::now(), cpu_time());
-    for _ in 0..messages {
-        if in_flight.len() == window {
-            let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
-            assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
-        }
-        in_flight.push_back(ch.publish("", queue, false, props.clone(), body.clone()).await.unwrap());
-    }
-    for confirm in in_flight {
-        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
-    }
-    let figures = Figures::since(name, messages, t0, c0);
-    ch.close().await.unwrap();
-    figures
+    publish_confirmed_each(conn, queue, messages, window, |_| props.clone(), name).await
 }
 
 /// The engine's confirmed publish with properties by value that differ on
 /// every message (a message id each): what the by-value path costs when
 /// nothing can be shared.
 async fn publish_confirmed_unique(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
+    let props = |n: u64| BasicProperties {
+        delivery_mode: Some(1),
+        message_id: Some(n.to_string().as_str().into()),
+        ..Default::default()
+    };
+    publish_confirmed_each(conn, queue, messages, window, props, "  same, a message id each").await
+}
+
+/// `messages` confirmed publishes, message `n` with `props(n)`, at most
+/// `window` unconfirmed.
+async fn publish_confirmed_each<P: acemq_core::amqp::PublishProperties>(
+    conn: &Connection,
+    queue: &str,
+    messages: u64,
+    window: usize,
+    mut props: impl FnMut(u64) -> P,
+    name: &'static str,
+) -> Figures {
     let ch = conn.channel().await.unwrap();
     ch.confirm_select().await.unwrap();
     let body = Bytes::from(vec![b'x'; 256]);
@@ -104,17 +105,12 @@ async fn publish_confirmed_unique(conn: &Connection, queue: &str, messages: u64,
             let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
         }
-        let props = BasicProperties {
-            delivery_mode: Some(1),
-            message_id: Some(n.to_string().as_str().into()),
-            ..Default::default()
-        };
-        in_flight.push_back(ch.publish("", queue, false, props, body.clone()).await.unwrap());
+        in_flight.push_back(ch.publish("", queue, false, props(n), body.clone()).await.unwrap());
     }
     for confirm in in_flight {
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
     }
-    let figures = Figures::since("  same, a message id each", messages, t0, c0);
+    let figures = Figures::since(name, messages, t0, c0);
     ch.close().await.unwrap();
     figures
 }

@@ -137,6 +137,12 @@ impl Book {
         }
     }
 
+    /// The driver fails many with one error (their channel or connection
+    /// is gone), as [`Book::settle_all`] does.
+    pub(crate) fn fail_all(&self, tickets: impl IntoIterator<Item = Ticket>, error: &Error, wake: &mut Vec<Waker>) {
+        self.settle_all(tickets.into_iter().map(|ticket| (ticket, Err(error.clone()))), wake);
+    }
+
     /// The outcome once settled; `Ready(None)` if the book closed first.
     /// A claim that has returned `Ready` is spent: drop it.
     pub(crate) fn poll(&self, claim: &Claim, cx: &mut Context<'_>) -> Poll<Option<Outcome>> {

@@ -244,12 +244,7 @@ impl DeliveryQueue {
     pub(crate) fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Delivery>> {
         use std::task::Poll;
         if self.taken.is_empty() {
-            // The buffers change hands whole: an empty deque becomes a
-            // vector and back without moving or allocating anything.
-            let mut batch = Vec::from(std::mem::take(&mut self.taken));
-            let polled = self.rx.poll_recv(cx, &mut batch);
-            self.taken = VecDeque::from(batch);
-            match polled {
+            match self.refill(|rx, batch| rx.poll_recv(cx, batch)) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(false) => return Poll::Ready(None),
                 Poll::Ready(true) => {}
@@ -261,11 +256,19 @@ impl DeliveryQueue {
     /// A delivery already here, without waiting.
     pub(crate) fn try_recv(&mut self) -> Option<Delivery> {
         if self.taken.is_empty() {
-            let mut batch = Vec::from(std::mem::take(&mut self.taken));
-            self.rx.try_recv(&mut batch);
-            self.taken = VecDeque::from(batch);
+            self.refill(|rx, batch| rx.try_recv(batch));
         }
         self.take_one()
+    }
+
+    /// Lets `take` swap what the lane holds into the (empty) `taken`. The
+    /// buffers change hands whole: an empty deque becomes a vector and back
+    /// without moving or allocating anything.
+    fn refill<R>(&mut self, take: impl FnOnce(&mut super::lane::Receiver<Delivery>, &mut Vec<Delivery>) -> R) -> R {
+        let mut batch = Vec::from(std::mem::take(&mut self.taken));
+        let result = take(&mut self.rx, &mut batch);
+        self.taken = VecDeque::from(batch);
+        result
     }
 
     fn take_one(&mut self) -> Option<Delivery> {
@@ -1034,11 +1037,8 @@ impl Driver {
             Some(r) => Error::ChannelClosed(r),
             None => Error::ChannelNotOpen(channel),
         };
-        let failed = routes
-            .confirms
-            .into_iter()
-            .map(|(_, ticket)| (ticket, Err(error.clone())));
-        self.shared.confirms.settle_all(failed, &mut self.wake);
+        let tickets = routes.confirms.into_iter().map(|(_, ticket)| ticket);
+        self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
         // Dropping the consumers' senders ends their streams, once what
         // their overflows hold is handed over.
         for route in routes.consumers {
@@ -1090,11 +1090,9 @@ impl Driver {
                     // still be here, its publishes hear that it is gone.
                     if let Some(earlier) = earlier {
                         earlier.open.store(false, Ordering::SeqCst);
-                        let failed = earlier
-                            .confirms
-                            .into_iter()
-                            .map(|(_, ticket)| (ticket, Err(Error::ChannelNotOpen(channel))));
-                        self.shared.confirms.settle_all(failed, &mut self.wake);
+                        let tickets = earlier.confirms.into_iter().map(|(_, ticket)| ticket);
+                        let error = Error::ChannelNotOpen(channel);
+                        self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
                     }
                     let _ = reply.send(Ok((channel, generation, open)));
                 }
@@ -1144,11 +1142,8 @@ impl Driver {
         }
         for routes in self.channels.drain(..).flatten() {
             routes.open.store(false, Ordering::SeqCst);
-            let failed = routes
-                .confirms
-                .into_iter()
-                .map(|(_, ticket)| (ticket, Err(error.clone())));
-            self.shared.confirms.settle_all(failed, &mut self.wake);
+            let tickets = routes.confirms.into_iter().map(|(_, ticket)| ticket);
+            self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
         }
         if let Some(opened) = self.opened.take() {
             let _ = opened.send(Err(error));
