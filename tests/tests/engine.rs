@@ -384,6 +384,36 @@ async fn pipelined_publishes_are_all_confirmed_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_publish_with_room_is_queued_as_it_is_called_not_as_it_is_awaited() {
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let publish = |i: u32| ch.publish("", &q, false, BasicProperties::default(), Bytes::from(format!("{i}")));
+            let pending: Vec<_> = (0..3).map(publish).collect();
+            // Never awaited: it was queued when it was called all the same.
+            drop(publish(3));
+            let mut confirms = Vec::new();
+            for future in pending.into_iter().rev() {
+                confirms.push(future.await.unwrap());
+            }
+            for confirm in confirms {
+                assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            }
+            let mut bodies = Vec::new();
+            while let Some(message) = ch.basic_get(&q, true).await.unwrap() {
+                bodies.push(String::from_utf8_lossy(&message.body).into_owned());
+            }
+            assert_eq!(bodies, ["0", "1", "2", "3"], "in call order, on {:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_with_reject_publish_nacks() {
     acemq_tests::deadline(async {
         for b in brokers().await {

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::book::Claim;
-use super::message::Command;
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
+use super::message::{Command, Outgoing, Published};
 use super::{Connection, Error};
 use crate::proto::Reply;
 
@@ -34,7 +34,7 @@ pub struct Channel {
 /// last handle goes.
 #[derive(Debug)]
 struct ChannelState {
-    commands: super::lane::Sender<Command>,
+    commands: super::lane::Sender<Command, Outgoing>,
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
@@ -172,6 +172,67 @@ impl Connection {
         self.send(Command::OpenChannel { reply })?;
         let (id, generation, open) = rx.await.map_err(|_| self.shared.closed_error())??;
         Ok(Channel::new(self.clone(), id, generation, open))
+    }
+}
+
+/// The `basic.publish` of a message to queue: a method given whole, or
+/// what [`Channel::publish`] is given, encoded without building one.
+#[derive(Clone, Copy)]
+enum Route<'a> {
+    Method(&'a BasicPublish),
+    Parts {
+        exchange: &'a str,
+        routing_key: &'a str,
+        mandatory: bool,
+    },
+}
+
+impl Route<'_> {
+    fn to_method(self) -> BasicPublish {
+        match self {
+            Route::Method(publish) => publish.clone(),
+            Route::Parts {
+                exchange,
+                routing_key,
+                mandatory,
+            } => BasicPublish {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+                mandatory,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// What a `basic.return` of a mandatory publish is matched by.
+    fn return_key(self, properties: &BasicProperties) -> Option<amqp_codec::track::ReturnKey> {
+        match self {
+            Route::Method(publish) => crate::proto::return_key(publish, properties),
+            Route::Parts { mandatory: false, .. } => None,
+            parts => crate::proto::return_key(&parts.to_method(), properties),
+        }
+    }
+}
+
+/// What [`Channel::publish`] returns: ready at once when the message was
+/// queued as it was called, else a wait for room in the publish buffer.
+pub(crate) enum Publishing<'a> {
+    /// Queued (or refused) already; taken by the first poll.
+    Ready(Option<Result<PublishConfirm, Error>>),
+    /// Waits for room, then queues the message it holds.
+    Waiting(Pin<Box<dyn Future<Output = Result<PublishConfirm, Error>> + Send + 'a>>),
+}
+
+impl Future for Publishing<'_> {
+    type Output = Result<PublishConfirm, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            // Polling a future after it returned breaks `Future`'s contract
+            // (an `async fn` panics too); it is never a broker's doing.
+            Publishing::Ready(outcome) => Poll::Ready(outcome.take().expect("a publish polled after it returned")),
+            Publishing::Waiting(wait) => wait.as_mut().poll(cx),
+        }
     }
 }
 
@@ -447,6 +508,11 @@ impl Channel {
     /// socket takes less than is published (a broker that stops reading):
     /// that is the backpressure that bounds a publisher's memory.
     ///
+    /// When there is room, the message is queued as `publish` is called,
+    /// and the future is ready at once; when there is not, it is queued
+    /// once the future has waited for the room, and a future dropped before
+    /// then publishes nothing.
+    ///
     /// `properties` are a [`BasicProperties`], or an
     /// `Arc<BasicProperties>` to publish the same properties many times
     /// without copying them for each message. Properties given by value
@@ -460,13 +526,12 @@ impl Channel {
         properties: impl PublishProperties,
         body: Bytes,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
-        let publish = BasicPublish {
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
+        let route = Route::Parts {
+            exchange,
+            routing_key,
             mandatory,
-            ..Default::default()
         };
-        self.basic_publish(publish, properties, body)
+        self.start_publish(route, properties.into_shared(self), body)
     }
 
     /// `basic.publish` with every field of the method under your control
@@ -483,36 +548,108 @@ impl Channel {
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
-    pub(crate) async fn publish_shared(
+    ///
+    /// The message is encoded here, in the caller's task, under the command
+    /// lane's lock: its frames go straight into the bytes the driver takes
+    /// next, and the driver only checks the channel, numbers the confirm and
+    /// copies them to the write buffer (see [`Outgoing`]).
+    ///
+    /// When the publish buffer has room, that happens here and now, and
+    /// the future returned is ready: it holds nothing but the outcome, so
+    /// awaiting it moves no message about. Otherwise the future waits for
+    /// the room (holding the message) and queues the message once it has it;
+    /// dropped before then, it publishes nothing.
+    pub(crate) fn publish_shared(
         &self,
         publish: BasicPublish,
         properties: Arc<BasicProperties>,
         body: Bytes,
-    ) -> Result<PublishConfirm, Error> {
+    ) -> Publishing<'_> {
+        self.start_publish(Route::Method(&publish), properties, body)
+    }
+
+    fn start_publish(&self, route: Route<'_>, properties: Arc<BasicProperties>, body: Bytes) -> Publishing<'_> {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
-        shared.take_room(room).await?;
-        let (ticket, claim) = shared.confirms.open();
-        let sent = self.conn.commands.send(Command::Publish {
-            channel: self.id,
-            generation: self.generation,
-            publish,
-            properties,
-            body,
-            confirm: ticket,
-            room,
-        });
-        if let Err(command) = sent {
-            // The driver is gone; the entry goes back with the command.
-            if let Command::Publish { confirm, .. } = command {
-                shared.confirms.forget(confirm, claim);
+        match shared.try_take_room(room) {
+            Ok(true) => Publishing::Ready(Some(self.queue_publish(route, &properties, &body, room))),
+            Ok(false) => {
+                let publish = route.to_method();
+                Publishing::Waiting(Box::pin(async move {
+                    self.conn.shared.take_room(room).await?;
+                    self.queue_publish(Route::Method(&publish), &properties, &body, room)
+                }))
             }
-            return Err(shared.closed_error());
+            Err(err) => Publishing::Ready(Some(Err(err))),
         }
-        Ok(PublishConfirm {
-            claim: Some(claim),
-            shared: shared.clone(),
-        })
+    }
+
+    /// Encodes a message whose room is taken into the command lane.
+    fn queue_publish(
+        &self,
+        route: Route<'_>,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+        room: u32,
+    ) -> Result<PublishConfirm, Error> {
+        let shared = &self.conn.shared;
+        let frame_max = shared.tuned.get().map_or(FRAME_MIN_SIZE, |tuned| tuned.frame_max);
+        let (ticket, claim) = shared.confirms.open();
+        let mut ticket = Some(ticket);
+        let (channel, generation) = (self.id, self.generation);
+        let queued = self.conn.commands.send_with(|commands, outgoing| {
+            let start = outgoing.frames.len();
+            let frames = &mut outgoing.frames;
+            match route {
+                Route::Method(publish) => outgoing
+                    .encoder
+                    .encode(channel, publish, properties, body, frame_max, frames)?,
+                Route::Parts {
+                    exchange,
+                    routing_key,
+                    mandatory,
+                } => outgoing.encoder.encode_route(
+                    channel,
+                    exchange,
+                    routing_key,
+                    mandatory,
+                    properties,
+                    body,
+                    frame_max,
+                    frames,
+                )?,
+            }
+            outgoing.records.push(Published {
+                channel,
+                generation,
+                len: frames.len() - start,
+                confirm: ticket.take().expect("taken once"),
+                room,
+                returned: route.return_key(properties).map(Box::new),
+            });
+            match commands.last_mut() {
+                Some(Command::Publishes(run)) => *run += 1,
+                _ => commands.push(Command::Publishes(1)),
+            }
+            Ok::<(), EncodeError>(())
+        });
+        let error = match queued {
+            Some(Ok(())) => {
+                return Ok(PublishConfirm {
+                    claim: Some(claim),
+                    shared: shared.clone(),
+                })
+            }
+            // The driver is gone.
+            None => shared.closed_error(),
+            Some(Err(err)) => Error::Command(crate::proto::CommandError::Encode(err)),
+        };
+        // Nothing was queued: the entry and the room go back.
+        if let Some(ticket) = ticket {
+            shared.confirms.forget(ticket, claim);
+        }
+        shared.room.add_permits(room as usize);
+        Err(error)
     }
 
     /// `basic.consume`; deliveries come through the returned [`Consumer`].

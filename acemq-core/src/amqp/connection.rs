@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{broadcast, oneshot};
 
 use super::driver::{self, Shared};
-use super::message::{Command, ConnectionEvent};
+use super::message::{Command, ConnectionEvent, Outgoing};
 use super::url::AmqpUrl;
 use super::Error;
 use crate::io::{connect_tcp, TlsConfig};
@@ -100,7 +100,7 @@ impl Config {
 /// consumers) is dropped.
 #[derive(Clone)]
 pub struct Connection {
-    pub(crate) commands: super::lane::Sender<Command>,
+    pub(crate) commands: super::lane::Sender<Command, Outgoing>,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -204,7 +204,7 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        let (commands, rx) = super::lane::channel();
+        let (commands, rx) = super::lane::with_side();
         let shared = Arc::new(Shared::new(buffers, commands.downgrade()));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();

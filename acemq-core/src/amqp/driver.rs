@@ -17,7 +17,9 @@ use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
 use super::book::Ticket;
 use super::connection::Buffers;
 use super::error::Error;
-use super::message::{Acker, Command, Confirmation, ConnectionEvent, Delivery, Reply1, ReturnedMessage, SettleOp};
+use super::message::{
+    Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleOp,
+};
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
 use crate::time::sleep_until;
 
@@ -56,7 +58,7 @@ pub(crate) struct Shared {
     settles_waiting: AtomicBool,
     /// To wake the driver for the lane; weak, so that deliveries do not
     /// keep the connection open.
-    commands: super::lane::WeakSender<Command>,
+    commands: super::lane::WeakSender<Command, Outgoing>,
 }
 
 #[derive(Debug, Default)]
@@ -74,7 +76,7 @@ const KEPT_BATCH: usize = 1024;
 const PUBLISH_OVERHEAD: usize = 128;
 
 impl Shared {
-    pub(crate) fn new(buffers: Buffers, commands: super::lane::WeakSender<Command>) -> Self {
+    pub(crate) fn new(buffers: Buffers, commands: super::lane::WeakSender<Command, Outgoing>) -> Self {
         let publish_buffer = u32::try_from(buffers.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
         Shared {
             tuned: OnceLock::new(),
@@ -439,7 +441,7 @@ pub(crate) async fn run<S>(
     stream: S,
     machine: proto::Connection,
     shared: Arc<Shared>,
-    mut commands: super::lane::Receiver<Command>,
+    mut commands: super::lane::Receiver<Command, Outgoing>,
     opened: oneshot::Sender<Result<(), Error>>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -471,6 +473,10 @@ pub(crate) async fn run<S>(
     // What the lane held when last taken (its allocation is kept: the lane
     // and the driver swap two vectors back and forth).
     let mut batch: Vec<Command> = Vec::new();
+    // The publishes' records and frames that came with it (swapped with
+    // the lane's side the same way).
+    let mut records: Vec<Published> = Vec::new();
+    let mut frames = BytesMut::new();
     let mut reading = true;
     let shared = driver.shared.clone();
     loop {
@@ -514,14 +520,17 @@ pub(crate) async fn run<S>(
             // A consumer took a delivery (the loop's top hands over more).
             _ = shared.consumer_took.notified(), if stalled.any => {}
             // Everything queued since the last batch: it goes out in one write.
-            more = commands.recv(&mut batch), if commands_open => {
+            more = commands.recv_with(&mut batch, |outgoing| {
+                std::mem::swap(&mut outgoing.records, &mut records);
+                std::mem::swap(&mut outgoing.frames, &mut frames);
+            }), if commands_open => {
                 if more {
-                    for command in batch.drain(..) {
-                        driver.apply(command);
-                    }
+                    driver.apply_batch(&mut batch, &mut records, &frames);
+                    frames.clear();
                     // A burst (up to the publish buffer's worth) leaves no
                     // large vector behind in the lane or here.
                     batch.shrink_to(KEPT_BATCH);
+                    records.shrink_to(KEPT_BATCH);
                 } else {
                     commands_open = false;
                     driver.machine.close();
@@ -623,20 +632,8 @@ impl Driver {
                 generation,
                 method,
             } => self.send(channel, generation, method),
-            Command::Publish {
-                channel,
-                generation,
-                publish,
-                properties,
-                body,
-                confirm,
-                room,
-            } => {
-                // Given back once the next bytes to enter the write buffer
-                // (this publish's frames, or none if it was refused) are written.
-                self.room_applied = self.room_applied.saturating_add(room);
-                self.publish(channel, generation, &publish, &properties, &body, confirm)
-            }
+            // Taken with their records by `apply_batch`.
+            Command::Publishes(_) => debug_assert!(false, "publishes applied outside their batch"),
             Command::Consume {
                 channel,
                 generation,
@@ -695,22 +692,51 @@ impl Driver {
         }
     }
 
-    fn publish(
-        &mut self,
-        channel: u16,
-        generation: u64,
-        publish: &amqp_codec::BasicPublish,
-        properties: &Arc<amqp_codec::BasicProperties>,
-        body: &[u8],
-        confirm: Ticket,
-    ) {
+    /// Carries out a batch taken from the lane: its commands in order, each
+    /// run of publishes with the next records (and their frames) of the
+    /// lane's side taken with it. Leaves `batch` and `records` empty.
+    fn apply_batch(&mut self, batch: &mut Vec<Command>, records: &mut Vec<Published>, frames: &[u8]) {
+        let mut records = records.drain(..);
+        let mut at = 0;
+        for command in batch.drain(..) {
+            let Command::Publishes(run) = command else {
+                self.apply(command);
+                continue;
+            };
+            if self.shared.settles_waiting.load(Ordering::SeqCst) {
+                self.settle();
+            }
+            for record in records.by_ref().take(run) {
+                let end = at + record.len;
+                self.publish(record, &frames[at..end]);
+                at = end;
+            }
+        }
+        debug_assert!(records.next().is_none(), "every record has its command");
+        debug_assert_eq!(at, frames.len(), "every frame has its record");
+    }
+
+    /// Queues one publish's frames, encoded by the task that published it,
+    /// if its channel is still the one it was published on.
+    fn publish(&mut self, record: Published, frames: &[u8]) {
+        let Published {
+            channel,
+            generation,
+            confirm,
+            room,
+            returned,
+            ..
+        } = record;
+        // Given back once the next bytes to enter the write buffer (this
+        // publish's frames, or none if it was refused) are written.
+        self.room_applied = self.room_applied.saturating_add(room);
         if self.routes(channel, generation).is_none() {
             self.shared
                 .confirms
                 .settle(confirm, Err(Error::ChannelNotOpen(channel)));
             return;
         }
-        match self.machine.publish_shared(channel, publish, properties, body) {
+        match self.machine.publish_encoded(channel, frames, returned.map(|key| *key)) {
             Ok(Some(seq)) => match self.routes(channel, generation) {
                 Some(routes) => routes.confirms.push_back((seq, confirm)),
                 None => self

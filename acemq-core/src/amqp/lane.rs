@@ -16,23 +16,30 @@
 //!
 //! Every change of state and the receiver's waker live under one mutex, so
 //! a send can never slip between the receiver's check and its sleep.
+//!
+//! A lane may also carry a side state `S` beside its values, which a sender
+//! changes under the same lock as it queues ([`Sender::send_with`]) and the
+//! receiver takes from in the same swap ([`Receiver::poll_recv_with`]). The
+//! command lane keeps its publishes' frames there: a publish is encoded by
+//! its caller, straight into the bytes the driver takes next.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-struct State<T> {
+struct State<T, S> {
     items: Vec<T>,
+    side: S,
     senders: usize,
     receiver_gone: bool,
     waker: Option<Waker>,
 }
 
-struct Lane<T> {
-    state: Mutex<State<T>>,
+struct Lane<T, S> {
+    state: Mutex<State<T, S>>,
 }
 
-impl<T> Lane<T> {
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
+impl<T, S> Lane<T, S> {
+    fn lock(&self) -> MutexGuard<'_, State<T, S>> {
         // Nothing runs user code under this lock; a poisoned one still
         // holds a consistent state.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -41,9 +48,15 @@ impl<T> Lane<T> {
 
 /// A new lane's sender and receiver.
 pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
+    with_side()
+}
+
+/// A new lane whose side state starts as `S::default()`.
+pub(crate) fn with_side<T, S: Default>() -> (Sender<T, S>, Receiver<T, S>) {
     let lane = Arc::new(Lane {
         state: Mutex::new(State {
             items: Vec::new(),
+            side: S::default(),
             senders: 1,
             receiver_gone: false,
             waker: None,
@@ -53,17 +66,17 @@ pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
 }
 
 /// Sends into the lane; the lane stays open while one exists.
-pub(crate) struct Sender<T> {
-    lane: Arc<Lane<T>>,
+pub(crate) struct Sender<T, S = ()> {
+    lane: Arc<Lane<T, S>>,
 }
 
-impl<T> std::fmt::Debug for Sender<T> {
+impl<T, S> std::fmt::Debug for Sender<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("lane::Sender").finish_non_exhaustive()
     }
 }
 
-impl<T> Sender<T> {
+impl<T, S> Sender<T, S> {
     /// Queues `value`, or hands it back once the receiver is gone.
     pub(crate) fn send(&self, value: T) -> Result<(), T> {
         let waker = {
@@ -80,20 +93,45 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Runs `queue` under the lane's lock, with its values and its side
+    /// state, and wakes the receiver if it waits and values are queued
+    /// then; `None` (without running `queue`) once the receiver is gone.
+    /// `queue` must not block: the receiver takes the same lock.
+    pub(crate) fn send_with<R>(&self, queue: impl FnOnce(&mut Vec<T>, &mut S) -> R) -> Option<R> {
+        let (result, waker) = {
+            let mut state = self.lane.lock();
+            if state.receiver_gone {
+                return None;
+            }
+            let state = &mut *state;
+            let result = queue(&mut state.items, &mut state.side);
+            let waker = if state.items.is_empty() {
+                None
+            } else {
+                state.waker.take()
+            };
+            (result, waker)
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Some(result)
+    }
+
     /// Whether the receiver is gone.
     pub(crate) fn is_closed(&self) -> bool {
         self.lane.lock().receiver_gone
     }
 
     /// A sender that does not keep the lane open.
-    pub(crate) fn downgrade(&self) -> WeakSender<T> {
+    pub(crate) fn downgrade(&self) -> WeakSender<T, S> {
         WeakSender {
             lane: self.lane.clone(),
         }
     }
 }
 
-impl<T> Clone for Sender<T> {
+impl<T, S> Clone for Sender<T, S> {
     fn clone(&self) -> Self {
         self.lane.lock().senders += 1;
         Sender {
@@ -102,7 +140,7 @@ impl<T> Clone for Sender<T> {
     }
 }
 
-impl<T> Drop for Sender<T> {
+impl<T, S> Drop for Sender<T, S> {
     fn drop(&mut self) {
         let waker = {
             let mut state = self.lane.lock();
@@ -120,19 +158,19 @@ impl<T> Drop for Sender<T> {
 }
 
 /// A sender that does not keep the lane open (see [`Sender::downgrade`]).
-pub(crate) struct WeakSender<T> {
-    lane: Arc<Lane<T>>,
+pub(crate) struct WeakSender<T, S = ()> {
+    lane: Arc<Lane<T, S>>,
 }
 
-impl<T> std::fmt::Debug for WeakSender<T> {
+impl<T, S> std::fmt::Debug for WeakSender<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("lane::WeakSender").finish_non_exhaustive()
     }
 }
 
-impl<T> WeakSender<T> {
+impl<T, S> WeakSender<T, S> {
     /// A sender, while some other sender still keeps the lane open.
-    pub(crate) fn upgrade(&self) -> Option<Sender<T>> {
+    pub(crate) fn upgrade(&self) -> Option<Sender<T, S>> {
         let mut state = self.lane.lock();
         if state.senders == 0 {
             return None;
@@ -146,26 +184,38 @@ impl<T> WeakSender<T> {
 }
 
 /// Takes what the lane holds, in batches.
-pub(crate) struct Receiver<T> {
-    lane: Arc<Lane<T>>,
+pub(crate) struct Receiver<T, S = ()> {
+    lane: Arc<Lane<T, S>>,
 }
 
-impl<T> std::fmt::Debug for Receiver<T> {
+impl<T, S> std::fmt::Debug for Receiver<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("lane::Receiver").finish_non_exhaustive()
     }
 }
 
-impl<T> Receiver<T> {
+impl<T, S> Receiver<T, S> {
     /// Swaps everything queued into `batch`, which must be empty: `Ready(true)`
     /// when that is something, `Ready(false)` once the lane is empty and
     /// every sender is gone, else `Pending` (woken by the next send, or by
     /// the last sender's drop).
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<bool> {
+        self.poll_recv_with(cx, batch, |_| {})
+    }
+
+    /// [`Receiver::poll_recv`] that also lets `take` take from the side
+    /// state, under the same lock, when it takes a batch.
+    pub(crate) fn poll_recv_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        batch: &mut Vec<T>,
+        take: impl FnOnce(&mut S),
+    ) -> Poll<bool> {
         debug_assert!(batch.is_empty(), "the last batch is not used up");
         let mut state = self.lane.lock();
         if !state.items.is_empty() {
             std::mem::swap(&mut state.items, batch);
+            take(&mut state.side);
             return Poll::Ready(true);
         }
         if state.senders == 0 {
@@ -193,12 +243,18 @@ impl<T> Receiver<T> {
     }
 
     /// [`Receiver::poll_recv`] as a future.
+    #[cfg(test)]
     pub(crate) async fn recv(&mut self, batch: &mut Vec<T>) -> bool {
         std::future::poll_fn(|cx| self.poll_recv(cx, batch)).await
     }
+
+    /// [`Receiver::poll_recv_with`] as a future.
+    pub(crate) async fn recv_with(&mut self, batch: &mut Vec<T>, mut take: impl FnMut(&mut S)) -> bool {
+        std::future::poll_fn(|cx| self.poll_recv_with(cx, batch, &mut take)).await
+    }
 }
 
-impl<T> Drop for Receiver<T> {
+impl<T, S> Drop for Receiver<T, S> {
     fn drop(&mut self) {
         let left = {
             let mut state = self.lane.lock();

@@ -6,9 +6,9 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use amqp_codec::track::Content;
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, Method, ShortString, UndecodableHeader};
-use bytes::Bytes;
+use amqp_codec::track::{Content, ReturnKey};
+use amqp_codec::{BasicConsume, Method, PublishEncoder, ShortString, UndecodableHeader};
+use bytes::{Bytes, BytesMut};
 use tokio::sync::oneshot;
 
 use super::Error;
@@ -17,9 +17,6 @@ use crate::proto::{CloseReason, Reply};
 pub(crate) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 
 /// What the API handles ask the driver to do.
-// `Publish` is both the largest and the most frequent variant: boxing it
-// would add an allocation per message and save nothing.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     OpenChannel {
         reply: Reply1<(u16, u64, Arc<AtomicBool>)>,
@@ -37,22 +34,9 @@ pub(crate) enum Command {
         generation: u64,
         method: Method,
     },
-    Publish {
-        channel: u16,
-        generation: u64,
-        publish: BasicPublish,
-        /// Behind a pointer: commands travel through a channel, and every
-        /// slot is as large as the largest command. Shared, so that a send
-        /// that must be written again after a recovery keeps them for free.
-        properties: Arc<BasicProperties>,
-        body: Bytes,
-        /// Its entry in the connection's confirm book, settled by the driver.
-        confirm: super::book::Ticket,
-        /// The room it took in the connection's publish buffer (see
-        /// [`super::connection::Config::publish_buffer`]), given back once
-        /// its frames are written to the socket.
-        room: u32,
-    },
+    /// The next `n` publishes of the lane's [`Outgoing`] side, in order: a
+    /// run of publishes is one command, however long.
+    Publishes(usize),
     /// `basic.consume`: the driver makes the consumer's delivery queue (its
     /// bound depends on the channel's prefetch) and hands back its end.
     Consume {
@@ -67,6 +51,40 @@ pub(crate) enum Command {
     /// Settlements wait in the connection's settle lane: sent by the first
     /// one into an empty lane, to wake the driver.
     Settled,
+}
+
+/// The command lane's side state: the publishes queued since the driver
+/// last took the lane, encoded by the tasks that published them. A publish
+/// encodes its frames into `frames` and adds its record under the lane's
+/// lock, so records, frames and the [`Command::Publishes`] that counts them
+/// are in one order with every other command.
+#[derive(Debug, Default)]
+pub(crate) struct Outgoing {
+    /// One per publish, oldest first.
+    pub(crate) records: Vec<Published>,
+    /// Their frames, one after the other.
+    pub(crate) frames: BytesMut,
+    /// Keeps the last message's method and header frames to copy (it stays
+    /// in the lane: the driver takes only the records and the frames).
+    pub(crate) encoder: PublishEncoder,
+}
+
+/// One publish in [`Outgoing`]: whose it is and what its frames take.
+#[derive(Debug)]
+pub(crate) struct Published {
+    pub(crate) channel: u16,
+    pub(crate) generation: u64,
+    /// How many bytes of `Outgoing::frames` are its frames.
+    pub(crate) len: usize,
+    /// Its entry in the connection's confirm book, settled by the driver.
+    pub(crate) confirm: super::book::Ticket,
+    /// The room it took in the connection's publish buffer (see
+    /// [`super::connection::Config::publish_buffer`]), given back once
+    /// its frames are written to the socket.
+    pub(crate) room: u32,
+    /// What a `basic.return` of it is matched by, when it is mandatory
+    /// (boxed: rare, and the records stay small).
+    pub(crate) returned: Option<Box<ReturnKey>>,
 }
 
 /// Something that happened to the connection as a whole.

@@ -33,6 +33,16 @@ use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
 use super::settle::Settle;
 use super::timer::{ChannelDeadlines, Timeouts, Timer, Wait};
 
+/// What a `basic.return` of a mandatory publish is matched by; `None` for
+/// a publish that is not mandatory (the broker returns none of those).
+pub(crate) fn return_key(publish: &BasicPublish, properties: &BasicProperties) -> Option<ReturnKey> {
+    publish.mandatory.then(|| ReturnKey {
+        exchange: publish.exchange.clone(),
+        routing_key: publish.routing_key.clone(),
+        message_id: properties.message_id.clone(),
+    })
+}
+
 /// A refusal from the broker: the reply code and text of a `channel.close`
 /// or `connection.close`, and the method that caused it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -585,7 +595,8 @@ impl Connection {
         properties: &BasicProperties,
         body: &[u8],
     ) -> Result<Option<u64>, CommandError> {
-        self.publish_with(channel, publish, properties, |frame_max, outbox, _| {
+        let returned = || return_key(publish, properties);
+        self.publish_with(channel, returned, |frame_max, outbox, _| {
             // `Method` owns its fields; cloning the small publish copies its
             // inline strings (or counts a reference for a long one).
             encode_content(
@@ -612,16 +623,44 @@ impl Connection {
         properties: &Arc<BasicProperties>,
         body: &[u8],
     ) -> Result<Option<u64>, CommandError> {
-        self.publish_with(channel, publish, properties, |frame_max, outbox, encoder| {
+        let returned = || return_key(publish, properties);
+        self.publish_with(channel, returned, |frame_max, outbox, encoder| {
             encoder.encode(channel, publish, properties, body, frame_max, outbox)
         })
+    }
+
+    /// Publishes a message its caller has encoded: `frames` are the
+    /// `basic.publish` method frame, the content header and the body frames
+    /// of one message on `channel`, as [`PublishEncoder`] writes them for
+    /// this connection's `frame_max`; they go out as given (the machine does
+    /// not read them). `returned` is what a `basic.return` of the message is
+    /// matched by, for a mandatory publish. Returns its confirm sequence
+    /// number when the channel is in confirm mode; on an error nothing is
+    /// written.
+    ///
+    /// This lets a client encode on its callers' side and hand the machine
+    /// only bytes; the channel is checked here, when the bytes are queued,
+    /// so a channel closed since they were encoded refuses them.
+    pub fn publish_encoded(
+        &mut self,
+        channel: u16,
+        frames: &[u8],
+        returned: Option<ReturnKey>,
+    ) -> Result<Option<u64>, CommandError> {
+        self.publish_with(
+            channel,
+            || returned,
+            |_, outbox, _| {
+                outbox.extend_from_slice(frames);
+                Ok(())
+            },
+        )
     }
 
     fn publish_with(
         &mut self,
         channel: u16,
-        publish: &BasicPublish,
-        properties: &BasicProperties,
+        returned: impl FnOnce() -> Option<ReturnKey>,
         encode: impl FnOnce(u32, &mut BytesMut, &mut PublishEncoder) -> Result<(), EncodeError>,
     ) -> Result<Option<u64>, CommandError> {
         self.ensure_open()?;
@@ -638,15 +677,10 @@ impl Connection {
         }
         encode(frame_max, &mut self.outbox, &mut self.publish_encoder)?;
         let seq = state.confirms.on_publish();
-        if let (Some(seq), true) = (seq, publish.mandatory) {
-            state.returns.on_mandatory_publish(
-                seq,
-                ReturnKey {
-                    exchange: publish.exchange.clone(),
-                    routing_key: publish.routing_key.clone(),
-                    message_id: properties.message_id.clone(),
-                },
-            );
+        if let Some(seq) = seq {
+            if let Some(key) = returned() {
+                state.returns.on_mandatory_publish(seq, key);
+            }
         }
         Ok(seq)
     }

@@ -13,7 +13,7 @@ mod tests;
 mod timer;
 
 pub use channel::Token;
-pub(crate) use connection::goodbye;
+pub(crate) use connection::{goodbye, return_key};
 pub use connection::{
     CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Initiator, Refusal, Reply,
 };

@@ -409,6 +409,63 @@ fn confirms_and_returns_pair_through_the_machine() {
 }
 
 #[test]
+fn frames_encoded_by_the_caller_go_out_as_given_numbered_and_matched_to_their_return() {
+    let (mut p, ch) = confirming_peer();
+    let publish = BasicPublish {
+        routing_key: "none".into(),
+        mandatory: true,
+        ..Default::default()
+    };
+    let props = BasicProperties {
+        message_id: Some("m".into()),
+        ..Default::default()
+    };
+    let mut frames = BytesMut::new();
+    encode_content(ch, &publish.clone().into(), &props, b"body", 131_072, &mut frames).unwrap();
+    let returned = return_key(&publish, &props);
+    assert!(returned.is_some(), "a mandatory publish has a key");
+    assert_eq!(p.conn.publish_encoded(ch, &frames, returned).unwrap(), Some(1));
+    assert_eq!(p.take_raw(frames.len()), frames, "written as given");
+    // A channel that is not open refuses them, and nothing is written.
+    assert!(matches!(
+        p.conn.publish_encoded(ch + 1, &frames, None),
+        Err(CommandError::ChannelNotOpen(c)) if c == ch + 1
+    ));
+    p.flush();
+    assert!(p.written.is_empty(), "{:?}", p.written);
+    assert_eq!(p.conn.unconfirmed(ch), 1);
+    let ret = BasicReturn {
+        reply_code: 312,
+        reply_text: "NO_ROUTE".into(),
+        exchange: "".into(),
+        routing_key: "none".into(),
+    };
+    p.server_frames(&[
+        Frame::Method(ch, ret.into()),
+        Frame::Header(ch, ContentHeader::basic(4, props.clone())),
+        Frame::Body(ch, Bytes::from_static(b"body")),
+        Frame::Method(
+            ch,
+            BasicAck {
+                delivery_tag: 1,
+                multiple: false,
+            }
+            .into(),
+        ),
+    ]);
+    let confirms: Vec<(u64, bool)> = p
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Confirm { seq, returned, .. } => Some((seq, returned.is_some())),
+            Event::Confirms { .. } => panic!("a returned publish is confirmed alone"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(confirms, [(1, true)], "the return is paired with its publish");
+}
+
+#[test]
 fn a_multiple_ack_gives_one_event_per_run_of_consecutive_publishes() {
     let (mut p, ch) = confirming_peer();
     let publish = BasicPublish {

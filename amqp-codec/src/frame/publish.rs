@@ -148,6 +148,57 @@ impl PublishEncoder {
         result
     }
 
+    /// [`PublishEncoder::encode`] for a `basic.publish` given by its
+    /// exchange, routing key and `mandatory` flag (`immediate` off, as
+    /// RabbitMQ requires): the same bytes, but a message that repeats the
+    /// last one's method is compared with it as it is given, without first
+    /// building a [`BasicPublish`] to compare.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use amqp_codec::{BasicProperties, BasicPublish, PublishEncoder};
+    /// let props = Arc::new(BasicProperties::default());
+    /// let publish = BasicPublish { exchange: "shop".into(), routing_key: "orders".into(), ..Default::default() };
+    /// let (mut by_route, mut by_method) = (PublishEncoder::new(), PublishEncoder::new());
+    /// let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+    /// for _ in 0..2 {
+    ///     by_route.encode_route(1, "shop", "orders", false, &props, b"hi", 4096, &mut a).unwrap();
+    ///     by_method.encode(1, &publish, &props, b"hi", 4096, &mut b).unwrap();
+    /// }
+    /// assert_eq!(a, b);
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode_route(
+        &mut self,
+        channel: u16,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+        frame_max: u32,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel
+            && kept.publish.routing_key.as_bytes() == routing_key.as_bytes()
+            && kept.publish.exchange.as_bytes() == exchange.as_bytes()
+            && kept.publish.mandatory == mandatory
+            && !kept.publish.immediate
+            && kept.publish.reserved_1 == 0);
+        let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
+            && kept.properties.matches(properties));
+        if method_kept && header_kept && self.copy_prefix(channel, body, frame_max, dst) {
+            return Ok(());
+        }
+        let publish = BasicPublish {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            mandatory,
+            ..Default::default()
+        };
+        self.encode(channel, &publish, properties, body, frame_max, dst)
+    }
+
     /// The message whose frames are all kept, when its body takes exactly
     /// one frame and every frame fits `frame_max`: the prefix, the body and
     /// the end byte, with the two sizes patched. `false` if it does not
@@ -301,12 +352,83 @@ mod tests {
             (2, &elsewhere, &a, b"", 0),
         ];
         let mut encoder = PublishEncoder::new();
+        // The same steps by route, and by method and by route in turn.
+        let (mut by_route, mut mixed) = (PublishEncoder::new(), PublishEncoder::new());
         for (i, (channel, publish, props, body, frame_max)) in steps.into_iter().enumerate() {
+            let expected = fresh(channel, publish, props, body, frame_max);
             let mut kept = BytesMut::new();
             encoder
                 .encode(channel, publish, props, body, frame_max, &mut kept)
                 .unwrap();
-            assert_eq!(kept, fresh(channel, publish, props, body, frame_max), "step {i}");
+            assert_eq!(kept, expected, "step {i}");
+            let (exchange, key) = (
+                publish.exchange.as_str().unwrap(),
+                publish.routing_key.as_str().unwrap(),
+            );
+            let mut routed = BytesMut::new();
+            by_route
+                .encode_route(
+                    channel,
+                    exchange,
+                    key,
+                    publish.mandatory,
+                    props,
+                    body,
+                    frame_max,
+                    &mut routed,
+                )
+                .unwrap();
+            assert_eq!(routed, expected, "step {i} by route");
+            let mut both = BytesMut::new();
+            if i % 2 == 0 {
+                mixed
+                    .encode(channel, publish, props, body, frame_max, &mut both)
+                    .unwrap();
+            } else {
+                mixed
+                    .encode_route(
+                        channel,
+                        exchange,
+                        key,
+                        publish.mandatory,
+                        props,
+                        body,
+                        frame_max,
+                        &mut both,
+                    )
+                    .unwrap();
+            }
+            assert_eq!(both, expected, "step {i} in turn");
+        }
+    }
+
+    #[test]
+    fn a_kept_method_with_immediate_or_a_ticket_is_not_copied_for_a_route() {
+        let props = Arc::new(BasicProperties::default());
+        let route = BasicPublish {
+            routing_key: "orders".into(),
+            ..Default::default()
+        };
+        let odd = [
+            BasicPublish {
+                immediate: true,
+                ..route.clone()
+            },
+            BasicPublish {
+                reserved_1: 7,
+                ..route.clone()
+            },
+        ];
+        for kept in &odd {
+            let mut encoder = PublishEncoder::new();
+            encoder
+                .encode(1, kept, &props, b"x", 131_072, &mut BytesMut::new())
+                .unwrap();
+            let mut routed = BytesMut::new();
+            encoder
+                .encode_route(1, "", "orders", false, &props, b"x", 131_072, &mut routed)
+                .unwrap();
+            assert_eq!(routed, fresh(1, &route, &props, b"x", 131_072), "after {kept:?}");
         }
     }
 
