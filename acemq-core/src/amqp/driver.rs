@@ -525,7 +525,7 @@ pub(crate) async fn run<S>(
                 std::mem::swap(&mut outgoing.frames, &mut frames);
             }), if commands_open => {
                 if more {
-                    driver.apply_batch(&mut batch, &mut records, &frames);
+                    driver.apply_batch(&mut batch, &mut records, &mut frames);
                     frames.clear();
                     // A burst (up to the publish buffer's worth) leaves no
                     // large vector behind in the lane or here.
@@ -695,7 +695,7 @@ impl Driver {
     /// Carries out a batch taken from the lane: its commands in order, each
     /// run of publishes with the next records (and their frames) of the
     /// lane's side taken with it. Leaves `batch` and `records` empty.
-    fn apply_batch(&mut self, batch: &mut Vec<Command>, records: &mut Vec<Published>, frames: &[u8]) {
+    fn apply_batch(&mut self, batch: &mut Vec<Command>, records: &mut Vec<Published>, frames: &mut BytesMut) {
         let mut records = records.drain(..);
         let mut at = 0;
         for command in batch.drain(..) {
@@ -706,50 +706,58 @@ impl Driver {
             if self.shared.settles_waiting.load(Ordering::SeqCst) {
                 self.settle();
             }
-            for record in records.by_ref().take(run) {
-                let end = at + record.len;
-                self.publish(record, &frames[at..end]);
-                at = end;
-            }
+            at = self.publish_run(records.by_ref().take(run), frames, at);
         }
         debug_assert!(records.next().is_none(), "every record has its command");
-        debug_assert_eq!(at, frames.len(), "every frame has its record");
+        debug_assert!(at == frames.len() || frames.is_empty(), "every frame has its record");
     }
 
-    /// Queues one publish's frames, encoded by the task that published it,
-    /// if its channel is still the one it was published on.
-    fn publish(&mut self, record: Published, frames: &[u8]) {
-        let Published {
-            channel,
-            generation,
-            confirm,
-            room,
-            returned,
-            ..
-        } = record;
-        // Given back once the next bytes to enter the write buffer (this
-        // publish's frames, or none if it was refused) are written.
-        self.room_applied = self.room_applied.saturating_add(room);
-        if self.routes(channel, generation).is_none() {
-            self.shared
-                .confirms
-                .settle(confirm, Err(Error::ChannelNotOpen(channel)));
-            return;
-        }
-        match self.machine.publish_encoded(channel, frames, returned.map(|key| *key)) {
-            Ok(Some(seq)) => match self.routes(channel, generation) {
-                Some(routes) => routes.confirms.push_back((seq, confirm)),
-                None => self
-                    .shared
+    /// Queues a run of publishes' frames, encoded by the tasks that
+    /// published them, each if its channel is still the one it was
+    /// published on. The run's frames start at `from`; returns where they
+    /// end.
+    fn publish_run(&mut self, records: impl Iterator<Item = Published>, frames: &mut BytesMut, from: usize) -> usize {
+        let closed = self.machine.is_closed();
+        let mut end = from;
+        let mut run = self.machine.encoded_publishes(frames, from);
+        for record in records {
+            let Published {
+                channel,
+                generation,
+                len,
+                confirm,
+                room,
+                returned,
+            } = record;
+            end += len;
+            // Given back once the next bytes to enter the write buffer (this
+            // publish's frames, or none if it was refused) are written.
+            self.room_applied = self.room_applied.saturating_add(room);
+            let routes = self
+                .channels
+                .get_mut(usize::from(channel))
+                .and_then(Option::as_mut)
+                .filter(|r| r.generation == generation);
+            let Some(routes) = routes else {
+                run.skip(len);
+                self.shared
                     .confirms
-                    .settle(confirm, Err(Error::ChannelNotOpen(channel))),
-            },
-            Ok(None) => self.shared.confirms.settle(confirm, Ok(Confirmation::NotRequested)),
-            Err(err) => {
-                let error = self.command_error(err);
-                self.shared.confirms.settle(confirm, Err(error));
+                    .settle(confirm, Err(Error::ChannelNotOpen(channel)));
+                continue;
+            };
+            match run.publish(channel, len, returned.map(|key| *key)) {
+                Ok(Some(seq)) => routes.confirms.push_back((seq, confirm)),
+                Ok(None) => self.shared.confirms.settle(confirm, Ok(Confirmation::NotRequested)),
+                Err(err) => {
+                    let error = match err {
+                        CommandError::ConnectionNotOpen if closed => self.shared.closed_error(),
+                        other => Error::Command(other),
+                    };
+                    self.shared.confirms.settle(confirm, Err(error));
+                }
             }
         }
+        end
     }
 
     fn consume(

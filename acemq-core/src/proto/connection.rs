@@ -629,32 +629,31 @@ impl Connection {
         })
     }
 
-    /// Publishes a message its caller has encoded: `frames` are the
-    /// `basic.publish` method frame, the content header and the body frames
-    /// of one message on `channel`, as [`PublishEncoder`] writes them for
-    /// this connection's `frame_max`; they go out as given (the machine does
-    /// not read them). `returned` is what a `basic.return` of the message is
-    /// matched by, for a mandatory publish. Returns its confirm sequence
-    /// number when the channel is in confirm mode; on an error nothing is
-    /// written.
+    /// Publishes messages their caller has encoded, a run at a time.
+    /// `frames`, from `from` on, holds one message after the other: the `basic.publish`
+    /// method frame, the content header and the body frames of each, as
+    /// [`PublishEncoder`] writes them for this connection's `frame_max`; the
+    /// machine does not read them. Each message is then taken, in order,
+    /// with [`EncodedPublishes::publish`] (the channel is checked then, so a
+    /// channel closed since its frames were encoded refuses them) or left
+    /// out with [`EncodedPublishes::skip`].
+    ///
+    /// The frames of the messages taken are queued, in order, when the run
+    /// is dropped. While the run lives nothing else can be written, so
+    /// nothing comes between them. When the run was all of `frames`, every
+    /// message was taken and nothing else waits to be written, queueing
+    /// them costs no copy: `frames` becomes the write buffer, and comes back
+    /// empty, with the write buffer's allocation.
     ///
     /// This lets a client encode on its callers' side and hand the machine
-    /// only bytes; the channel is checked here, when the bytes are queued,
-    /// so a channel closed since they were encoded refuses them.
-    pub fn publish_encoded(
-        &mut self,
-        channel: u16,
-        frames: &[u8],
-        returned: Option<ReturnKey>,
-    ) -> Result<Option<u64>, CommandError> {
-        self.publish_with(
-            channel,
-            || returned,
-            |_, outbox, _| {
-                outbox.extend_from_slice(frames);
-                Ok(())
-            },
-        )
+    /// only bytes.
+    pub fn encoded_publishes<'a>(&'a mut self, frames: &'a mut BytesMut, from: usize) -> EncodedPublishes<'a> {
+        EncodedPublishes {
+            conn: self,
+            frames,
+            taken_from: from,
+            at: from,
+        }
     }
 
     fn publish_with(
@@ -663,19 +662,33 @@ impl Connection {
         returned: impl FnOnce() -> Option<ReturnKey>,
         encode: impl FnOnce(u32, &mut BytesMut, &mut PublishEncoder) -> Result<(), EncodeError>,
     ) -> Result<Option<u64>, CommandError> {
-        self.ensure_open()?;
+        self.open_channel_for_publish(channel)?;
         let frame_max = self.tuned.map_or(FRAME_MIN_SIZE, |t| t.frame_max);
-        let Some(state) = self
+        encode(frame_max, &mut self.outbox, &mut self.publish_encoder)?;
+        self.account_publish(channel, returned)
+    }
+
+    /// Whether `channel` takes a publish now.
+    fn open_channel_for_publish(&mut self, channel: u16) -> Result<&mut ChannelState, CommandError> {
+        self.ensure_open()?;
+        match self
             .channels
             .get_mut(usize::from(channel))
             .and_then(|c| c.as_deref_mut())
-        else {
-            return Err(CommandError::ChannelNotOpen(channel));
-        };
-        if state.phase != Phase::Open {
-            return Err(CommandError::ChannelNotOpen(channel));
+        {
+            Some(state) if state.phase == Phase::Open => Ok(state),
+            _ => Err(CommandError::ChannelNotOpen(channel)),
         }
-        encode(frame_max, &mut self.outbox, &mut self.publish_encoder)?;
+    }
+
+    /// Numbers a publish on `channel` whose frames are written (or about to
+    /// be), and remembers what its return is matched by.
+    fn account_publish(
+        &mut self,
+        channel: u16,
+        returned: impl FnOnce() -> Option<ReturnKey>,
+    ) -> Result<Option<u64>, CommandError> {
+        let state = self.open_channel_for_publish(channel)?;
         let seq = state.confirms.on_publish();
         if let Some(seq) = seq {
             if let Some(key) = returned() {
@@ -1376,5 +1389,60 @@ pub(crate) fn goodbye() -> ChannelClose {
         reply_text: "Goodbye".into(),
         class_id: 0,
         method_id: 0,
+    }
+}
+
+/// A run of publishes encoded by the caller (see
+/// [`Connection::encoded_publishes`]).
+#[derive(Debug)]
+pub struct EncodedPublishes<'a> {
+    conn: &'a mut Connection,
+    frames: &'a mut BytesMut,
+    /// Where the frames taken but not yet queued start.
+    taken_from: usize,
+    /// Where the next message's frames start.
+    at: usize,
+}
+
+impl EncodedPublishes<'_> {
+    /// Takes the next message: its frames are the next `len` bytes, on
+    /// `channel`; `returned` is what a `basic.return` of it is matched by,
+    /// for a mandatory publish. Returns its confirm sequence number when the
+    /// channel is in confirm mode. On an error its frames are left out, as
+    /// by [`EncodedPublishes::skip`].
+    pub fn publish(
+        &mut self,
+        channel: u16,
+        len: usize,
+        returned: Option<ReturnKey>,
+    ) -> Result<Option<u64>, CommandError> {
+        let seq = self.conn.account_publish(channel, || returned);
+        match seq {
+            Ok(_) => self.at += len,
+            Err(_) => self.skip(len),
+        }
+        seq
+    }
+
+    /// Leaves the next message out: its `len` bytes are never written.
+    pub fn skip(&mut self, len: usize) {
+        // What was taken before it is queued now, so that it stays in order
+        // with what is taken after.
+        if let Some(taken) = self.frames.get(self.taken_from..self.at) {
+            self.conn.outbox.extend_from_slice(taken);
+        }
+        self.at += len;
+        self.taken_from = self.at;
+    }
+}
+
+impl Drop for EncodedPublishes<'_> {
+    fn drop(&mut self) {
+        let outbox = &mut self.conn.outbox;
+        if self.taken_from == 0 && self.at == self.frames.len() && outbox.is_empty() {
+            std::mem::swap(outbox, self.frames);
+        } else if let Some(taken) = self.frames.get(self.taken_from..self.at) {
+            outbox.extend_from_slice(taken);
+        }
     }
 }

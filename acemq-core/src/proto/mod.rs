@@ -15,7 +15,8 @@ mod timer;
 pub use channel::Token;
 pub(crate) use connection::{goodbye, return_key};
 pub use connection::{
-    CallError, CloseReason, CommandError, Connection, ConnectionParams, Event, Initiator, Refusal, Reply,
+    CallError, CloseReason, CommandError, Connection, ConnectionParams, EncodedPublishes, Event, Initiator, Refusal,
+    Reply,
 };
 pub use handshake::{Auth, Secret, TuneRequest, Tuned};
 pub use timer::{Timeouts, Wait};

@@ -424,11 +424,21 @@ fn frames_encoded_by_the_caller_go_out_as_given_numbered_and_matched_to_their_re
     encode_content(ch, &publish.clone().into(), &props, b"body", 131_072, &mut frames).unwrap();
     let returned = return_key(&publish, &props);
     assert!(returned.is_some(), "a mandatory publish has a key");
-    assert_eq!(p.conn.publish_encoded(ch, &frames, returned).unwrap(), Some(1));
+    let mut run = frames.clone();
+    let len = run.len();
+    assert_eq!(
+        p.conn
+            .encoded_publishes(&mut run, 0)
+            .publish(ch, len, returned)
+            .unwrap(),
+        Some(1)
+    );
+    assert!(run.is_empty(), "a whole run becomes the write buffer");
     assert_eq!(p.take_raw(frames.len()), frames, "written as given");
     // A channel that is not open refuses them, and nothing is written.
+    let mut run = frames.clone();
     assert!(matches!(
-        p.conn.publish_encoded(ch + 1, &frames, None),
+        p.conn.encoded_publishes(&mut run, 0).publish(ch + 1, len, None),
         Err(CommandError::ChannelNotOpen(c)) if c == ch + 1
     ));
     p.flush();
@@ -463,6 +473,112 @@ fn frames_encoded_by_the_caller_go_out_as_given_numbered_and_matched_to_their_re
         })
         .collect();
     assert_eq!(confirms, [(1, true)], "the return is paired with its publish");
+}
+
+/// The frames of one message with `body` on `ch`, as the caller encodes them.
+fn encoded(ch: u16, body: &[u8]) -> BytesMut {
+    let publish = BasicPublish {
+        routing_key: "q".into(),
+        ..Default::default()
+    };
+    let mut frames = BytesMut::new();
+    encode_content(
+        ch,
+        &publish.into(),
+        &BasicProperties::default(),
+        body,
+        131_072,
+        &mut frames,
+    )
+    .unwrap();
+    frames
+}
+
+#[test]
+fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left_out() {
+    let (mut p, ch) = confirming_peer();
+    let messages: Vec<BytesMut> = (0..6).map(|i| encoded(ch, format!("m{i}").as_bytes())).collect();
+    // Two runs in one buffer, the second starting where the first ends,
+    // after a frame of the machine's own (the caller applied a command
+    // between them): m0 m1 | m2 m3 m4 m5.
+    let mut frames = BytesMut::new();
+    for m in &messages {
+        frames.extend_from_slice(m);
+    }
+    let first = messages[0].len() + messages[1].len();
+    {
+        let mut run = p.conn.encoded_publishes(&mut frames, 0);
+        assert_eq!(run.publish(ch, messages[0].len(), None).unwrap(), Some(1));
+        assert_eq!(run.publish(ch, messages[1].len(), None).unwrap(), Some(2));
+    }
+    assert_eq!(
+        frames.len(),
+        first + messages[2..].iter().map(BytesMut::len).sum::<usize>(),
+        "a part is copied"
+    );
+    p.conn
+        .call(
+            ch,
+            BasicQos {
+                prefetch_count: 7,
+                ..Default::default()
+            }
+            .into(),
+        )
+        .unwrap();
+    {
+        let mut run = p.conn.encoded_publishes(&mut frames, first);
+        // Left out by the caller, refused by the machine, taken, left out.
+        run.skip(messages[2].len());
+        assert!(run.publish(ch + 1, messages[3].len(), None).is_err());
+        assert_eq!(run.publish(ch, messages[4].len(), None).unwrap(), Some(3));
+        run.skip(messages[5].len());
+    }
+    let mut expected = BytesMut::new();
+    expected.extend_from_slice(&messages[0]);
+    expected.extend_from_slice(&messages[1]);
+    let mut qos = BytesMut::new();
+    amqp_codec::Frame::Method(
+        ch,
+        BasicQos {
+            prefetch_count: 7,
+            ..Default::default()
+        }
+        .into(),
+    )
+    .encode(&mut qos)
+    .unwrap();
+    expected.extend_from_slice(&qos);
+    expected.extend_from_slice(&messages[4]);
+    assert_eq!(p.take_raw(expected.len()), expected);
+    p.flush();
+    assert!(p.written.is_empty(), "nothing else: {:?}", p.written);
+    assert_eq!(p.conn.unconfirmed(ch), 3);
+}
+
+#[test]
+fn a_whole_run_is_copied_behind_what_waits_to_be_written() {
+    let (mut p, ch) = confirming_peer();
+    p.conn
+        .call(
+            ch,
+            BasicQos {
+                prefetch_count: 3,
+                ..Default::default()
+            }
+            .into(),
+        )
+        .unwrap();
+    let mut frames = encoded(ch, b"after the qos");
+    let message = frames.clone();
+    let len = frames.len();
+    assert_eq!(
+        p.conn.encoded_publishes(&mut frames, 0).publish(ch, len, None).unwrap(),
+        Some(1)
+    );
+    assert_eq!(frames, message, "copied, not taken");
+    assert!(matches!(p.client_method(), Method::BasicQos(_)));
+    assert_eq!(p.take_raw(len), message);
 }
 
 #[test]
