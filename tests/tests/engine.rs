@@ -926,3 +926,81 @@ async fn a_connection_whose_runtime_shuts_down_says_it_is_over() {
     })
     .await
 }
+
+/// The CPU time this thread has used (Linux: `/proc/thread-self/stat`, in
+/// clock ticks of 10 ms).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat");
+    // The fields after the command name, which is in parentheses: utime and
+    // stime are the 14th and 15th of the line, the 12th and 13th after it.
+    let after = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[test]
+fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_and_stops_when_idle() {
+    const BUSY_POLL: Duration = Duration::from_millis(400);
+    acemq_tests::deadline_blocking(|| {
+        // One thread runs everything: the driver, the test and, for the
+        // memory broker, the broker too; its CPU time is the driver's polling.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(acemq_tests::deadline(async {
+            for b in brokers().await {
+                let config = Config {
+                    busy_poll: BUSY_POLL,
+                    ..b.config()
+                };
+                let conn = b.connect_with(config).await;
+                let ch = conn.channel().await.unwrap();
+                ch.confirm_select().await.unwrap();
+                let q = exclusive_queue(&ch).await;
+                let mut confirms = Vec::new();
+                for i in 0..100 {
+                    let body = Bytes::from(format!("{i}"));
+                    confirms.push(
+                        ch.publish("", &q, false, BasicProperties::default(), body)
+                            .await
+                            .unwrap(),
+                    );
+                }
+                for confirm in confirms {
+                    assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+                }
+                let mut consumer = ch.consume(&q).await.unwrap();
+                for i in 0..100 {
+                    let delivery = consumer.next().await.expect("a delivery");
+                    assert_eq!(&delivery.body[..], format!("{i}").as_bytes(), "{:?}", b.kind);
+                    delivery.ack().unwrap();
+                }
+                // The driver polls for BUSY_POLL after the last traffic: a
+                // sleep of a quarter of it keeps the thread busy.
+                let (cpu, wall) = (thread_cpu(), std::time::Instant::now());
+                tokio::time::sleep(BUSY_POLL / 4).await;
+                let busy = thread_cpu().saturating_sub(cpu);
+                assert!(
+                    busy >= BUSY_POLL / 20,
+                    "{:?}: {busy:?} of CPU in {:?} of busy polling",
+                    b.kind,
+                    wall.elapsed()
+                );
+                // Past it, the thread sleeps.
+                tokio::time::sleep(BUSY_POLL).await;
+                let cpu = thread_cpu();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let idle = thread_cpu().saturating_sub(cpu);
+                assert!(
+                    idle <= Duration::from_millis(150),
+                    "{:?}: {idle:?} of CPU in 1 s idle",
+                    b.kind
+                );
+                consumer.cancel().await.unwrap();
+                conn.close().await.unwrap();
+            }
+        }))
+    })
+}

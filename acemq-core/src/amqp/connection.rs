@@ -51,6 +51,16 @@ pub struct Config {
     /// holds the rest. This bounds the memory of a no-ack consumer, or one
     /// without a prefetch, whose handler is slower than the broker.
     pub delivery_buffer: usize,
+    /// How long the connection's driver keeps polling the socket, rather
+    /// than letting its thread sleep, after it last read or wrote something
+    /// (zero, the default: it sleeps at once). A thread that sleeps while it
+    /// waits for the broker's answer pays for waking up when it comes: on a
+    /// virtual machine that can be half of a round trip. Polling keeps a
+    /// core busy for up to this long after every burst of traffic, in
+    /// exchange for a shorter publish → delivery or call → reply latency;
+    /// for services that wait on one message at a time. The engine bench and
+    /// the peers comparison measure both (`benches/peers`, latency).
+    pub busy_poll: Duration,
 }
 
 impl Default for Config {
@@ -63,34 +73,39 @@ impl Default for Config {
             tls: TlsConfig::new(),
             connection_name: None,
             external_auth: false,
-            publish_buffer: Buffers::default().publish,
-            delivery_buffer: Buffers::default().deliveries,
+            publish_buffer: Settings::default().publish,
+            delivery_buffer: Settings::default().deliveries,
+            busy_poll: Duration::ZERO,
         }
     }
 }
 
-/// The bounds of a connection's queues (see [`Config::publish_buffer`] and
-/// [`Config::delivery_buffer`]).
+/// What the driver takes from the [`Config`]: the bounds of a connection's
+/// queues ([`Config::publish_buffer`], [`Config::delivery_buffer`]) and
+/// [`Config::busy_poll`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Buffers {
+pub(crate) struct Settings {
     pub(crate) publish: usize,
     pub(crate) deliveries: usize,
+    pub(crate) busy_poll: Duration,
 }
 
-impl Default for Buffers {
+impl Default for Settings {
     fn default() -> Self {
-        Buffers {
+        Settings {
             publish: 2 << 20,
             deliveries: 1024,
+            busy_poll: Duration::ZERO,
         }
     }
 }
 
 impl Config {
-    pub(crate) fn buffers(&self) -> Buffers {
-        Buffers {
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
             publish: self.publish_buffer,
             deliveries: self.delivery_buffer,
+            busy_poll: self.busy_poll,
         }
     }
 }
@@ -157,10 +172,10 @@ impl Connection {
                 close: config.close_timeout,
             },
         };
-        let buffers = config.buffers();
+        let settings = config.settings();
         if url.memory {
             let stream = crate::io::connect_memory(&url.hosts[0].0)?;
-            let attempt = Connection::handshake(stream, params, buffers);
+            let attempt = Connection::handshake(stream, params, settings);
             return tokio::time::timeout(config.connection_timeout, attempt)
                 .await
                 .unwrap_or(Err(Error::Timeout(config.connection_timeout)));
@@ -171,9 +186,9 @@ impl Connection {
                 let tcp = connect_tcp(host, *port, config.connection_timeout).await?;
                 if url.tls {
                     let tls = config.tls.connect(host, tcp).await?;
-                    Connection::handshake(tls, params.clone(), buffers).await
+                    Connection::handshake(tls, params.clone(), settings).await
                 } else {
-                    Connection::handshake(tcp, params.clone(), buffers).await
+                    Connection::handshake(tcp, params.clone(), settings).await
                 }
             };
             match tokio::time::timeout(config.connection_timeout, attempt).await {
@@ -197,15 +212,15 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        Connection::handshake(stream, params, Buffers::default()).await
+        Connection::handshake(stream, params, Settings::default()).await
     }
 
-    async fn handshake<S>(stream: S, params: ConnectionParams, buffers: Buffers) -> Result<Connection, Error>
+    async fn handshake<S>(stream: S, params: ConnectionParams, settings: Settings) -> Result<Connection, Error>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (commands, rx) = super::lane::with_side();
-        let shared = Arc::new(Shared::new(buffers, commands.downgrade()));
+        let shared = Arc::new(Shared::new(settings, commands.downgrade()));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();
         tokio::spawn(driver::run(stream, machine, shared.clone(), rx, opened_tx));

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use amqp_codec::{FieldTable, Method, ShortString};
 use bytes::{Buf, BytesMut};
@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
 
 use super::book::Ticket;
-use super::connection::Buffers;
+use super::connection::Settings;
 use super::error::Error;
 use super::message::{
     Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleOp,
@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     /// To wake the driver for the lane; weak, so that deliveries do not
     /// keep the connection open.
     commands: super::lane::WeakSender<Command, Outgoing>,
+    /// How long the driver polls before it sleeps ([`super::Config::busy_poll`]).
+    busy_poll: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -76,8 +78,8 @@ const KEPT_BATCH: usize = 1024;
 const PUBLISH_OVERHEAD: usize = 128;
 
 impl Shared {
-    pub(crate) fn new(buffers: Buffers, commands: super::lane::WeakSender<Command, Outgoing>) -> Self {
-        let publish_buffer = u32::try_from(buffers.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
+    pub(crate) fn new(settings: Settings, commands: super::lane::WeakSender<Command, Outgoing>) -> Self {
+        let publish_buffer = u32::try_from(settings.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
         Shared {
             tuned: OnceLock::new(),
             server_properties: OnceLock::new(),
@@ -87,7 +89,8 @@ impl Shared {
             events: broadcast::channel(256).0,
             room: Semaphore::new(publish_buffer as usize),
             publish_buffer,
-            delivery_buffer: buffers.deliveries.max(1),
+            delivery_buffer: settings.deliveries.max(1),
+            busy_poll: settings.busy_poll,
             confirms: super::book::Book::default(),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
@@ -479,6 +482,10 @@ pub(crate) async fn run<S>(
     let mut frames = BytesMut::new();
     let mut reading = true;
     let shared = driver.shared.clone();
+    // With busy polling, when the driver last did something (it polls
+    // until `busy_poll` after that, then sleeps).
+    let busy_poll = shared.busy_poll;
+    let mut active_at = Instant::now();
     loop {
         driver.settle();
         driver.drain_events();
@@ -539,6 +546,14 @@ pub(crate) async fn run<S>(
             _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
                 driver.machine.handle_timeout(now())
             }
+            // Nothing to do, and busy polling: back to the runtime, which
+            // polls the sockets without sleeping and then runs this again.
+            _ = tokio::task::yield_now(), if !busy_poll.is_zero() && active_at.elapsed() < busy_poll => {
+                continue;
+            }
+        }
+        if !busy_poll.is_zero() {
+            active_at = Instant::now();
         }
     }
     driver.shared.end_settles();
@@ -546,6 +561,15 @@ pub(crate) async fn run<S>(
     driver.fail_everything();
     // Publishers waiting for room hear that the connection is gone.
     driver.shared.room.close();
+}
+
+/// What a command the machine refused fails with: the connection's error
+/// once the machine is closed.
+fn command_error(shared: &Shared, closed: bool, err: CommandError) -> Error {
+    match err {
+        CommandError::ConnectionNotOpen if closed => shared.closed_error(),
+        other => Error::Command(other),
+    }
 }
 
 /// Marks the connection over when the driver's task ends, also when it
@@ -594,10 +618,7 @@ impl Driver {
     }
 
     fn command_error(&self, err: CommandError) -> Error {
-        match err {
-            CommandError::ConnectionNotOpen if self.machine.is_closed() => self.shared.closed_error(),
-            other => Error::Command(other),
-        }
+        command_error(&self.shared, self.machine.is_closed(), err)
     }
 
     /// Writes the settlements waiting in the lane.
@@ -749,10 +770,7 @@ impl Driver {
                 Ok(Some(seq)) => routes.confirms.push_back((seq, confirm)),
                 Ok(None) => self.shared.confirms.settle(confirm, Ok(Confirmation::NotRequested)),
                 Err(err) => {
-                    let error = match err {
-                        CommandError::ConnectionNotOpen if closed => self.shared.closed_error(),
-                        other => Error::Command(other),
-                    };
+                    let error = command_error(&self.shared, closed, err);
                     self.shared.confirms.settle(confirm, Err(error));
                 }
             }

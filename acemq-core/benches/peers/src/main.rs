@@ -251,7 +251,14 @@ enum Client {
     BeginSend,
     Send,
     ApiConsume,
+    /// The wire floor whose reads spin instead of sleeping (latency only).
+    FloorSpinning,
+    /// The engine with `Config::busy_poll` set (latency only).
+    EngineBusyPoll,
 }
+
+/// The engine's `Config::busy_poll` in the latency row that sets it.
+const BUSY_POLL: Duration = Duration::from_millis(1);
 
 impl Client {
     fn name(self, tasks: u64) -> String {
@@ -264,6 +271,8 @@ impl Client {
             Client::BeginSend => "acemq Publisher::begin_send".into(),
             Client::Send => format!("acemq Publisher::send ({tasks} tasks)"),
             Client::ApiConsume => "acemq consume (JSON, accept)".into(),
+            Client::FloorSpinning => "wire floor, reads spinning".into(),
+            Client::EngineBusyPoll => format!("acemq engine, busy_poll {} ms", BUSY_POLL.as_millis()),
         }
     }
 }
@@ -273,6 +282,8 @@ struct Clients {
     url: String,
     addr: AmqpUrl,
     engine: Connection,
+    /// The engine with [`BUSY_POLL`].
+    engine_busy_poll: Connection,
     api: acemq_core::Conn,
     lapin: lapin::Connection,
     amqprs: amqprs::connection::Connection,
@@ -295,6 +306,13 @@ impl Clients {
                 std::process::exit(1);
             }
         };
+        let busy_poll = Config {
+            busy_poll: BUSY_POLL,
+            ..Config::default()
+        };
+        let engine_busy_poll = within("the busy-polling engine's connection", Connection::open(url, busy_poll))
+            .await
+            .expect("the engine connects");
         let api = within(
             "the API's connection",
             acemq_core::Conn::open(url, acemq_core::Config::default()),
@@ -319,6 +337,7 @@ impl Clients {
             url: url.into(),
             addr,
             engine,
+            engine_busy_poll,
             api,
             lapin,
             amqprs,
@@ -607,11 +626,14 @@ async fn engine_latency(conn: &Connection, queue: &str, warmup: usize, samples: 
 
 /// The latency scenario on the wire: channel 1 consumes, channel 2
 /// publishes; each delivery's ack goes out in the same write as the next
-/// publish.
-fn floor_latency(addr: &AmqpUrl, queue: &str, warmup: usize, samples: usize) -> std::io::Result<Latency> {
+/// publish. With `spin`, its reads spin on a non-blocking socket rather
+/// than sleep in the kernel: the latency of a client that never lets its
+/// thread sleep, whatever else it does.
+fn floor_latency(addr: &AmqpUrl, queue: &str, warmup: usize, samples: usize, spin: bool) -> std::io::Result<Latency> {
     use amqp_codec::{encode_content, encode_method, BasicAck, BasicConsume, BasicPublish, BasicQos, ChannelOpen};
     use amqp_codec::{Method, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD};
     let mut wire = floor::Wire::open(addr)?;
+    wire.spin(spin)?;
     wire.send(2, ChannelOpen::default())?;
     wire.expect(|m| matches!(m, Method::ChannelOpenOk(_)))?;
     wire.send(
@@ -727,7 +749,14 @@ const CONSUME_ROWS: [Client; 5] = [
     Client::Amqprs,
     Client::ApiConsume,
 ];
-const LATENCY_ROWS: [Client; 4] = [Client::Floor, Client::Engine, Client::Lapin, Client::Amqprs];
+const LATENCY_ROWS: [Client; 6] = [
+    Client::Floor,
+    Client::Engine,
+    Client::Lapin,
+    Client::Amqprs,
+    Client::FloorSpinning,
+    Client::EngineBusyPoll,
+];
 
 /// `rows` turned by `by`: each round starts with another client, so that no
 /// client always runs first (or last) in a group.
@@ -764,7 +793,7 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                     }
                     Client::BeginSend => within(&what, publisher_window(&clients.api, queue, messages)).await,
                     Client::Send => within(&what, publisher_send(&clients.api, queue, messages, args.tasks)).await,
-                    Client::ApiConsume => unreachable!(),
+                    Client::ApiConsume | Client::FloorSpinning | Client::EngineBusyPoll => unreachable!(),
                 };
                 clients.check_properties(client, props).await;
                 clients.purge().await;
@@ -796,10 +825,15 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
         for client in rotated(&LATENCY_ROWS, round) {
             let what = format!("{} (latency)", client.name(args.tasks));
             let latency = match client {
-                Client::Floor => {
-                    floor_latency(&clients.addr, queue, warmup, samples).unwrap_or_else(|err| panic!("{what}: {err}"))
+                Client::Floor | Client::FloorSpinning => {
+                    let spin = client == Client::FloorSpinning;
+                    floor_latency(&clients.addr, queue, warmup, samples, spin)
+                        .unwrap_or_else(|err| panic!("{what}: {err}"))
                 }
                 Client::Engine => within(&what, engine_latency(&clients.engine, queue, warmup, samples)).await,
+                Client::EngineBusyPoll => {
+                    within(&what, engine_latency(&clients.engine_busy_poll, queue, warmup, samples)).await
+                }
                 Client::Lapin => within(&what, peers::lapin_latency(&clients.lapin, queue, warmup, samples)).await,
                 Client::Amqprs => within(&what, peers::amqprs_latency(&clients.amqprs, queue, warmup, samples)).await,
                 _ => unreachable!(),
@@ -1009,23 +1043,22 @@ fn print_targets(rounds: &[Round], args: &Args) {
         ratio(CONSUME_GROUP, Client::ApiConsume, Client::Floor, cpu_per_message),
         &|v| v <= 1.6,
     );
-    for (p, label) in [(50, "p50"), (99, "p99")] {
-        for peer in [Client::Lapin, Client::Amqprs] {
-            let values: Vec<f64> = rounds
-                .iter()
-                .filter_map(|r| {
-                    let of = |c: Client| r.latency.iter().find(|(x, _)| *x == c).map(|(_, l)| l.percentile(p));
-                    Some(micros(of(Client::Engine)?) / micros(of(peer)?))
-                })
-                .collect();
-            target(
-                format!(
-                    "engine latency {label} below {} (engine/peer < 1)",
-                    peer.name(args.tasks)
-                ),
-                values,
-                &|v| v < 1.0,
-            );
+    for (engine, who) in [(Client::Engine, "engine"), (Client::EngineBusyPoll, "engine, busy_poll,")] {
+        for (p, label) in [(50, "p50"), (99, "p99")] {
+            for peer in [Client::Lapin, Client::Amqprs] {
+                let values: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|r| {
+                        let of = |c: Client| r.latency.iter().find(|(x, _)| *x == c).map(|(_, l)| l.percentile(p));
+                        Some(micros(of(engine)?) / micros(of(peer)?))
+                    })
+                    .collect();
+                target(
+                    format!("{who} latency {label} below {} (engine/peer < 1)", peer.name(args.tasks)),
+                    values,
+                    &|v| v < 1.0,
+                );
+            }
         }
     }
     println!();
