@@ -509,6 +509,12 @@ fn main() {
                 acemq_consume(&api, &queue, messages, true).await.print();
                 continue;
             }
+            // `=begin-send`: `Publisher::begin_send` alone.
+            if only == "begin-send" {
+                publisher_window(&api, &queue, messages, 1000).await.print();
+                purge(&setup, &queue).await;
+                continue;
+            }
             if only == "publish" {
                 publish_confirmed(&conn, &queue, messages, 1000).await.print();
                 purge(&setup, &queue).await;

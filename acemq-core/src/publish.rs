@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use amqp_codec::{BasicProperties, BasicPublish, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
@@ -27,7 +26,7 @@ use crate::recovery::is_loss;
 /// A message on its way, kept whole so that it can be written again on the
 /// new connection after a recovery, with the same message-id and attempt.
 pub(crate) struct Flight {
-    publish: BasicPublish,
+    publish: Arc<BasicPublish>,
     properties: Arc<BasicProperties>,
     body: Bytes,
     /// On the library channel (always confirmed) or the application's.
@@ -37,7 +36,7 @@ pub(crate) struct Flight {
 impl Flight {
     pub(crate) fn library(publish: BasicPublish, properties: BasicProperties, body: Bytes) -> Flight {
         Flight {
-            publish,
+            publish: Arc::new(publish),
             properties: Arc::new(properties),
             body,
             library: true,
@@ -54,14 +53,18 @@ impl Flight {
         } else {
             &inner.publish_channel
         };
+        if let Some(pending) = slot.publish_now(&self.publish, &self.properties, &self.body) {
+            return Ok(pending);
+        }
+        // The channel is closed or the publish buffer full: wait (through a
+        // recovery, for room), at most `publish_timeout`.
         let deadline = Instant::now() + inner.config.publish_timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let attempt = match slot.get(&inner.publishing, left, written).await {
                 Ok(channel) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    let write =
-                        channel.publish_shared(self.publish.clone(), self.properties.clone(), self.body.clone());
+                    let write = channel.publish_shared(&self.publish, &self.properties, &self.body);
                     match tokio::time::timeout(left, write).await {
                         Ok(written) => written.map_err(Error::from),
                         Err(_) if written => return Err(Error::ConnectionLost { may_have_arrived: true }),
@@ -244,6 +247,9 @@ pub struct Publisher<T, C = Json> {
     pub(crate) exchange: ShortString,
     pub(crate) routing_key: ShortString,
     pub(crate) mandatory: bool,
+    /// The `basic.publish` of every message: the three fields above, built
+    /// once and shared by the messages on their way.
+    publish: Arc<BasicPublish>,
     pub(crate) persistent: bool,
     pub(crate) content_type: Option<ShortString>,
     pub(crate) codec: C,
@@ -257,6 +263,7 @@ impl<T, C: Clone> Clone for Publisher<T, C> {
             exchange: self.exchange.clone(),
             routing_key: self.routing_key.clone(),
             mandatory: self.mandatory,
+            publish: self.publish.clone(),
             persistent: self.persistent,
             content_type: self.content_type.clone(),
             codec: self.codec.clone(),
@@ -283,6 +290,11 @@ impl<T: Serialize> Publisher<T, Json> {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             mandatory: false,
+            publish: Arc::new(BasicPublish {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+                ..Default::default()
+            }),
             persistent: true,
             content_type: None,
             codec: Json,
@@ -295,6 +307,10 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// A message that reaches no queue is an error rather than a silent drop.
     pub fn mandatory(mut self) -> Self {
         self.mandatory = true;
+        self.publish = Arc::new(BasicPublish {
+            mandatory: true,
+            ..BasicPublish::clone(&self.publish)
+        });
         self
     }
 
@@ -317,6 +333,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             exchange: self.exchange,
             routing_key: self.routing_key,
             mandatory: self.mandatory,
+            publish: self.publish,
             persistent: self.persistent,
             content_type: self.content_type,
             codec,
@@ -388,21 +405,16 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         };
         let inner = &self.conn.inner;
         let confirm = inner.confirms.then_some(confirm);
-        let blocked = match &confirm {
-            Some(confirm) => confirm.blocked_changes(),
-            None => inner.publishing.current().blocked_changes(),
-        };
+        let publish = flight.publish.clone();
         // Kept to be written again after a recovery; not needed when there
         // is no confirm to wait for, or no recovery.
         let resend = (confirm.is_some() && !inner.config.without_recovery).then(|| (self.conn.clone(), flight));
         Ok(PendingSend {
             confirm,
             resend,
-            blocked,
             blocked_timeout: inner.config.blocked_timeout,
             message_id: envelope.id,
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
+            publish,
         })
     }
 
@@ -431,7 +443,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         &self,
         envelope: &Envelope,
         payload: &T,
-    ) -> Result<(BasicPublish, BasicProperties, Bytes), Error> {
+    ) -> Result<(Arc<BasicPublish>, BasicProperties, Bytes), Error> {
         let body = self.codec.encode(payload).map_err(Error::Encode)?;
         let mut properties = BasicProperties {
             content_type: Some(
@@ -444,13 +456,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             ..Default::default()
         };
         envelope.write_to(&mut properties);
-        let publish = BasicPublish {
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
-            mandatory: self.mandatory,
-            ..Default::default()
-        };
-        Ok((publish, properties, Bytes::from(body)))
+        Ok((self.publish.clone(), properties, Bytes::from(body)))
     }
 }
 
@@ -467,19 +473,18 @@ pub struct PendingSend {
     /// The message, to write again if the connection dies before its
     /// confirm (with confirms and recovery on).
     resend: Option<(Conn, Flight)>,
-    blocked: watch::Receiver<Option<String>>,
     blocked_timeout: Duration,
     message_id: String,
-    exchange: ShortString,
-    routing_key: ShortString,
+    /// Its method: the exchange and routing key it was sent to.
+    publish: Arc<BasicPublish>,
 }
 
 impl std::fmt::Debug for PendingSend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingSend")
             .field("message_id", &self.message_id)
-            .field("exchange", &self.exchange)
-            .field("routing_key", &self.routing_key)
+            .field("exchange", &self.publish.exchange)
+            .field("routing_key", &self.publish.routing_key)
             .finish()
     }
 }
@@ -508,7 +513,8 @@ impl PendingSend {
             (None, None) => Ok(Confirmation::NotRequested),
             (confirm, Some((conn, flight))) => flight.confirm_through_recovery(conn, confirm, &self.message_id).await,
             (Some(confirm), None) => {
-                await_confirm(confirm, &mut self.blocked, self.blocked_timeout, &self.message_id).await
+                let mut blocked = confirm.blocked_changes();
+                await_confirm(confirm, &mut blocked, self.blocked_timeout, &self.message_id).await
             }
         };
         self.conclude(arrived)
@@ -516,9 +522,9 @@ impl PendingSend {
 
     /// What the broker's answer means for the sender, counted and logged.
     fn conclude(&self, arrived: Result<Confirmation, Error>) -> Result<SendResult, Error> {
-        let result =
-            arrived.and_then(|confirmation| settle(confirmation, &self.message_id, &self.exchange, &self.routing_key));
-        report(result.as_ref(), &self.message_id, &self.exchange, &self.routing_key);
+        let (exchange, routing_key) = (&self.publish.exchange, &self.publish.routing_key);
+        let result = arrived.and_then(|confirmation| settle(confirmation, &self.message_id, exchange, routing_key));
+        report(result.as_ref(), &self.message_id, exchange, routing_key);
         result
     }
 }

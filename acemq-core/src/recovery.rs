@@ -14,7 +14,8 @@
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use amqp_codec::{BasicConsume, FieldValue, ShortString};
+use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
+use bytes::Bytes;
 use rand::Rng;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
@@ -578,6 +579,23 @@ impl ChannelSlot {
 
     fn current(&self) -> amqp::Channel {
         self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes on the current channel if that can be done at once: the
+    /// channel open, room in the publish buffer. Takes no handle of the
+    /// channel and reads no clock: the common case of a send. `None` when
+    /// it cannot be done now; then nothing was published.
+    pub(crate) fn publish_now(
+        &self,
+        publish: &BasicPublish,
+        properties: &Arc<BasicProperties>,
+        body: &Bytes,
+    ) -> Option<amqp::PublishConfirm> {
+        let channel = self.current.read().unwrap_or_else(|p| p.into_inner());
+        if !channel.is_open() {
+            return None;
+        }
+        channel.publish_shared(publish, properties, body).queued()
     }
 
     /// The channel, reopened first if the broker closed it; while `link`

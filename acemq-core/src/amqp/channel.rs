@@ -223,6 +223,18 @@ pub(crate) enum Publishing<'a> {
     Waiting(Pin<Box<dyn Future<Output = Result<PublishConfirm, Error>> + Send + 'a>>),
 }
 
+impl Publishing<'_> {
+    /// The publish's confirm if the message was queued as it was called;
+    /// `None` otherwise (refused, or waiting for room: then, as this drops
+    /// the wait, nothing is published).
+    pub(crate) fn queued(self) -> Option<PublishConfirm> {
+        match self {
+            Publishing::Ready(Some(Ok(confirm))) => Some(confirm),
+            _ => None,
+        }
+    }
+}
+
 impl Future for Publishing<'_> {
     type Output = Result<PublishConfirm, Error>;
 
@@ -518,6 +530,7 @@ impl Channel {
     /// without copying them for each message. Properties given by value
     /// that equal the last ones given by value on this channel are shared
     /// the same way (see [`PublishProperties`]).
+    #[inline]
     pub fn publish(
         &self,
         exchange: &str,
@@ -531,7 +544,7 @@ impl Channel {
             routing_key,
             mandatory,
         };
-        self.start_publish(route, properties.into_shared(self), body)
+        self.start_publish(route, &properties.into_shared(self), &body)
     }
 
     /// `basic.publish` with every field of the method under your control
@@ -544,7 +557,7 @@ impl Channel {
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         // Boxed now, so that the future holds a pointer rather than the
         // properties (a future is moved whole each time it is awaited).
-        self.publish_shared(publish, properties.into_shared(self), body)
+        self.publish_shared(&publish, &properties.into_shared(self), &body)
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
@@ -557,24 +570,26 @@ impl Channel {
     /// When the publish buffer has room, that happens here and now, and
     /// the future returned is ready: it holds nothing but the outcome, so
     /// awaiting it moves no message about. Otherwise the future waits for
-    /// the room (holding the message) and queues the message once it has it;
-    /// dropped before then, it publishes nothing.
+    /// the room (holding a copy of the message: the method cloned, the
+    /// properties' and body's counts raised) and queues the message once it
+    /// has it; dropped before then, it publishes nothing.
     pub(crate) fn publish_shared(
         &self,
-        publish: BasicPublish,
-        properties: Arc<BasicProperties>,
-        body: Bytes,
+        publish: &BasicPublish,
+        properties: &Arc<BasicProperties>,
+        body: &Bytes,
     ) -> Publishing<'_> {
-        self.start_publish(Route::Method(&publish), properties, body)
+        self.start_publish(Route::Method(publish), properties, body)
     }
 
-    fn start_publish(&self, route: Route<'_>, properties: Arc<BasicProperties>, body: Bytes) -> Publishing<'_> {
+    fn start_publish(&self, route: Route<'_>, properties: &Arc<BasicProperties>, body: &Bytes) -> Publishing<'_> {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
         match shared.try_take_room(room) {
-            Ok(true) => Publishing::Ready(Some(self.queue_publish(route, &properties, &body, room))),
+            Ok(true) => Publishing::Ready(Some(self.queue_publish(route, properties, body, room))),
             Ok(false) => {
                 let publish = route.to_method();
+                let (properties, body) = (properties.clone(), body.clone());
                 Publishing::Waiting(Box::pin(async move {
                     self.conn.shared.take_room(room).await?;
                     self.queue_publish(Route::Method(&publish), &properties, &body, room)
