@@ -12,7 +12,7 @@ use amqp_codec::*;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::book::Claim;
+use super::line::Line;
 use super::message::{Acker, Confirmation, Delivery, GetMessage};
 use super::message::{Command, Outgoing, Published};
 use super::{Connection, Error};
@@ -38,6 +38,8 @@ struct ChannelState {
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
+    /// Where its publishes wait for their confirms.
+    line: Arc<Line>,
     /// The properties of the last publish given them by value (without
     /// headers): the next one with equal properties shares them instead of
     /// allocating its own (see [`PublishProperties`]).
@@ -170,8 +172,8 @@ impl Connection {
     pub async fn channel(&self) -> Result<Channel, Error> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::OpenChannel { reply })?;
-        let (id, generation, open) = rx.await.map_err(|_| self.shared.closed_error())??;
-        Ok(Channel::new(self.clone(), id, generation, open))
+        let (id, generation, open, line) = rx.await.map_err(|_| self.shared.closed_error())??;
+        Ok(Channel::new(self.clone(), id, generation, open, line))
     }
 }
 
@@ -254,17 +256,19 @@ impl Future for Publishing<'_> {
 /// hold the [`Channel`] while waiting, or the confirm fails with the close.
 #[derive(Debug)]
 pub struct PublishConfirm {
-    /// Its entry in the connection's confirm book; taken with the outcome.
-    claim: Option<Claim>,
-    /// Of the connection the message was written on (one reference count,
-    /// where a [`Connection`] handle would cost three).
-    shared: Arc<super::driver::Shared>,
+    /// The confirm line of its channel (one reference count, where a
+    /// [`Connection`] handle would cost three).
+    line: Arc<Line>,
+    /// Its number on the line.
+    number: u64,
+    /// Its outcome was taken.
+    spent: bool,
 }
 
 impl Drop for PublishConfirm {
     fn drop(&mut self) {
-        if let Some(claim) = self.claim.take() {
-            self.shared.confirms.abandon(claim);
+        if !self.spent {
+            self.line.abandon(self.number);
         }
     }
 }
@@ -274,7 +278,7 @@ impl PublishConfirm {
     /// on (see [`Connection::blocked_changes`]): a confirm does not come
     /// while the broker blocks it.
     pub fn blocked_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
-        self.shared.blocked.subscribe()
+        self.line.shared.blocked.subscribe()
     }
 }
 
@@ -284,18 +288,13 @@ impl Future for PublishConfirm {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         // Polled again after it returned: the connection's error, as a
-        // dropped confirm would give (the entry may be another's by now).
-        let Some(claim) = &this.claim else {
-            return Poll::Ready(Err(this.shared.closed_error()));
-        };
-        match this.shared.confirms.poll(claim, cx) {
-            Poll::Ready(outcome) => {
-                // Spent either way: the book has freed or kept the entry.
-                this.claim = None;
-                Poll::Ready(outcome.unwrap_or_else(|| Err(this.shared.closed_error())))
-            }
-            Poll::Pending => Poll::Pending,
+        // dropped confirm would give (its outcome was taken).
+        if this.spent {
+            return Poll::Ready(Err(this.line.shared.closed_error()));
         }
+        let outcome = std::task::ready!(this.line.poll(this.number, cx));
+        this.spent = true;
+        Poll::Ready(outcome)
     }
 }
 
@@ -374,12 +373,13 @@ macro_rules! rpc {
 }
 
 impl Channel {
-    pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>, line: Arc<Line>) -> Self {
         let state = Arc::new(ChannelState {
             commands: conn.commands.clone(),
             id,
             generation,
             open: open.clone(),
+            line,
             last_properties: std::sync::Mutex::new(LastProperties::default()),
             skip_properties: std::sync::atomic::AtomicU32::new(0),
         });
@@ -609,9 +609,8 @@ impl Channel {
     ) -> Result<PublishConfirm, Error> {
         let shared = &self.conn.shared;
         let frame_max = shared.tuned.get().map_or(FRAME_MIN_SIZE, |tuned| tuned.frame_max);
-        let (ticket, claim) = shared.confirms.open();
-        let mut ticket = Some(ticket);
         let (channel, generation) = (self.id, self.generation);
+        let line = &self.state.line;
         let queued = self.conn.commands.send_with(|commands, outgoing| {
             let start = outgoing.frames.len();
             let frames = &mut outgoing.frames;
@@ -638,7 +637,6 @@ impl Channel {
                 channel,
                 generation,
                 len: frames.len() - start,
-                confirm: ticket.take().expect("taken once"),
                 room,
                 returned: route.return_key(properties).map(Box::new),
             });
@@ -646,23 +644,22 @@ impl Channel {
                 Some(Command::Publishes(run)) => *run += 1,
                 _ => commands.push(Command::Publishes(1)),
             }
-            Ok::<(), EncodeError>(())
+            // Numbered under the lane's lock, as the driver counts it.
+            Ok::<u64, EncodeError>(line.number())
         });
         let error = match queued {
-            Some(Ok(())) => {
+            Some(Ok(number)) => {
                 return Ok(PublishConfirm {
-                    claim: Some(claim),
-                    shared: shared.clone(),
+                    line: line.clone(),
+                    number,
+                    spent: false,
                 })
             }
             // The driver is gone.
             None => shared.closed_error(),
             Some(Err(err)) => Error::Command(crate::proto::CommandError::Encode(err)),
         };
-        // Nothing was queued: the entry and the room go back.
-        if let Some(ticket) = ticket {
-            shared.confirms.forget(ticket, claim);
-        }
+        // Nothing was queued: the room goes back.
         shared.room.add_permits(room as usize);
         Err(error)
     }

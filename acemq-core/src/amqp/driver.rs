@@ -14,9 +14,9 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
 
-use super::book::Ticket;
 use super::connection::Settings;
 use super::error::Error;
+use super::line::{wake_all, Line};
 use super::message::{
     Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleOp,
 };
@@ -41,8 +41,9 @@ pub(crate) struct Shared {
     pub(crate) publish_buffer: u32,
     /// The least bound of a consumer's delivery queue.
     pub(crate) delivery_buffer: usize,
-    /// Where the publishes' confirms wait (closed when the driver ends).
-    pub(crate) confirms: super::book::Book,
+    /// Every channel's confirm line, to fail those still there when the
+    /// driver ends however it ends.
+    pub(crate) lines: Mutex<Vec<std::sync::Weak<Line>>>,
     /// Some consumer's queue is full and the driver waits for room: a
     /// consumer that takes a delivery then says so on `consumer_took`.
     pub(crate) stalled: AtomicBool,
@@ -91,7 +92,7 @@ impl Shared {
             publish_buffer,
             delivery_buffer: settings.deliveries.max(1),
             busy_poll: settings.busy_poll,
-            confirms: super::book::Book::default(),
+            lines: Mutex::new(Vec::new()),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
             settles: Mutex::new(SettleLane::default()),
@@ -204,7 +205,7 @@ impl Shared {
 }
 
 enum Pending {
-    Open(Reply1<(u16, u64, Arc<AtomicBool>)>),
+    Open(Reply1<(u16, u64, Arc<AtomicBool>, Arc<Line>)>),
     Call(Reply1<Option<Reply>>),
     Consume {
         route: ConsumerRoute,
@@ -213,14 +214,18 @@ enum Pending {
     },
 }
 
-#[derive(Default)]
 struct ChannelRoutes {
     generation: u64,
     /// Shared with the channel's handles: false once the channel is gone.
     open: Arc<AtomicBool>,
-    /// The publishes waiting for a confirm, by sequence number, with their
-    /// entries in the confirm book.
-    confirms: VecDeque<(u64, Ticket)>,
+    /// Where the channel's publishes wait for their confirms.
+    line: Arc<Line>,
+    /// How many of its publishes the driver has taken: the number of the
+    /// next (see `line.rs`).
+    taken: u64,
+    /// The number of its first publish in confirm mode, whose sequence
+    /// number is 1.
+    first_confirmed: Option<u64>,
     /// A channel carries one consumer or a few: a scan comparing tags is
     /// cheaper than hashing one per delivery.
     consumers: Vec<ConsumerRoute>,
@@ -417,7 +422,7 @@ struct Driver {
     next_generation: u64,
     opened: Option<oneshot::Sender<Result<(), Error>>>,
     closers: Vec<Reply1<()>>,
-    /// The wakers of confirms settled together, woken once the book's
+    /// The wakers of confirms settled together, woken once the line's
     /// lock is let go (kept for its capacity).
     wake: Vec<std::task::Waker>,
     /// The consumers (channel, generation, tag) with an overflow.
@@ -583,9 +588,6 @@ impl Drop for Over {
         let shared = &self.0;
         shared.end_settles();
         shared.room.close();
-        // After the driver (and every ticket it held) is gone: a confirm
-        // still waiting is one no settle will reach.
-        shared.confirms.close();
         if !*shared.closed.borrow() {
             if let Ok(mut slot) = shared.close_reason.lock() {
                 slot.get_or_insert(CloseReason::ConnectionLost);
@@ -593,6 +595,14 @@ impl Drop for Over {
             let _ = shared.events.send(ConnectionEvent::Closed(CloseReason::ConnectionLost));
             shared.closed.send_replace(true);
         }
+        // After the driver is gone: a confirm still waiting is one no
+        // settle will reach.
+        let lines = std::mem::take(&mut *shared.lines.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut wake = Vec::new();
+        for line in lines.iter().filter_map(std::sync::Weak::upgrade) {
+            line.fail(shared.closed_error(), u64::MAX, &mut wake);
+        }
+        wake_all(&mut wake);
     }
 }
 
@@ -665,7 +675,7 @@ impl Driver {
         }
     }
 
-    fn open_channel(&mut self, reply: Reply1<(u16, u64, Arc<AtomicBool>)>) {
+    fn open_channel(&mut self, reply: Reply1<(u16, u64, Arc<AtomicBool>, Arc<Line>)>) {
         match self.machine.open_channel() {
             Ok((_, token)) => {
                 self.pending.insert(token, Pending::Open(reply));
@@ -746,7 +756,6 @@ impl Driver {
                 channel,
                 generation,
                 len,
-                confirm,
                 room,
                 returned,
             } = record;
@@ -759,22 +768,31 @@ impl Driver {
                 .get_mut(usize::from(channel))
                 .and_then(Option::as_mut)
                 .filter(|r| r.generation == generation);
+            // A channel gone since: its line failed then, and says so to
+            // every publish it had not taken.
             let Some(routes) = routes else {
                 run.skip(len);
-                self.shared
-                    .confirms
-                    .settle(confirm, Err(Error::ChannelNotOpen(channel)));
                 continue;
             };
+            let number = routes.taken;
+            routes.taken += 1;
             match run.publish(channel, len, returned.map(|key| *key)) {
-                Ok(Some(seq)) => routes.confirms.push_back((seq, confirm)),
-                Ok(None) => self.shared.confirms.settle(confirm, Ok(Confirmation::NotRequested)),
+                Ok(Some(seq)) => {
+                    if routes.first_confirmed.is_none() {
+                        let first = (number + 1).saturating_sub(seq);
+                        routes.first_confirmed = Some(first);
+                        routes.line.confirm_mode_from(first);
+                    }
+                }
+                Ok(None) => routes.line.not_requested(number, &mut self.wake),
                 Err(err) => {
                     let error = command_error(&self.shared, closed, err);
-                    self.shared.confirms.settle(confirm, Err(error));
+                    routes.line.refuse(number, error, &mut self.wake);
                 }
             }
         }
+        drop(run);
+        wake_all(&mut self.wake);
         end
     }
 
@@ -1007,52 +1025,36 @@ impl Driver {
         let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
             return;
         };
-        let waiter = if routes.confirms.front().map(|(s, _)| *s) == Some(seq) {
-            routes.confirms.pop_front()
-        } else {
-            routes
-                .confirms
-                .iter()
-                .position(|(s, _)| *s == seq)
-                .and_then(|at| routes.confirms.remove(at))
+        let Some(first) = routes.first_confirmed else {
+            return;
         };
-        if let Some((_, ticket)) = waiter {
-            let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
-                (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
-                (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
-                (_, None) => Confirmation::Ack,
-            };
-            self.shared.confirms.settle(ticket, Ok(confirmation));
-        }
+        let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
+            (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
+            (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
+            (_, None) => Confirmation::Ack,
+        };
+        routes.line.settle(first + seq - 1, Ok(confirmation), &mut self.wake);
+        wake_all(&mut self.wake);
     }
 
     /// Confirms `first..=last` (sequence numbers the broker confirmed
-    /// together, none of them returned), settled under one lock of the book
-    /// when they are the oldest waiting, as they are unless some were
-    /// confirmed out of order before.
+    /// together, none of them returned): when they are the oldest unsettled
+    /// and acked, one move of the line's watermark.
     fn confirm_run(&mut self, channel: u16, first: u64, last: u64, outcome: amqp_codec::track::Outcome) {
         let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
             return;
         };
-        let count = usize::try_from(last - first + 1).unwrap_or(usize::MAX);
-        let in_order = routes.confirms.len() >= count
-            && routes.confirms.front().map(|(s, _)| *s) == Some(first)
-            && routes.confirms.get(count - 1).map(|(s, _)| *s) == Some(last);
-        if !in_order {
-            for seq in first..=last {
-                self.confirm(channel, seq, outcome, None);
-            }
+        let Some(base) = routes.first_confirmed else {
             return;
-        }
+        };
         let confirmation = match outcome {
             amqp_codec::track::Outcome::Nack => Confirmation::Nack,
             amqp_codec::track::Outcome::Ack => Confirmation::Ack,
         };
-        let settled = routes
-            .confirms
-            .drain(..count)
-            .map(|(_, ticket)| (ticket, Ok(confirmation.clone())));
-        self.shared.confirms.settle_all(settled, &mut self.wake);
+        routes
+            .line
+            .settle_run(base + first - 1, base + last - 1, confirmation, &mut self.wake);
+        wake_all(&mut self.wake);
     }
 
     fn unmatched_return(&mut self, channel: u16, content: amqp_codec::track::Content) {
@@ -1089,8 +1091,8 @@ impl Driver {
             Some(r) => Error::ChannelClosed(r),
             None => Error::ChannelNotOpen(channel),
         };
-        let tickets = routes.confirms.into_iter().map(|(_, ticket)| ticket);
-        self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
+        routes.line.fail(error, routes.taken, &mut self.wake);
+        wake_all(&mut self.wake);
         // Dropping the consumers' senders ends their streams, once what
         // their overflows hold is handed over.
         for route in routes.consumers {
@@ -1132,21 +1134,32 @@ impl Driver {
                         self.channels.resize_with(index + 1, || None);
                     }
                     let open = Arc::new(AtomicBool::new(true));
+                    let line = Arc::new(Line::new(self.shared.clone(), channel));
+                    {
+                        let mut lines = self.shared.lines.lock().unwrap_or_else(|p| p.into_inner());
+                        lines.retain(|line| line.strong_count() > 0);
+                        lines.push(Arc::downgrade(&line));
+                    }
                     let earlier = self.channels[index].replace(ChannelRoutes {
                         generation,
                         open: open.clone(),
-                        ..ChannelRoutes::default()
+                        line: line.clone(),
+                        taken: 0,
+                        first_confirmed: None,
+                        consumers: Vec::new(),
+                        prefetch: 0,
                     });
                     // The machine reuses a number only once its channel has
                     // closed (and `channel_closed` emptied it); should one
                     // still be here, its publishes hear that it is gone.
                     if let Some(earlier) = earlier {
                         earlier.open.store(false, Ordering::SeqCst);
-                        let tickets = earlier.confirms.into_iter().map(|(_, ticket)| ticket);
-                        let error = Error::ChannelNotOpen(channel);
-                        self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
+                        earlier
+                            .line
+                            .fail(Error::ChannelNotOpen(channel), earlier.taken, &mut self.wake);
+                        wake_all(&mut self.wake);
                     }
-                    let _ = reply.send(Ok((channel, generation, open)));
+                    let _ = reply.send(Ok((channel, generation, open, line)));
                 }
                 Err(err) => {
                     let _ = reply.send(Err(err.into()));
@@ -1194,9 +1207,10 @@ impl Driver {
         }
         for routes in self.channels.drain(..).flatten() {
             routes.open.store(false, Ordering::SeqCst);
-            let tickets = routes.confirms.into_iter().map(|(_, ticket)| ticket);
-            self.shared.confirms.fail_all(tickets, &error, &mut self.wake);
+            // The connection is gone: what was queued and never taken too.
+            routes.line.fail(error.clone(), u64::MAX, &mut self.wake);
         }
+        wake_all(&mut self.wake);
         if let Some(opened) = self.opened.take() {
             let _ = opened.send(Err(error));
         }

@@ -19,7 +19,7 @@ pub(crate) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 /// What the API handles ask the driver to do.
 pub(crate) enum Command {
     OpenChannel {
-        reply: Reply1<(u16, u64, Arc<AtomicBool>)>,
+        reply: Reply1<(u16, u64, Arc<AtomicBool>, Arc<super::line::Line>)>,
     },
     /// A method; the reply (if the method has one) is sent back.
     Call {
@@ -76,8 +76,6 @@ pub(crate) struct Published {
     pub(crate) generation: u64,
     /// How many bytes of `Outgoing::frames` are its frames.
     pub(crate) len: usize,
-    /// Its entry in the connection's confirm book, settled by the driver.
-    pub(crate) confirm: super::book::Ticket,
     /// The room it took in the connection's publish buffer (see
     /// [`super::connection::Config::publish_buffer`]), given back once
     /// its frames are written to the socket.

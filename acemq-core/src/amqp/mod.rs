@@ -19,12 +19,12 @@
 //! # Ok(()) }
 //! ```
 
-mod book;
 mod channel;
 mod connection;
 mod driver;
 mod error;
 mod lane;
+mod line;
 pub(crate) mod message;
 mod url;
 

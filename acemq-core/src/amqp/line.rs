@@ -1,0 +1,569 @@
+//! Where the publishes of one channel wait for their confirms: a line, in
+//! the order they were queued, instead of an entry each.
+//!
+//! A publish is numbered as it is queued (under the command lane's lock, so
+//! the numbers follow the lane's order), and its
+//! [`PublishConfirm`](super::PublishConfirm) is that number and the line. The
+//! driver takes the records in the same order and counts them the same way,
+//! so it knows each one's number without being told; the broker's sequence
+//! numbers start at the first publish in confirm mode, so a number is the
+//! sequence number plus the line's offset.
+//!
+//! What the broker says of most publishes is the same: a run of acks. The
+//! line keeps it as one watermark: every publish numbered below it is
+//! settled, with a plain outcome (`Ack`, or `NotRequested` below the first
+//! publish in confirm mode). A confirm below the watermark is ready with one
+//! atomic load. Only what differs is kept one by one, in `odd`: a nack, a
+//! return, a confirm that came ahead of the watermark, and a publish whose
+//! confirm was dropped before its outcome came (so that the outcome is not
+//! kept for nobody).
+//!
+//! When the channel or the connection is gone, the line fails: what is not
+//! settled then fails with its error, and a publish the driver never took
+//! (queued after the channel was gone) fails with `ChannelNotOpen`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use super::driver::Shared;
+use super::{Confirmation, Error};
+
+/// What a confirm resolves to.
+pub(crate) type Outcome = Result<Confirmation, Error>;
+
+/// No publish has been in confirm mode yet.
+const NONE_CONFIRMED: u64 = u64::MAX;
+
+/// One channel's confirms (see the module docs).
+pub(crate) struct Line {
+    /// The connection the channel is on (its errors, its block watch).
+    pub(crate) shared: Arc<Shared>,
+    /// The channel's number, for `ChannelNotOpen`.
+    channel: u16,
+    /// The number the next publish queued gets (raised under the command
+    /// lane's lock).
+    next: AtomicU64,
+    /// Every publish numbered below this is settled: plainly, unless `odd`
+    /// holds its outcome.
+    settled_below: AtomicU64,
+    /// The number of the first publish in confirm mode (`NONE_CONFIRMED`
+    /// until there is one): those below it were not confirmed.
+    first_confirmed: AtomicU64,
+    /// Whether `odd` holds anything, or the line failed: if not, a confirm
+    /// below the watermark needs no lock.
+    quiet: AtomicBool,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    odd: BTreeMap<u64, Odd>,
+    /// Confirms waiting for their outcome, by number (few: the ones being
+    /// awaited).
+    waiters: Vec<(u64, Waker)>,
+    /// The first publish the driver refused or never took, and what it and
+    /// every later one fail with.
+    refused: Option<(u64, Error)>,
+    /// The channel or the connection is gone: what fails everything still
+    /// unsettled below `refused`.
+    failed: Option<Error>,
+}
+
+enum Odd {
+    /// Settled with an outcome other than the plain one, or ahead of the
+    /// watermark; taken by its confirm.
+    Done(Outcome),
+    /// Not settled, and its confirm is gone: the outcome is dropped when it
+    /// comes.
+    Abandoned,
+    /// Settled ahead of the watermark, its confirm gone: only there for the
+    /// watermark to pass.
+    Dropped,
+}
+
+impl std::fmt::Debug for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Line")
+            .field("channel", &self.channel)
+            .field("next", &self.next.load(Ordering::Relaxed))
+            .field("settled_below", &self.settled_below.load(Ordering::Relaxed))
+            .field("odd", &self.lock().odd.len())
+            .finish()
+    }
+}
+
+impl Line {
+    pub(crate) fn new(shared: Arc<Shared>, channel: u16) -> Self {
+        Line {
+            shared,
+            channel,
+            next: AtomicU64::new(0),
+            settled_below: AtomicU64::new(0),
+            first_confirmed: AtomicU64::new(NONE_CONFIRMED),
+            quiet: AtomicBool::new(true),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // No code panics under this lock; a poisoned one is still whole.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The number of a publish being queued. Call it under the command
+    /// lane's lock, once the publish is sure to be queued.
+    pub(crate) fn number(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The plain outcome of a settled publish numbered `n`.
+    fn plain(&self, n: u64) -> Confirmation {
+        if n < self.first_confirmed.load(Ordering::Acquire) {
+            Confirmation::NotRequested
+        } else {
+            Confirmation::Ack
+        }
+    }
+
+    // ---- the driver's side ----
+
+    /// Publish `n` is the first in confirm mode (sequence number 1): the
+    /// publishes before it were not confirmed.
+    pub(crate) fn confirm_mode_from(&self, n: u64) {
+        self.first_confirmed.store(n, Ordering::Release);
+    }
+
+    /// Publish `n` went out without confirms: settled at once (publishes
+    /// before it did too, in order).
+    pub(crate) fn not_requested(&self, n: u64, wake: &mut Vec<Waker>) {
+        self.advance_to(n + 1, wake);
+    }
+
+    /// The broker confirmed `first..=last` together (none returned): one
+    /// move of the watermark when they are the oldest unsettled and acked,
+    /// else each on its own.
+    pub(crate) fn settle_run(&self, first: u64, last: u64, confirmation: Confirmation, wake: &mut Vec<Waker>) {
+        let plain = matches!(confirmation, Confirmation::Ack);
+        if plain && first == self.settled_below.load(Ordering::Relaxed) {
+            self.advance_to(last + 1, wake);
+        } else {
+            for n in first..=last {
+                self.settle(n, Ok(confirmation.clone()), wake);
+            }
+        }
+    }
+
+    /// Settles publish `n` with `outcome`.
+    pub(crate) fn settle(&self, n: u64, outcome: Outcome, wake: &mut Vec<Waker>) {
+        let below = self.settled_below.load(Ordering::Relaxed);
+        let plain = matches!(outcome, Ok(Confirmation::Ack));
+        if plain && n == below {
+            self.advance_to(n + 1, wake);
+            return;
+        }
+        let mut inner = self.lock();
+        if n < below {
+            debug_assert!(false, "publish {n} settled twice");
+            return;
+        }
+        match inner.odd.remove(&n) {
+            // Nobody wants it; ahead of the watermark it is still a mark
+            // for the watermark to pass.
+            Some(Odd::Abandoned) if n == below => {}
+            Some(Odd::Abandoned) => {
+                inner.odd.insert(n, Odd::Dropped);
+            }
+            _ => {
+                inner.odd.insert(n, Odd::Done(outcome));
+                self.quiet.store(false, Ordering::Release);
+            }
+        }
+        if n == below {
+            self.advance_locked(&mut inner, n + 1, wake);
+        } else {
+            wake_settled(&mut inner, below, n, wake);
+        }
+        self.requiet(&inner);
+    }
+
+    /// Every publish below `to` is settled (those in `odd` with theirs).
+    fn advance_to(&self, to: u64, wake: &mut Vec<Waker>) {
+        let mut inner = self.lock();
+        self.advance_locked(&mut inner, to, wake);
+        self.requiet(&inner);
+    }
+
+    fn advance_locked(&self, inner: &mut Inner, to: u64, wake: &mut Vec<Waker>) {
+        let from = self.settled_below.load(Ordering::Relaxed);
+        let mut below = from.max(to);
+        if !inner.odd.is_empty() {
+            // What the watermark now passes: the marks of confirms that are
+            // gone go, and so do acks that came ahead of it (the watermark
+            // says as much); other outcomes stay for their confirms.
+            let passed: Vec<u64> = inner
+                .odd
+                .range(from..below)
+                .filter(|(_, odd)| !matches!(odd, Odd::Done(outcome) if !is_ack(outcome)))
+                .map(|(n, _)| *n)
+                .collect();
+            for n in passed {
+                inner.odd.remove(&n);
+            }
+            // Then on past what was settled ahead of it.
+            loop {
+                match inner.odd.get(&below) {
+                    Some(Odd::Done(outcome)) if is_ack(outcome) => {
+                        inner.odd.remove(&below);
+                    }
+                    Some(Odd::Dropped) => {
+                        inner.odd.remove(&below);
+                    }
+                    Some(Odd::Done(_)) => {}
+                    Some(Odd::Abandoned) | None => break,
+                }
+                below += 1;
+            }
+        }
+        self.settled_below.store(below, Ordering::Release);
+        take_waiters_below(inner, below, wake);
+    }
+
+    /// Marks the line quiet again when nothing is kept one by one.
+    fn requiet(&self, inner: &Inner) {
+        if inner.odd.is_empty() && inner.failed.is_none() && inner.refused.is_none() {
+            self.quiet.store(true, Ordering::Release);
+        }
+    }
+
+    /// Publish `n` was refused (the channel is closing, the connection is
+    /// not open): it and every later one fail with `error`.
+    pub(crate) fn refuse(&self, n: u64, error: Error, wake: &mut Vec<Waker>) {
+        let mut inner = self.lock();
+        if inner.refused.is_none() {
+            inner.refused = Some((n, error));
+            self.quiet.store(false, Ordering::Release);
+        }
+        take_failed_waiters(&mut inner, self.settled_below.load(Ordering::Relaxed), wake);
+    }
+
+    /// The channel (or the connection) is gone after the driver took
+    /// `taken` publishes: what is not settled fails with `error`, and what
+    /// the driver never took with `ChannelNotOpen` (or what it was refused
+    /// with).
+    pub(crate) fn fail(&self, error: Error, taken: u64, wake: &mut Vec<Waker>) {
+        let mut inner = self.lock();
+        if inner.failed.is_none() {
+            inner.failed = Some(error);
+        }
+        if inner.refused.is_none() {
+            inner.refused = Some((taken, Error::ChannelNotOpen(self.channel)));
+        }
+        self.quiet.store(false, Ordering::Release);
+        // Only outcomes a confirm may still take are kept.
+        inner.odd.retain(|_, odd| matches!(odd, Odd::Done(_)));
+        take_failed_waiters(&mut inner, self.settled_below.load(Ordering::Relaxed), wake);
+    }
+
+    // ---- the confirm's side ----
+
+    /// The outcome of publish `n` once it is known. Spent once `Ready`.
+    pub(crate) fn poll(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
+        if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(self.plain(n)));
+        }
+        let mut inner = self.lock();
+        if let Some(outcome) = self.outcome_locked(&mut inner, n) {
+            inner.waiters.retain(|(w, _)| *w != n);
+            return Poll::Ready(outcome);
+        }
+        match inner.waiters.iter_mut().find(|(w, _)| *w == n) {
+            Some((_, waker)) if waker.will_wake(cx.waker()) => {}
+            Some((_, waker)) => *waker = cx.waker().clone(),
+            None => inner.waiters.push((n, cx.waker().clone())),
+        }
+        Poll::Pending
+    }
+
+    /// The outcome of `n` if it has one, taken out of `odd`.
+    fn outcome_locked(&self, inner: &mut Inner, n: u64) -> Option<Outcome> {
+        let below = self.settled_below.load(Ordering::Acquire);
+        if let Some(Odd::Done(_)) = inner.odd.get(&n) {
+            let Some(Odd::Done(outcome)) = inner.odd.remove(&n) else {
+                unreachable!("matched above")
+            };
+            if n >= below {
+                // Settled ahead of the watermark: it must still pass it.
+                inner.odd.insert(n, Odd::Dropped);
+            }
+            self.requiet(inner);
+            return Some(outcome);
+        }
+        if n < below {
+            return Some(Ok(self.plain(n)));
+        }
+        failure(inner, n).map(Err)
+    }
+
+    /// The confirm of `n` is dropped without its outcome taken.
+    pub(crate) fn abandon(&self, n: u64) {
+        if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inner = self.lock();
+        inner.waiters.retain(|(w, _)| *w != n);
+        let below = self.settled_below.load(Ordering::Acquire);
+        match inner.odd.remove(&n) {
+            Some(Odd::Done(_)) if n >= below => {
+                inner.odd.insert(n, Odd::Dropped);
+            }
+            Some(_) => {}
+            None if n < below || failure(&inner, n).is_some() => {}
+            None => {
+                inner.odd.insert(n, Odd::Abandoned);
+                self.quiet.store(false, Ordering::Release);
+            }
+        }
+        self.requiet(&inner);
+    }
+
+    /// How many outcomes the line keeps one by one (for tests).
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.lock().odd.len()
+    }
+}
+
+fn is_ack(outcome: &Outcome) -> bool {
+    matches!(outcome, Ok(Confirmation::Ack))
+}
+
+/// The error an unsettled publish `n` fails with, if the line failed.
+fn failure(inner: &Inner, n: u64) -> Option<Error> {
+    match &inner.refused {
+        Some((from, error)) if n >= *from => Some(error.clone()),
+        _ => inner.failed.clone(),
+    }
+}
+
+fn take_waiters_below(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
+    if inner.waiters.iter().any(|(n, _)| *n < below) {
+        let (ready, waiting) = std::mem::take(&mut inner.waiters)
+            .into_iter()
+            .partition(|(n, _)| *n < below);
+        inner.waiters = waiting;
+        wake.extend(ready.into_iter().map(|(_, waker): (u64, Waker)| waker));
+    }
+}
+
+/// Wakes the waiter of `n`, just settled ahead of the watermark `below`.
+fn wake_settled(inner: &mut Inner, below: u64, n: u64, wake: &mut Vec<Waker>) {
+    debug_assert!(n >= below);
+    if let Some(at) = inner.waiters.iter().position(|(w, _)| *w == n) {
+        wake.push(inner.waiters.swap_remove(at).1);
+    }
+}
+
+fn take_failed_waiters(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
+    let waiters = std::mem::take(&mut inner.waiters);
+    for (n, waker) in waiters {
+        if n < below || inner.odd.contains_key(&n) || failure(inner, n).is_some() {
+            wake.push(waker);
+        } else {
+            inner.waiters.push((n, waker));
+        }
+    }
+}
+
+/// Wakes what was collected, once no lock is held.
+pub(crate) fn wake_all(wake: &mut Vec<Waker>) {
+    for waker in wake.drain(..) {
+        waker.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::amqp::connection::Settings;
+
+    fn line() -> Arc<Line> {
+        let (commands, _rx) =
+            super::super::lane::with_side::<super::super::message::Command, super::super::message::Outgoing>();
+        let shared = Arc::new(Shared::new(Settings::default(), commands.downgrade()));
+        Arc::new(Line::new(shared, 7))
+    }
+
+    fn numbers(line: &Line, count: u64) -> Vec<u64> {
+        (0..count).map(|_| line.number()).collect()
+    }
+
+    fn now(line: &Line, n: u64) -> Poll<Outcome> {
+        line.poll(n, &mut Context::from_waker(Waker::noop()))
+    }
+
+    fn ready(line: &Line, n: u64) -> Confirmation {
+        match now(line, n) {
+            Poll::Ready(Ok(confirmation)) => confirmation,
+            other => panic!("publish {n}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn acks_in_order_move_the_watermark_and_publishes_before_confirm_mode_were_not_requested() {
+        let line = line();
+        let mut wake = Vec::new();
+        assert_eq!(numbers(&line, 6), [0, 1, 2, 3, 4, 5]);
+        line.not_requested(0, &mut wake);
+        line.not_requested(1, &mut wake);
+        line.confirm_mode_from(2);
+        line.settle_run(2, 4, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&line, 0), Confirmation::NotRequested);
+        assert_eq!(ready(&line, 1), Confirmation::NotRequested);
+        assert_eq!(ready(&line, 3), Confirmation::Ack);
+        assert!(now(&line, 5).is_pending(), "not confirmed yet");
+        assert_eq!(line.kept(), 0, "nothing kept one by one");
+        assert!(wake.is_empty(), "nobody was waiting");
+    }
+
+    #[test]
+    fn nacks_returns_and_acks_out_of_order_are_kept_until_taken_and_the_watermark_passes_them() {
+        let line = line();
+        let mut wake = Vec::new();
+        numbers(&line, 6);
+        line.confirm_mode_from(0);
+        line.settle(3, Ok(Confirmation::Ack), &mut wake);
+        line.settle(1, Ok(Confirmation::Nack), &mut wake);
+        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&line, 3), Confirmation::Ack, "ahead of the watermark");
+        assert!(now(&line, 2).is_pending());
+        line.settle(2, Ok(Confirmation::Ack), &mut wake);
+        assert_eq!(ready(&line, 0), Confirmation::Ack);
+        assert_eq!(ready(&line, 2), Confirmation::Ack);
+        assert_eq!(ready(&line, 1), Confirmation::Nack, "kept below the watermark");
+        assert_eq!(line.kept(), 0, "every outcome taken, every mark passed");
+        // The watermark went past 3, settled before it.
+        line.settle_run(4, 5, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&line, 5), Confirmation::Ack);
+        assert_eq!(line.kept(), 0);
+    }
+
+    #[test]
+    fn a_confirm_dropped_before_or_after_its_outcome_leaves_nothing_behind() {
+        let line = line();
+        let mut wake = Vec::new();
+        numbers(&line, 5);
+        line.confirm_mode_from(0);
+        line.abandon(1);
+        line.settle(1, Ok(Confirmation::Nack), &mut wake);
+        line.settle(3, Ok(Confirmation::Nack), &mut wake);
+        line.abandon(3);
+        assert!(line.kept() > 0, "marks ahead of the watermark");
+        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
+        line.settle(2, Ok(Confirmation::Ack), &mut wake);
+        line.settle(4, Ok(Confirmation::Ack), &mut wake);
+        assert_eq!(ready(&line, 4), Confirmation::Ack, "the watermark passed 1 and 3");
+        assert_eq!(line.kept(), 0);
+    }
+
+    #[test]
+    fn a_failed_line_fails_the_unsettled_with_its_error_and_the_never_taken_with_channel_not_open() {
+        let line = line();
+        let mut wake = Vec::new();
+        numbers(&line, 6);
+        line.confirm_mode_from(0);
+        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
+        line.settle(2, Ok(Confirmation::Nack), &mut wake);
+        let gone = Error::ConnectionClosed(crate::proto::CloseReason::ConnectionLost);
+        // The driver had taken 4 of the 6 when the channel went.
+        line.fail(gone, 4, &mut wake);
+        assert_eq!(ready(&line, 0), Confirmation::Ack);
+        assert!(matches!(now(&line, 1), Poll::Ready(Err(Error::ConnectionClosed(_)))));
+        assert_eq!(ready(&line, 2), Confirmation::Nack, "settled before, kept");
+        assert!(matches!(now(&line, 3), Poll::Ready(Err(Error::ConnectionClosed(_)))));
+        assert!(matches!(now(&line, 4), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        assert!(matches!(now(&line, 9), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+    }
+
+    #[test]
+    fn a_refused_publish_and_every_later_one_fail_with_the_refusal() {
+        let line = line();
+        let mut wake = Vec::new();
+        numbers(&line, 4);
+        line.confirm_mode_from(0);
+        line.refuse(2, Error::ChannelNotOpen(7), &mut wake);
+        assert!(now(&line, 1).is_pending(), "written before: its confirm may still come");
+        assert!(matches!(now(&line, 2), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        assert!(matches!(now(&line, 3), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        line.settle_run(0, 1, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&line, 1), Confirmation::Ack);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_confirm_is_woken_when_another_task_settles_it() {
+        let line = line();
+        numbers(&line, 3);
+        line.confirm_mode_from(0);
+        let settler = line.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut wake = Vec::new();
+            settler.settle(1, Ok(Confirmation::Nack), &mut wake);
+            wake_all(&mut wake);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            settler.settle_run(0, 0, Confirmation::Ack, &mut wake);
+            wake_all(&mut wake);
+        });
+        let wait = |n| {
+            let line = line.clone();
+            std::future::poll_fn(move |cx| line.poll(n, cx))
+        };
+        let (nack, ack) = tokio::time::timeout(Duration::from_secs(5), async { (wait(1).await, wait(0).await) })
+            .await
+            .expect("woken within 5 s");
+        assert!(matches!(nack, Ok(Confirmation::Nack)));
+        assert!(matches!(ack, Ok(Confirmation::Ack)));
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn what_the_line_keeps_stays_bounded_by_the_confirms_outstanding() {
+        let line = line();
+        let mut wake = Vec::new();
+        line.confirm_mode_from(0);
+        let mut most = 0;
+        let mut outstanding = std::collections::VecDeque::new();
+        for i in 0..100_000u64 {
+            outstanding.push_back(line.number());
+            if outstanding.len() == 1000 {
+                // The broker acks the oldest 500 at once, now and then out of
+                // order (one alone first) or with a nack among them.
+                let first = *outstanding.front().unwrap();
+                if i % 7_000 == 999 {
+                    line.settle(first + 10, Ok(Confirmation::Ack), &mut wake);
+                    line.settle(first + 20, Ok(Confirmation::Nack), &mut wake);
+                    line.settle_run(first, first + 9, Confirmation::Ack, &mut wake);
+                    line.settle_run(first + 11, first + 19, Confirmation::Ack, &mut wake);
+                    line.settle_run(first + 21, first + 499, Confirmation::Ack, &mut wake);
+                } else {
+                    line.settle_run(first, first + 499, Confirmation::Ack, &mut wake);
+                }
+                for n in outstanding.drain(..500) {
+                    // A tenth of the confirms are dropped unread.
+                    if n % 10 == 3 {
+                        line.abandon(n);
+                    } else {
+                        assert!(now(&line, n).is_ready());
+                    }
+                }
+                most = most.max(line.kept());
+            }
+        }
+        assert!(most <= 2, "kept at most {most}");
+        assert!(wake.is_empty());
+    }
+}
