@@ -1283,6 +1283,28 @@ impl Connection {
                 });
             }
         };
+        if state.returns.is_empty() {
+            // No mandatory publish waits for its confirm: nothing to pair,
+            // the runs are the stretches of consecutive numbers (usually
+            // one: a multiple ack of the oldest outstanding).
+            match (resolved.first(), resolved.last()) {
+                (Some(&first), Some(&last)) if last - first + 1 == resolved.len() as u64 => {
+                    end_run(events, Some((first, last)));
+                }
+                _ => {
+                    let mut run: Option<(u64, u64)> = None;
+                    for &seq in &resolved {
+                        match &mut run {
+                            Some((_, last)) if last.checked_add(1) == Some(seq) => *last = seq,
+                            _ => end_run(events, run.replace((seq, seq))),
+                        }
+                    }
+                    end_run(events, run);
+                }
+            }
+            self.scratch = resolved;
+            return;
+        }
         let mut run: Option<(u64, u64)> = None;
         for &seq in &resolved {
             let returned = if state.returns.settle(seq).is_some() {

@@ -110,6 +110,17 @@ impl Returns {
         self.pending.remove(at).and_then(|p| p.returned)
     }
 
+    /// Whether no mandatory publish is outstanding: then no confirm has a
+    /// return to pair with, and [`Returns::settle`] would give none.
+    ///
+    /// ```
+    /// use amqp_codec::track::Returns;
+    /// assert!(Returns::new().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Whether `seq` is an outstanding mandatory publish.
     pub fn is_pending(&self, seq: u64) -> bool {
         self.pending.iter().any(|p| p.seq == seq)
