@@ -356,6 +356,23 @@ async fn ack_nack_and_reject_settle_deliveries_as_asked() {
     .await
 }
 
+/// Publishes the bodies "0", "1", … to `queue`, all in flight at once, then
+/// awaits each confirm: every one must be an ack.
+async fn publish_numbered_and_confirmed(ch: &acemq_core::amqp::Channel, queue: &str, count: u32, kind: Kind) {
+    let mut confirms = Vec::new();
+    for i in 0..count {
+        let body = Bytes::from(format!("{i}"));
+        confirms.push(
+            ch.publish("", queue, false, BasicProperties::default(), body)
+                .await
+                .unwrap(),
+        );
+    }
+    for confirm in confirms {
+        assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{kind:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn pipelined_publishes_are_all_confirmed_in_order() {
     acemq_tests::deadline(async {
@@ -364,18 +381,7 @@ async fn pipelined_publishes_are_all_confirmed_in_order() {
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
-            let mut confirms = Vec::new();
-            for i in 0..2000 {
-                let body = Bytes::from(format!("{i}"));
-                confirms.push(
-                    ch.publish("", &q, false, BasicProperties::default(), body)
-                        .await
-                        .unwrap(),
-                );
-            }
-            for c in confirms {
-                assert_eq!(c.await.unwrap(), Confirmation::Ack);
-            }
+            publish_numbered_and_confirmed(&ch, &q, 2000, b.kind).await;
             assert_eq!(acemq_tests::depth(&ch, &q).await, 2000);
             conn.close().await.unwrap();
         }
@@ -959,18 +965,7 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
                 let ch = conn.channel().await.unwrap();
                 ch.confirm_select().await.unwrap();
                 let q = exclusive_queue(&ch).await;
-                let mut confirms = Vec::new();
-                for i in 0..100 {
-                    let body = Bytes::from(format!("{i}"));
-                    confirms.push(
-                        ch.publish("", &q, false, BasicProperties::default(), body)
-                            .await
-                            .unwrap(),
-                    );
-                }
-                for confirm in confirms {
-                    assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
-                }
+                publish_numbered_and_confirmed(&ch, &q, 100, b.kind).await;
                 let mut consumer = ch.consume(&q).await.unwrap();
                 for i in 0..100 {
                     let delivery = consumer.next().await.expect("a delivery");
