@@ -669,3 +669,68 @@ fn a_malformed_delivery_out_of_sequence_is_a_stream_error_as_with_decode() {
     assert_eq!(err, AssembleError::Decode(expected));
     assert!(wire.is_empty());
 }
+
+/// What the confirm tracker must agree with: the set of unresolved numbers.
+#[derive(Debug, Clone)]
+enum ConfirmStep {
+    Publish(u8),
+    Confirm { tag_back: u16, multiple: bool },
+}
+
+use proptest::prelude::*;
+
+proptest::proptest! {
+    #[test]
+    fn the_confirm_tracker_resolves_what_a_set_of_outstanding_numbers_says(
+        steps in proptest::collection::vec(
+            proptest::prop_oneof![
+                (1u8..40).prop_map(ConfirmStep::Publish),
+                (0u16..60, proptest::bool::ANY).prop_map(|(tag_back, multiple)| ConfirmStep::Confirm { tag_back, multiple }),
+            ],
+            1..60,
+        )
+    ) {
+        let mut confirms = Confirms::new();
+        confirms.select();
+        let mut model = std::collections::BTreeSet::new();
+        let mut published = 0u64;
+        for step in steps {
+            match step {
+                ConfirmStep::Publish(n) => {
+                    for _ in 0..n {
+                        published += 1;
+                        prop_assert_eq!(confirms.on_publish(), Some(published));
+                        model.insert(published);
+                    }
+                }
+                ConfirmStep::Confirm { tag_back, multiple } => {
+                    // A tag counted back from the last published, so most hit.
+                    let tag = published.saturating_sub(u64::from(tag_back));
+                    let mut resolved = Vec::new();
+                    let expected: Vec<u64> = if multiple {
+                        model.range(..=tag).copied().collect()
+                    } else {
+                        model.get(&tag).copied().into_iter().collect()
+                    };
+                    let result = confirms.on_confirm(Outcome::Ack, tag, multiple, &mut resolved);
+                    if tag == 0 || expected.is_empty() {
+                        prop_assert!(result.is_err(), "tag {} multiple {}: {:?}", tag, multiple, resolved);
+                        prop_assert!(resolved.is_empty());
+                    } else {
+                        prop_assert!(result.is_ok());
+                        prop_assert_eq!(&resolved, &expected);
+                        for seq in &expected {
+                            model.remove(seq);
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(confirms.outstanding(), model.len());
+            prop_assert_eq!(confirms.oldest_outstanding(), model.first().copied());
+        }
+        let mut rest = Vec::new();
+        confirms.fail_all(&mut rest);
+        prop_assert_eq!(rest, model.into_iter().collect::<Vec<_>>());
+        prop_assert_eq!(confirms.outstanding(), 0);
+    }
+}

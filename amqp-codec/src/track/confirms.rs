@@ -62,8 +62,12 @@ pub enum ConfirmError {
 pub struct Confirms {
     /// The last sequence number handed out; `None` before `select`.
     last: Option<u64>,
-    /// Unresolved sequence numbers, ascending.
-    outstanding: VecDeque<u64>,
+    /// Unresolved sequence numbers, ascending, as inclusive runs of
+    /// consecutive ones (usually one: a publish extends the last run, a
+    /// multiple confirm of the oldest shortens the first).
+    outstanding: VecDeque<(u64, u64)>,
+    /// How many numbers the runs hold.
+    count: usize,
 }
 
 impl Confirms {
@@ -88,8 +92,13 @@ impl Confirms {
     pub fn on_publish(&mut self) -> Option<u64> {
         let last = self.last.as_mut()?;
         *last += 1;
-        self.outstanding.push_back(*last);
-        Some(*last)
+        let seq = *last;
+        match self.outstanding.back_mut() {
+            Some((_, end)) if *end + 1 == seq => *end = seq,
+            _ => self.outstanding.push_back((seq, seq)),
+        }
+        self.count += 1;
+        Some(seq)
     }
 
     /// The number the next publish will get, in confirm mode.
@@ -99,12 +108,12 @@ impl Confirms {
 
     /// How many publishes wait for a confirm.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.len()
+        self.count
     }
 
     /// The oldest unconfirmed sequence number.
     pub fn oldest_outstanding(&self) -> Option<u64> {
-        self.outstanding.front().copied()
+        self.outstanding.front().map(|&(start, _)| start)
     }
 
     /// Applies a `basic.ack` or `basic.nack` from the broker and appends the
@@ -129,18 +138,49 @@ impl Confirms {
         }
         let already = ConfirmError::AlreadyResolved { outcome, tag, multiple };
         if multiple {
-            let count = self.outstanding.partition_point(|&seq| seq <= tag);
-            if count == 0 {
+            // Every run that starts at or below `tag`, the last of them
+            // perhaps only in part.
+            let runs = self.outstanding.partition_point(|&(start, _)| start <= tag);
+            if runs == 0 {
                 return Err(already);
             }
-            resolved.extend(self.outstanding.drain(..count));
-        } else {
-            if self.outstanding.front() == Some(&tag) {
-                self.outstanding.pop_front();
-            } else {
-                let at = self.outstanding.binary_search(&tag).map_err(|_| already)?;
-                self.outstanding.remove(at);
+            let partial = self.outstanding[runs - 1].1 > tag;
+            let whole = if partial { runs - 1 } else { runs };
+            for (start, end) in self.outstanding.drain(..whole) {
+                resolved.extend(start..=end);
+                self.count -= (end - start + 1) as usize;
             }
+            if partial {
+                let start = self.outstanding[0].0;
+                resolved.extend(start..=tag);
+                self.count -= (tag - start + 1) as usize;
+                self.outstanding[0].0 = tag + 1;
+            }
+        } else {
+            // The run that holds `tag`: the first, usually.
+            let at = match self.outstanding.front() {
+                Some(&(start, end)) if start <= tag && tag <= end => 0,
+                _ => {
+                    let at = self.outstanding.partition_point(|&(_, end)| end < tag);
+                    match self.outstanding.get(at) {
+                        Some(&(start, _)) if start <= tag => at,
+                        _ => return Err(already),
+                    }
+                }
+            };
+            let (start, end) = self.outstanding[at];
+            match (start == tag, end == tag) {
+                (true, true) => {
+                    self.outstanding.remove(at);
+                }
+                (true, false) => self.outstanding[at].0 = tag + 1,
+                (false, true) => self.outstanding[at].1 = tag - 1,
+                (false, false) => {
+                    self.outstanding[at].1 = tag - 1;
+                    self.outstanding.insert(at + 1, (tag + 1, end));
+                }
+            }
+            self.count -= 1;
             resolved.push(tag);
         }
         Ok(())
@@ -149,6 +189,9 @@ impl Confirms {
     /// Resolves everything outstanding (the channel closed); returns how many
     /// publishes are left without an answer, appended to `unresolved`.
     pub fn fail_all(&mut self, unresolved: &mut Vec<u64>) {
-        unresolved.extend(self.outstanding.drain(..));
+        for (start, end) in self.outstanding.drain(..) {
+            unresolved.extend(start..=end);
+        }
+        self.count = 0;
     }
 }
