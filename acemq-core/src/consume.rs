@@ -172,8 +172,8 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
     /// hop that fails is a failure of the input, retried under its policy.
     pub fn then<O, C2>(mut self, publisher: &crate::Publisher<O, C2>) -> Self {
         self.then = Some(Destination {
-            exchange: publisher.exchange.to_string(),
-            routing_key: publisher.routing_key.to_string(),
+            exchange: publisher.publish.exchange.to_string(),
+            routing_key: publisher.publish.routing_key.to_string(),
             persistent: publisher.persistent,
         });
         self

@@ -204,8 +204,8 @@ impl Pipeline {
     /// Where the last stage's outputs go.
     pub fn to<O, C>(mut self, publisher: &crate::Publisher<O, C>) -> Self {
         self.to = Some(Destination {
-            exchange: publisher.exchange.to_string(),
-            routing_key: publisher.routing_key.to_string(),
+            exchange: publisher.publish.exchange.to_string(),
+            routing_key: publisher.publish.routing_key.to_string(),
             persistent: publisher.persistent,
         });
         self

@@ -244,12 +244,9 @@ impl LibraryWrite {
 /// Publishes `T` to one exchange and routing key.
 pub struct Publisher<T, C = Json> {
     pub(crate) conn: Conn,
-    pub(crate) exchange: ShortString,
-    pub(crate) routing_key: ShortString,
-    pub(crate) mandatory: bool,
-    /// The `basic.publish` of every message: the three fields above, built
-    /// once and shared by the messages on their way.
-    publish: Arc<BasicPublish>,
+    /// The `basic.publish` of every message (exchange, routing key,
+    /// mandatory), built once and shared by the messages on their way.
+    pub(crate) publish: Arc<BasicPublish>,
     pub(crate) persistent: bool,
     pub(crate) content_type: Option<ShortString>,
     pub(crate) codec: C,
@@ -260,9 +257,6 @@ impl<T, C: Clone> Clone for Publisher<T, C> {
     fn clone(&self) -> Self {
         Publisher {
             conn: self.conn.clone(),
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
-            mandatory: self.mandatory,
             publish: self.publish.clone(),
             persistent: self.persistent,
             content_type: self.content_type.clone(),
@@ -275,9 +269,9 @@ impl<T, C: Clone> Clone for Publisher<T, C> {
 impl<T, C> std::fmt::Debug for Publisher<T, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
-            .field("exchange", &self.exchange)
-            .field("routing_key", &self.routing_key)
-            .field("mandatory", &self.mandatory)
+            .field("exchange", &self.publish.exchange)
+            .field("routing_key", &self.publish.routing_key)
+            .field("mandatory", &self.publish.mandatory)
             .field("persistent", &self.persistent)
             .finish()
     }
@@ -287,9 +281,6 @@ impl<T: Serialize> Publisher<T, Json> {
     pub(crate) fn new(conn: Conn, exchange: &str, routing_key: &str) -> Self {
         Publisher {
             conn,
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
-            mandatory: false,
             publish: Arc::new(BasicPublish {
                 exchange: exchange.into(),
                 routing_key: routing_key.into(),
@@ -306,7 +297,6 @@ impl<T: Serialize> Publisher<T, Json> {
 impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// A message that reaches no queue is an error rather than a silent drop.
     pub fn mandatory(mut self) -> Self {
-        self.mandatory = true;
         self.publish = Arc::new(BasicPublish {
             mandatory: true,
             ..BasicPublish::clone(&self.publish)
@@ -330,9 +320,6 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     pub fn with_codec<C2: Codec>(self, codec: C2) -> Publisher<T, C2> {
         Publisher {
             conn: self.conn,
-            exchange: self.exchange,
-            routing_key: self.routing_key,
-            mandatory: self.mandatory,
             publish: self.publish,
             persistent: self.persistent,
             content_type: self.content_type,
@@ -399,7 +386,12 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         let (flight, confirm) = match self.write(&envelope, payload).await {
             Ok(written) => written,
             Err(err) => {
-                report(Err(&err), &envelope.id, &self.exchange, &self.routing_key);
+                report(
+                    Err(&err),
+                    &envelope.id,
+                    &self.publish.exchange,
+                    &self.publish.routing_key,
+                );
                 return Err(err);
             }
         };

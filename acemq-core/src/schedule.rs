@@ -431,10 +431,13 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
                 headers.push(k, v);
             }
         }
-        headers.insert(DELIVER_TO_EXCHANGE_HEADER, FieldValue::from(self.exchange.to_string()));
+        headers.insert(
+            DELIVER_TO_EXCHANGE_HEADER,
+            FieldValue::from(self.publish.exchange.to_string()),
+        );
         headers.insert(
             DELIVER_TO_ROUTING_KEY_HEADER,
-            FieldValue::from(self.routing_key.to_string()),
+            FieldValue::from(self.publish.routing_key.to_string()),
         );
         headers.insert(DELIVER_AT_HEADER, FieldValue::Timestamp(unix_seconds(at)));
         ensure_ladder(&self.conn).await?;

@@ -404,6 +404,14 @@ mod tests {
         (0..count).map(|_| line.number()).collect()
     }
 
+    /// A line in confirm mode from its first publish, `count` published.
+    fn confirming(count: u64) -> Arc<Line> {
+        let line = line();
+        numbers(&line, count);
+        line.confirm_mode_from(0);
+        line
+    }
+
     fn now(line: &Line, n: u64) -> Poll<Outcome> {
         line.poll(n, &mut Context::from_waker(Waker::noop()))
     }
@@ -434,10 +442,8 @@ mod tests {
 
     #[test]
     fn nacks_returns_and_acks_out_of_order_are_kept_until_taken_and_the_watermark_passes_them() {
-        let line = line();
+        let line = confirming(6);
         let mut wake = Vec::new();
-        numbers(&line, 6);
-        line.confirm_mode_from(0);
         line.settle(3, Ok(Confirmation::Ack), &mut wake);
         line.settle(1, Ok(Confirmation::Nack), &mut wake);
         line.settle_run(0, 0, Confirmation::Ack, &mut wake);
@@ -456,10 +462,8 @@ mod tests {
 
     #[test]
     fn a_confirm_dropped_before_or_after_its_outcome_leaves_nothing_behind() {
-        let line = line();
+        let line = confirming(5);
         let mut wake = Vec::new();
-        numbers(&line, 5);
-        line.confirm_mode_from(0);
         line.abandon(1);
         line.settle(1, Ok(Confirmation::Nack), &mut wake);
         line.settle(3, Ok(Confirmation::Nack), &mut wake);
@@ -474,10 +478,8 @@ mod tests {
 
     #[test]
     fn a_failed_line_fails_the_unsettled_with_its_error_and_the_never_taken_with_channel_not_open() {
-        let line = line();
+        let line = confirming(6);
         let mut wake = Vec::new();
-        numbers(&line, 6);
-        line.confirm_mode_from(0);
         line.settle_run(0, 0, Confirmation::Ack, &mut wake);
         line.settle(2, Ok(Confirmation::Nack), &mut wake);
         let gone = Error::ConnectionClosed(crate::proto::CloseReason::ConnectionLost);
@@ -493,10 +495,8 @@ mod tests {
 
     #[test]
     fn a_refused_publish_and_every_later_one_fail_with_the_refusal() {
-        let line = line();
+        let line = confirming(4);
         let mut wake = Vec::new();
-        numbers(&line, 4);
-        line.confirm_mode_from(0);
         line.refuse(2, Error::ChannelNotOpen(7), &mut wake);
         assert!(now(&line, 1).is_pending(), "written before: its confirm may still come");
         assert!(matches!(now(&line, 2), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
@@ -507,9 +507,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_confirm_is_woken_when_another_task_settles_it() {
-        let line = line();
-        numbers(&line, 3);
-        line.confirm_mode_from(0);
+        let line = confirming(3);
         let settler = line.clone();
         let task = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
