@@ -206,13 +206,29 @@ impl Route<'_> {
         }
     }
 
-    /// What a `basic.return` of a mandatory publish is matched by.
-    fn return_key(self, properties: &BasicProperties) -> Option<amqp_codec::track::ReturnKey> {
-        match self {
-            Route::Method(publish) => crate::proto::return_key(publish, properties),
-            Route::Parts { mandatory: false, .. } => None,
-            parts => crate::proto::return_key(&parts.to_method(), properties),
+    /// What a `basic.return` of a mandatory publish is matched by, boxed
+    /// as a [`Published`] record keeps it; `None` when not mandatory.
+    #[inline]
+    fn return_key(self, properties: &BasicProperties) -> Option<Box<amqp_codec::track::ReturnKey>> {
+        let mandatory = match self {
+            Route::Method(publish) => publish.mandatory,
+            Route::Parts { mandatory, .. } => mandatory,
+        };
+        if mandatory {
+            self.mandatory_return_key(properties)
+        } else {
+            None
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mandatory_return_key(self, properties: &BasicProperties) -> Option<Box<amqp_codec::track::ReturnKey>> {
+        let key = match self {
+            Route::Method(publish) => crate::proto::return_key(publish, properties),
+            parts => crate::proto::return_key(&parts.to_method(), properties),
+        };
+        key.map(Box::new)
     }
 }
 
@@ -600,6 +616,7 @@ impl Channel {
     }
 
     /// Encodes a message whose room is taken into the command lane.
+    #[inline]
     fn queue_publish(
         &self,
         route: Route<'_>,
@@ -638,7 +655,7 @@ impl Channel {
                 generation,
                 len: frames.len() - start,
                 room,
-                returned: route.return_key(properties).map(Box::new),
+                returned: route.return_key(properties),
             });
             match commands.last_mut() {
                 Some(Command::Publishes(run)) => *run += 1,

@@ -58,6 +58,10 @@ pub struct PublishEncoder {
     /// one buffer, for a message whose body takes one frame: one copy
     /// instead of four. Empty when it must be built again.
     prefix: Vec<u8>,
+    /// The larger of the two kept frames' sizes, once `prefix` is built.
+    prefix_need: usize,
+    /// Where in `prefix` the header's body size sits.
+    body_size_at: usize,
 }
 
 /// One message to encode.
@@ -131,7 +135,7 @@ impl PublishEncoder {
         let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel && kept.publish == *publish);
         let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
             && kept.properties.matches(properties));
-        if method_kept && header_kept && self.copy_prefix(channel, body, frame_max, dst) {
+        if method_kept && header_kept && self.copy_prefix(body, frame_max, dst) {
             return Ok(());
         }
         let start = dst.len();
@@ -168,6 +172,7 @@ impl PublishEncoder {
     /// assert_eq!(a, b);
     /// ```
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn encode_route(
         &mut self,
         channel: u16,
@@ -179,17 +184,63 @@ impl PublishEncoder {
         frame_max: u32,
         dst: &mut BytesMut,
     ) -> Result<(), EncodeError> {
-        let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel
-            && kept.publish.routing_key.as_bytes() == routing_key.as_bytes()
-            && kept.publish.exchange.as_bytes() == exchange.as_bytes()
-            && kept.publish.mandatory == mandatory
-            && !kept.publish.immediate
-            && kept.publish.reserved_1 == 0);
-        let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
-            && kept.properties.matches(properties));
-        if method_kept && header_kept && self.copy_prefix(channel, body, frame_max, dst) {
+        if self.route_kept(channel, exchange, routing_key, mandatory, properties)
+            && self.copy_prefix(body, frame_max, dst)
+        {
             return Ok(());
         }
+        self.encode_route_fresh(
+            channel,
+            exchange,
+            routing_key,
+            mandatory,
+            properties,
+            body,
+            frame_max,
+            dst,
+        )
+    }
+
+    /// Whether the kept method and header frames are this message's.
+    #[inline]
+    fn route_kept(
+        &self,
+        channel: u16,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: &Arc<BasicProperties>,
+    ) -> bool {
+        let (Some(method), Some(header)) = (&self.method, &self.header) else {
+            return false;
+        };
+        let kept = &method.publish;
+        method.channel == channel
+            && header.channel == channel
+            && kept.mandatory == mandatory
+            && !kept.immediate
+            && kept.reserved_1 == 0
+            && kept.routing_key.as_bytes() == routing_key.as_bytes()
+            && kept.exchange.as_bytes() == exchange.as_bytes()
+            && header.properties.matches(properties)
+    }
+
+    /// [`PublishEncoder::encode_route`] when the kept frames cannot be
+    /// copied as they are: out of line, so that the copy stays small.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_route_fresh(
+        &mut self,
+        channel: u16,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+        frame_max: u32,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
         let publish = BasicPublish {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
@@ -199,41 +250,45 @@ impl PublishEncoder {
         self.encode(channel, &publish, properties, body, frame_max, dst)
     }
 
-    /// The message whose frames are all kept, when its body takes exactly
-    /// one frame and every frame fits `frame_max`: the prefix, the body and
-    /// the end byte, with the two sizes patched. `false` if it does not
-    /// apply (nothing is written then).
-    fn copy_prefix(&mut self, channel: u16, body: &[u8], frame_max: u32, dst: &mut BytesMut) -> bool {
+    /// Copies the message whose method and header frames are both kept (on
+    /// its channel), when its body takes exactly one frame and every frame
+    /// fits `frame_max`: the prefix, the body and the end byte, with the two
+    /// sizes patched. `false` if it does not apply (nothing is written then).
+    #[inline]
+    fn copy_prefix(&mut self, body: &[u8], frame_max: u32, dst: &mut BytesMut) -> bool {
+        let limit = if frame_max == 0 { usize::MAX } else { frame_max as usize };
+        if self.prefix.is_empty() && !self.build_prefix() {
+            return false;
+        }
+        // `prefix_need`: the larger of the two kept frames.
+        if body.is_empty() || body.len().saturating_add(FRAME_OVERHEAD).max(self.prefix_need) > limit {
+            return false;
+        }
+        let at = dst.len();
+        dst.reserve(self.prefix.len() + body.len() + 1);
+        dst.extend_from_slice(&self.prefix);
+        let size_at = at + self.body_size_at;
+        dst[size_at..size_at + 8].copy_from_slice(&(body.len() as u64).to_be_bytes());
+        let body_head_at = at + self.prefix.len() - 4;
+        dst[body_head_at..body_head_at + 4].copy_from_slice(&(body.len() as u32).to_be_bytes());
+        dst.extend_from_slice(body);
+        dst.put_u8(FRAME_END);
+        true
+    }
+
+    /// Builds the prefix from the kept frames; `false` if one is missing.
+    #[cold]
+    #[inline(never)]
+    fn build_prefix(&mut self) -> bool {
         let (Some(method), Some(header)) = (&self.method, &self.header) else {
             return false;
         };
-        let limit = if frame_max == 0 {
-            u32::MAX as usize
-        } else {
-            frame_max as usize
-        };
-        let fits = !body.is_empty()
-            && body.len() + FRAME_OVERHEAD <= limit
-            && method.frame.len() <= limit
-            && header.frame.len() <= limit;
-        if !fits {
-            return false;
-        }
-        if self.prefix.is_empty() {
-            self.prefix.extend_from_slice(&method.frame);
-            self.prefix.extend_from_slice(&header.frame);
-            self.prefix
-                .extend_from_slice(&super::frame_head(FRAME_BODY, channel, 0));
-        }
-        let at = dst.len();
-        let size_at = at + method.frame.len() + BODY_SIZE_AT;
-        let body_head_at = at + self.prefix.len() - 4;
-        dst.reserve(self.prefix.len() + body.len() + 1);
-        dst.put_slice(&self.prefix);
-        dst[size_at..size_at + 8].copy_from_slice(&(body.len() as u64).to_be_bytes());
-        dst[body_head_at..body_head_at + 4].copy_from_slice(&(body.len() as u32).to_be_bytes());
-        dst.put_slice(body);
-        dst.put_u8(FRAME_END);
+        self.prefix.extend_from_slice(&method.frame);
+        self.prefix.extend_from_slice(&header.frame);
+        self.prefix
+            .extend_from_slice(&super::frame_head(FRAME_BODY, header.channel, 0));
+        self.prefix_need = method.frame.len().max(header.frame.len());
+        self.body_size_at = method.frame.len() + BODY_SIZE_AT;
         true
     }
 

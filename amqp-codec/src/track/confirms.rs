@@ -89,6 +89,7 @@ impl Confirms {
     }
 
     /// Records a publish; returns its sequence number in confirm mode.
+    #[inline]
     pub fn on_publish(&mut self) -> Option<u64> {
         let last = self.last.as_mut()?;
         *last += 1;
