@@ -256,6 +256,7 @@ impl Publishing<'_> {
 impl Future for Publishing<'_> {
     type Output = Result<PublishConfirm, Error>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut *self {
             // Polling a future after it returned breaks `Future`'s contract
@@ -282,6 +283,7 @@ pub struct PublishConfirm {
 }
 
 impl Drop for PublishConfirm {
+    #[inline]
     fn drop(&mut self) {
         if !self.spent {
             self.line.abandon(self.number);
@@ -301,6 +303,7 @@ impl PublishConfirm {
 impl Future for PublishConfirm {
     type Output = Result<Confirmation, Error>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         // Polled again after it returned: the connection's error, as a
@@ -616,7 +619,7 @@ impl Channel {
     }
 
     /// Encodes a message whose room is taken into the command lane.
-    #[inline]
+    #[inline(always)]
     fn queue_publish(
         &self,
         route: Route<'_>,

@@ -114,11 +114,17 @@ impl Line {
 
     /// The number of a publish being queued. Call it under the command
     /// lane's lock, once the publish is sure to be queued.
+    #[inline]
     pub(crate) fn number(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
+        // A load and a store, not an atomic add: every caller holds the
+        // lane's lock, which orders them.
+        let n = self.next.load(Ordering::Relaxed);
+        self.next.store(n + 1, Ordering::Relaxed);
+        n
     }
 
     /// The plain outcome of a settled publish numbered `n`.
+    #[inline]
     fn plain(&self, n: u64) -> Confirmation {
         if n < self.first_confirmed.load(Ordering::Acquire) {
             Confirmation::NotRequested
@@ -271,10 +277,17 @@ impl Line {
     // ---- the confirm's side ----
 
     /// The outcome of publish `n` once it is known. Spent once `Ready`.
+    #[inline]
     pub(crate) fn poll(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
         if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
             return Poll::Ready(Ok(self.plain(n)));
         }
+        self.poll_locked(n, cx)
+    }
+
+    /// [`Line::poll`] for a publish not settled with the plain outcome.
+    #[inline(never)]
+    fn poll_locked(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
         let mut inner = self.lock();
         if let Some(outcome) = self.outcome_locked(&mut inner, n) {
             inner.waiters.retain(|(w, _)| *w != n);
@@ -309,10 +322,17 @@ impl Line {
     }
 
     /// The confirm of `n` is dropped without its outcome taken.
+    #[inline]
     pub(crate) fn abandon(&self, n: u64) {
         if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
             return;
         }
+        self.abandon_locked(n);
+    }
+
+    /// [`Line::abandon`] of a publish that may have something kept.
+    #[inline(never)]
+    fn abandon_locked(&self, n: u64) {
         let mut inner = self.lock();
         inner.waiters.retain(|(w, _)| *w != n);
         let below = self.settled_below.load(Ordering::Acquire);
