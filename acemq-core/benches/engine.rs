@@ -38,7 +38,8 @@ async fn publish_confirmed_shared(conn: &Connection, queue: &str, messages: u64,
         delivery_mode: Some(1),
         ..Default::default()
     });
-    publish_confirmed_with(conn, queue, messages, window, props, "  same, properties shared").await
+    // Borrowed: the publish neither clones nor drops the `Arc`.
+    publish_confirmed_with(conn, queue, messages, window, &props, "  same, properties shared").await
 }
 
 /// The engine's confirmed publish with the properties `Publisher` writes
@@ -105,7 +106,7 @@ async fn publish_confirmed_each<P: acemq_core::amqp::PublishProperties>(
             let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
         }
-        in_flight.push_back(ch.publish("", queue, false, props(n), body.clone()).await.unwrap());
+        in_flight.push_back(ch.publish("", queue, false, props(n), &body).await.unwrap());
     }
     for confirm in in_flight {
         assert_eq!(confirm.await.unwrap(), Confirmation::Ack);

@@ -20,7 +20,7 @@
 //! ch.confirm_select().await?;
 //! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
 //!
-//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into()).await?;
+//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello").await?;
 //! assert_eq!(confirm.await?, Confirmation::Ack);
 //!
 //! let message = ch.basic_get("orders", false).await?.expect("one message");

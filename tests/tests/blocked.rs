@@ -39,7 +39,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
             let q = exclusive_queue(&ch).await;
             // RabbitMQ blocks only connections that have published.
             let first = ch
-                .publish("", &q, false, BasicProperties::default(), "before".into())
+                .publish("", &q, false, BasicProperties::default(), "before")
                 .await
                 .unwrap();
             assert_eq!(first.await.unwrap(), Confirmation::Ack);
@@ -47,7 +47,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_with_its_reason_then_unbl
             b.set_memory_alarm(true);
             // RabbitMQ sends connection.blocked when a connection publishes under the alarm.
             let during = ch
-                .publish("", &q, false, BasicProperties::default(), "during".into())
+                .publish("", &q, false, BasicProperties::default(), "during")
                 .await
                 .unwrap();
             let blocked = tokio::time::timeout(Duration::from_secs(20), async {
@@ -437,9 +437,7 @@ async fn a_publisher_that_never_awaits_its_confirms_is_held_back_while_the_broke
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
             // RabbitMQ blocks only connections that have published.
-            let first = ch
-                .publish("", &q, false, BasicProperties::default(), "first".into())
-                .await;
+            let first = ch.publish("", &q, false, BasicProperties::default(), "first").await;
             assert_eq!(first.unwrap().await.unwrap(), Confirmation::Ack);
 
             let alarm = AlarmGuard::raise(&b);

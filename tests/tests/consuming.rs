@@ -288,7 +288,7 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
             // A body that does not decode never reaches the handler.
             let raw = conn.publishing_connection().channel().await.unwrap();
             raw.confirm_select().await.unwrap();
-            raw.publish("", &q, false, BasicProperties::default(), "not json".into())
+            raw.publish("", &q, false, BasicProperties::default(), "not json")
                 .await
                 .unwrap()
                 .await
@@ -316,7 +316,7 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
                 timestamp: Some(1_700_000_000),
                 ..Default::default()
             };
-            raw.publish("", &q, false, poison, "{\"id\":3}".into())
+            raw.publish("", &q, false, poison, "{\"id\":3}")
                 .await
                 .unwrap()
                 .await
@@ -366,7 +366,7 @@ fn a_message_without_a_message_id_keeps_one_id_across_retries_and_into_the_dlq()
                 content_type: Some("application/json".into()),
                 ..Default::default()
             };
-            raw.publish("", &q, false, props, "{\"id\":7}".into())
+            raw.publish("", &q, false, props, "{\"id\":7}")
                 .await
                 .unwrap()
                 .await
@@ -874,7 +874,7 @@ fn statement_12_messages_expired_by_the_queue_ttl_dropped_by_max_length_or_rejec
                 };
                 let (ch, queue) = (&ch, queue.to_string());
                 async move {
-                    let confirm = ch.publish("", &queue, false, props, body.into()).await.unwrap();
+                    let confirm = ch.publish("", &queue, false, props, body).await.unwrap();
                     let confirmed = tokio::time::timeout(Duration::from_secs(10), confirm)
                         .await
                         .expect("a confirm within 10 s");
@@ -1090,7 +1090,7 @@ fn handled_outcomes_are_counted() {
                     publisher.send(&Order { id }).await.unwrap();
                 }
                 let raw = conn.publishing_connection().channel().await.unwrap();
-                raw.publish("", &q, false, BasicProperties::default(), "garbage".into())
+                raw.publish("", &q, false, BasicProperties::default(), "garbage")
                     .await
                     .unwrap();
                 take_eventually(&conn, &format!("{q}.parked"), Duration::from_secs(30)).await;

@@ -274,10 +274,7 @@ async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
             .unwrap();
 
             let sent = all_properties("m-get");
-            let confirm = ch
-                .publish(&exchange, "k", true, sent.clone(), "body-1".into())
-                .await
-                .unwrap();
+            let confirm = ch.publish(&exchange, "k", true, sent.clone(), "body-1").await.unwrap();
             assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
             let got = ch.basic_get(&q, false).await.unwrap().expect("a message");
             assert_eq!(props_of(&got.properties), &sent, "{:?}", b.kind);
@@ -293,7 +290,7 @@ async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
 
             // The same through a consumer.
             let sent = all_properties("m-consume");
-            ch.publish(&exchange, "k", false, sent.clone(), "body-2".into())
+            ch.publish(&exchange, "k", false, sent.clone(), "body-2")
                 .await
                 .unwrap()
                 .await
@@ -420,6 +417,52 @@ async fn a_publish_with_room_is_queued_as_it_is_called_not_as_it_is_awaited() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time() {
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            // A publish buffer of one byte: a publish waits until the one
+            // before it is written, so a borrowed body is kept as a copy.
+            let conn = b
+                .connect_with(Config {
+                    publish_buffer: 1,
+                    ..b.config()
+                })
+                .await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let props = std::sync::Arc::new(BasicProperties::default());
+            let mut buffer = b"reused-1".to_vec();
+            let mut confirms = Vec::new();
+            confirms.push(ch.publish("", &q, false, &props, &buffer).await.unwrap());
+            buffer.clear();
+            buffer.extend_from_slice(b"reused-2");
+            confirms.push(ch.publish("", &q, false, &props, &buffer[..]).await.unwrap());
+            let bytes = Bytes::from_static(b"bytes");
+            confirms.push(ch.publish("", &q, false, &props, &bytes).await.unwrap());
+            confirms.push(ch.publish("", &q, false, props.clone(), bytes).await.unwrap());
+            confirms.push(ch.publish("", &q, false, &props, b"array").await.unwrap());
+            confirms.push(ch.publish("", &q, false, &props, "str").await.unwrap());
+            confirms.push(ch.publish("", &q, false, &props, String::from("string")).await.unwrap());
+            confirms.push(ch.publish("", &q, false, &props, b"vec".to_vec()).await.unwrap());
+            for confirm in confirms {
+                assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            }
+            let mut bodies = Vec::new();
+            while let Some(message) = ch.basic_get(&q, true).await.unwrap() {
+                bodies.push(String::from_utf8_lossy(&message.body).into_owned());
+            }
+            let sent = [
+                "reused-1", "reused-2", "bytes", "bytes", "array", "str", "string", "vec",
+            ];
+            assert_eq!(bodies, sent, "on {:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_with_reject_publish_nacks() {
     acemq_tests::deadline(async {
         for b in brokers().await {
@@ -441,11 +484,11 @@ async fn a_full_queue_with_reject_publish_nacks() {
                 .queue
                 .to_string();
             let first = ch
-                .publish("", &q, false, BasicProperties::default(), "1".into())
+                .publish("", &q, false, BasicProperties::default(), "1")
                 .await
                 .unwrap();
             let second = ch
-                .publish("", &q, false, BasicProperties::default(), "2".into())
+                .publish("", &q, false, BasicProperties::default(), "2")
                 .await
                 .unwrap();
             assert_eq!(first.await.unwrap(), Confirmation::Ack);
@@ -471,15 +514,11 @@ async fn an_unroutable_mandatory_publish_is_returned_312_and_paired_with_its_own
             };
             // Several outstanding at once, unroutable ones in between.
             let pending = vec![
-                ch.publish("", &q, true, with_id("1"), "routed-1".into()).await.unwrap(),
-                ch.publish("", &nowhere, true, with_id("2"), "lost-2".into())
-                    .await
-                    .unwrap(),
-                ch.publish("", &q, true, with_id("3"), "routed-3".into()).await.unwrap(),
-                ch.publish("", &nowhere, true, with_id("4"), "lost-4".into())
-                    .await
-                    .unwrap(),
-                ch.publish("", &nowhere, false, with_id("5"), "dropped-5".into())
+                ch.publish("", &q, true, with_id("1"), "routed-1").await.unwrap(),
+                ch.publish("", &nowhere, true, with_id("2"), "lost-2").await.unwrap(),
+                ch.publish("", &q, true, with_id("3"), "routed-3").await.unwrap(),
+                ch.publish("", &nowhere, true, with_id("4"), "lost-4").await.unwrap(),
+                ch.publish("", &nowhere, false, with_id("5"), "dropped-5")
                     .await
                     .unwrap(),
             ];
@@ -646,12 +685,12 @@ async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
             let mut c2 = ch.consume(&q2).await.unwrap();
             assert_eq!(c1.tag(), "mine-1");
             assert!(c2.tag().to_string().starts_with("amq.ctag-"));
-            ch.publish("", &q2, false, BasicProperties::default(), "two".into())
+            ch.publish("", &q2, false, BasicProperties::default(), "two")
                 .await
                 .unwrap()
                 .await
                 .unwrap();
-            ch.publish("", &q1, false, BasicProperties::default(), "one".into())
+            ch.publish("", &q1, false, BasicProperties::default(), "one")
                 .await
                 .unwrap()
                 .await

@@ -285,7 +285,7 @@ async fn a_whole_session_over_tcp_then_sigterm_closes_it_with_320_and_exits_0() 
         .await
         .unwrap();
         let confirm = ch
-            .publish("", &q, true, BasicProperties::default(), "over tcp".into())
+            .publish("", &q, true, BasicProperties::default(), "over tcp")
             .await
             .unwrap();
         assert_eq!(step("the publish's confirm", confirm).await.unwrap(), Confirmation::Ack);

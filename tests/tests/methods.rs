@@ -238,12 +238,12 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_committed_one_everyth
             let q = exclusive_queue(&ch).await;
             ch.tx_select().await.unwrap();
             let no_confirms = ch
-                .publish("", &q, false, BasicProperties::default(), "rolled back".into())
+                .publish("", &q, false, BasicProperties::default(), "rolled back")
                 .await
                 .unwrap();
             assert_eq!(no_confirms.await.unwrap(), Confirmation::NotRequested);
             ch.tx_rollback().await.unwrap();
-            ch.publish("", &q, false, BasicProperties::default(), "committed".into())
+            ch.publish("", &q, false, BasicProperties::default(), "committed")
                 .await
                 .unwrap();
             ch.tx_commit().await.unwrap();
@@ -264,7 +264,7 @@ async fn recover_redelivers_unacknowledged_messages() {
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
-            ch.publish("", &q, false, BasicProperties::default(), "again".into())
+            ch.publish("", &q, false, BasicProperties::default(), "again")
                 .await
                 .unwrap()
                 .await

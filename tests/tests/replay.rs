@@ -335,7 +335,7 @@ async fn statement_23_ten_thousand_dead_letters_are_replayed_and_none_is_lost() 
                     headers: Some(headers),
                     ..Default::default()
                 };
-                confirms.push(ch.publish("", &dlq, true, props, n.to_string().into()).await.unwrap());
+                confirms.push(ch.publish("", &dlq, true, props, n.to_string()).await.unwrap());
             }
             for confirm in confirms {
                 confirm.await.unwrap();

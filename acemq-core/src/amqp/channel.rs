@@ -67,7 +67,9 @@ impl LastProperties {
 }
 
 /// The properties a publish takes: a [`BasicProperties`] by value, or an
-/// `Arc<BasicProperties>` shared by many publishes, which is never copied.
+/// `Arc<BasicProperties>` shared by many publishes, which is never copied,
+/// given by value or borrowed (`&Arc<BasicProperties>`: its count is then
+/// not even raised, unless the publish must wait for room).
 ///
 /// Properties given by value that equal the previous ones given by value on
 /// the same channel (compared with [`BasicProperties::encodes_like`], so
@@ -78,17 +80,156 @@ pub trait PublishProperties: sealed::Sealed {
     /// The properties as the publish carries them.
     #[doc(hidden)]
     fn into_shared(self, channel: &Channel) -> Arc<BasicProperties>;
+
+    /// Runs `f` with the properties as the publish carries them.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn with_shared<R>(self, channel: &Channel, f: impl FnOnce(&Arc<BasicProperties>) -> R) -> R
+    where
+        Self: Sized,
+    {
+        f(&self.into_shared(channel))
+    }
+}
+
+/// The body a publish takes: [`Bytes`], a `Vec<u8>` or a `String` by
+/// value, or bytes borrowed for the call (`&[u8]`, `&Bytes`, `&Vec<u8>`,
+/// `&[u8; N]`, `&str`).
+///
+/// With room in the publish buffer the message is encoded as the publish
+/// is called, so a borrowed body costs nothing more; a publish that must
+/// wait for room keeps its own copy of a borrowed body (a `Bytes` is kept
+/// by its count).
+pub trait PublishBody: sealed::SealedBody {
+    /// The body's bytes.
+    #[doc(hidden)]
+    fn as_slice(&self) -> &[u8];
+
+    /// The body itself, when it is a `Bytes` a waiting publish can keep
+    /// without copying it.
+    #[doc(hidden)]
+    fn as_bytes(&self) -> Option<&Bytes>;
 }
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for amqp_codec::BasicProperties {}
     impl Sealed for std::sync::Arc<amqp_codec::BasicProperties> {}
+    impl Sealed for &std::sync::Arc<amqp_codec::BasicProperties> {}
+
+    pub trait SealedBody {}
+    impl SealedBody for bytes::Bytes {}
+    impl SealedBody for &bytes::Bytes {}
+    impl SealedBody for Vec<u8> {}
+    impl SealedBody for &Vec<u8> {}
+    impl SealedBody for &[u8] {}
+    impl<const N: usize> SealedBody for &[u8; N] {}
+    impl SealedBody for &str {}
+    impl SealedBody for String {}
 }
 
 impl PublishProperties for Arc<BasicProperties> {
     fn into_shared(self, _: &Channel) -> Arc<BasicProperties> {
         self
+    }
+}
+
+impl PublishProperties for &Arc<BasicProperties> {
+    fn into_shared(self, _: &Channel) -> Arc<BasicProperties> {
+        self.clone()
+    }
+
+    #[inline(always)]
+    fn with_shared<R>(self, _: &Channel, f: impl FnOnce(&Arc<BasicProperties>) -> R) -> R {
+        f(self)
+    }
+}
+
+impl PublishBody for Bytes {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        Some(self)
+    }
+}
+
+impl PublishBody for &Bytes {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        Some(self)
+    }
+}
+
+impl PublishBody for Vec<u8> {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
+    }
+}
+
+impl PublishBody for &Vec<u8> {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
+    }
+}
+
+impl PublishBody for &[u8] {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
+    }
+}
+
+impl PublishBody for &str {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        str::as_bytes(self)
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
+    }
+}
+
+impl PublishBody for String {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        str::as_bytes(self)
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
+    }
+}
+
+impl<const N: usize> PublishBody for &[u8; N] {
+    #[inline(always)]
+    fn as_slice(&self) -> &[u8] {
+        &self[..]
+    }
+    #[inline(always)]
+    fn as_bytes(&self) -> Option<&Bytes> {
+        None
     }
 }
 
@@ -545,10 +686,42 @@ impl Channel {
     /// then publishes nothing.
     ///
     /// `properties` are a [`BasicProperties`], or an
-    /// `Arc<BasicProperties>` to publish the same properties many times
-    /// without copying them for each message. Properties given by value
-    /// that equal the last ones given by value on this channel are shared
-    /// the same way (see [`PublishProperties`]).
+    /// `Arc<BasicProperties>` (or a reference to one) to publish the same
+    /// properties many times without copying them for each message.
+    /// Properties given by value that equal the last ones given by value on
+    /// this channel are shared the same way (see [`PublishProperties`]).
+    ///
+    /// `body` is a [`Bytes`] or `Vec<u8>`, or borrowed (`&[u8]`, `&Bytes`):
+    /// a body serialized into a buffer that is reused costs no allocation
+    /// (see [`PublishBody`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), acemq_core::amqp::Error> {
+    /// use std::sync::Arc;
+    /// use acemq_core::amqp::{Config, Confirmation, Connection};
+    /// use amqp_codec::{BasicProperties, QueueDeclare};
+    /// let conn = Connection::open("memory://publish-doc", Config::default()).await?;
+    /// let ch = conn.channel().await?;
+    /// ch.confirm_select().await?;
+    /// ch.queue_declare(QueueDeclare { queue: "orders".into(), ..Default::default() }).await?;
+    /// // One `Arc` of properties and one buffer for every message.
+    /// let props = Arc::new(BasicProperties { delivery_mode: Some(2), ..Default::default() });
+    /// let mut buffer = Vec::new();
+    /// let mut confirms = Vec::new();
+    /// for n in 0..3 {
+    ///     buffer.clear();
+    ///     buffer.extend_from_slice(format!("order {n}").as_bytes());
+    ///     confirms.push(ch.publish("", "orders", false, &props, &buffer).await?);
+    /// }
+    /// for confirm in confirms {
+    ///     assert_eq!(confirm.await?, Confirmation::Ack);
+    /// }
+    /// let first = ch.basic_get("orders", true).await?.expect("a message");
+    /// assert_eq!(&first.body[..], b"order 0");
+    /// conn.close().await?;
+    /// # Ok(()) }
+    /// ```
     #[inline]
     pub fn publish(
         &self,
@@ -556,14 +729,16 @@ impl Channel {
         routing_key: &str,
         mandatory: bool,
         properties: impl PublishProperties,
-        body: Bytes,
+        body: impl PublishBody,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         let route = Route::Parts {
             exchange,
             routing_key,
             mandatory,
         };
-        self.start_publish(route, &properties.into_shared(self), &body)
+        properties.with_shared(self, |properties| {
+            self.start_publish(route, properties, body.as_slice(), body.as_bytes())
+        })
     }
 
     /// `basic.publish` with every field of the method under your control
@@ -572,11 +747,11 @@ impl Channel {
         &self,
         publish: BasicPublish,
         properties: impl PublishProperties,
-        body: Bytes,
+        body: impl PublishBody,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
-        // Boxed now, so that the future holds a pointer rather than the
-        // properties (a future is moved whole each time it is awaited).
-        self.publish_shared(&publish, &properties.into_shared(self), &body)
+        properties.with_shared(self, |properties| {
+            self.start_publish(Route::Method(&publish), properties, body.as_slice(), body.as_bytes())
+        })
     }
 
     /// [`Channel::basic_publish`] with properties the caller keeps too.
@@ -598,17 +773,27 @@ impl Channel {
         properties: &Arc<BasicProperties>,
         body: &Bytes,
     ) -> Publishing<'_> {
-        self.start_publish(Route::Method(publish), properties, body)
+        self.start_publish(Route::Method(publish), properties, body, Some(body))
     }
 
-    fn start_publish(&self, route: Route<'_>, properties: &Arc<BasicProperties>, body: &Bytes) -> Publishing<'_> {
+    /// Queues the message now if there is room, else returns the wait for
+    /// it. `owned` is `body` as a `Bytes` a waiting publish keeps, when
+    /// there is one (else it keeps a copy).
+    fn start_publish(
+        &self,
+        route: Route<'_>,
+        properties: &Arc<BasicProperties>,
+        body: &[u8],
+        owned: Option<&Bytes>,
+    ) -> Publishing<'_> {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
         match shared.try_take_room(room) {
             Ok(true) => Publishing::Ready(Some(self.queue_publish(route, properties, body, room))),
             Ok(false) => {
                 let publish = route.to_method();
-                let (properties, body) = (properties.clone(), body.clone());
+                let properties = properties.clone();
+                let body = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(body));
                 Publishing::Waiting(Box::pin(async move {
                     self.conn.shared.take_room(room).await?;
                     self.queue_publish(Route::Method(&publish), &properties, &body, room)
@@ -619,7 +804,7 @@ impl Channel {
     }
 
     /// Encodes a message whose room is taken into the command lane.
-    #[inline(always)]
+    #[inline]
     fn queue_publish(
         &self,
         route: Route<'_>,

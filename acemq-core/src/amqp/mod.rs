@@ -13,7 +13,7 @@
 //! let ch = conn.channel().await?;
 //! ch.confirm_select().await?;
 //! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
-//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello".into()).await?;
+//! let confirm = ch.publish("", "orders", true, BasicProperties::default(), "hello").await?;
 //! assert_eq!(confirm.await?, Confirmation::Ack);
 //! conn.close().await?;
 //! # Ok(()) }
@@ -28,7 +28,7 @@ mod line;
 pub(crate) mod message;
 mod url;
 
-pub use channel::{Channel, Consumer, PublishConfirm, PublishProperties};
+pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
 pub use connection::{Config, Connection};
 pub use error::Error;
 pub use message::{Confirmation, ConnectionEvent, Delivery, GetMessage, Properties, ReturnedMessage};

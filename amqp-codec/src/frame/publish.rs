@@ -104,13 +104,25 @@ impl KeptProperties {
         }
     }
 
-    /// Whether `properties` encode as these did.
+    /// Whether `properties` encode as these did. Owned ones that are equal
+    /// but another `Arc` are swapped for it: a publisher that gives the
+    /// same `Arc` from now on is then known by address, not compared.
     #[inline]
-    fn matches(&self, properties: &Arc<BasicProperties>) -> bool {
+    fn matches(&mut self, properties: &Arc<BasicProperties>) -> bool {
         match self {
             KeptProperties::Shared(weak) => std::ptr::eq(weak.as_ptr(), Arc::as_ptr(properties)),
-            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || kept.encodes_like(properties),
+            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || Self::swap_equal(kept, properties),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn swap_equal(kept: &mut Arc<BasicProperties>, properties: &Arc<BasicProperties>) -> bool {
+        if !kept.encodes_like(properties) {
+            return false;
+        }
+        *kept = properties.clone();
+        true
     }
 }
 
@@ -133,8 +145,7 @@ impl PublishEncoder {
         dst: &mut BytesMut,
     ) -> Result<(), EncodeError> {
         let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel && kept.publish == *publish);
-        let header_kept = matches!(&self.header, Some(kept) if kept.channel == channel
-            && kept.properties.matches(properties));
+        let header_kept = self.header_kept(channel, properties);
         if method_kept && header_kept && self.copy_prefix(body, frame_max, dst) {
             return Ok(());
         }
@@ -204,25 +215,33 @@ impl PublishEncoder {
     /// Whether the kept method and header frames are this message's.
     #[inline]
     fn route_kept(
-        &self,
+        &mut self,
         channel: u16,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
         properties: &Arc<BasicProperties>,
     ) -> bool {
-        let (Some(method), Some(header)) = (&self.method, &self.header) else {
+        let Some(method) = &self.method else {
             return false;
         };
         let kept = &method.publish;
         method.channel == channel
-            && header.channel == channel
             && kept.mandatory == mandatory
             && !kept.immediate
             && kept.reserved_1 == 0
             && kept.routing_key.as_bytes() == routing_key.as_bytes()
             && kept.exchange.as_bytes() == exchange.as_bytes()
-            && header.properties.matches(properties)
+            && self.header_kept(channel, properties)
+    }
+
+    /// Whether the kept header frame is that of `properties` on `channel`.
+    #[inline]
+    fn header_kept(&mut self, channel: u16, properties: &Arc<BasicProperties>) -> bool {
+        match &mut self.header {
+            Some(kept) => kept.channel == channel && kept.properties.matches(properties),
+            None => false,
+        }
     }
 
     /// [`PublishEncoder::encode_route`] when the kept frames cannot be
@@ -488,7 +507,7 @@ mod tests {
     }
 
     #[test]
-    fn properties_made_for_one_message_are_compared_by_value_and_let_go_by_the_next() {
+    fn properties_made_for_one_message_are_compared_by_value_and_the_last_one_given_is_kept() {
         let publish = BasicPublish::default();
         let mut encoder = PublishEncoder::new();
         let made = |id: &str, expiration: Option<&str>| {
@@ -511,9 +530,11 @@ mod tests {
             let mut kept = BytesMut::new();
             encoder.encode(1, &publish, props, b"x", 131_072, &mut kept).unwrap();
             assert_eq!(kept, fresh(1, &publish, props, b"x", 131_072), "message {i}");
+            // The encoder holds the one it was given last, equal or not: the
+            // next publish of the same `Arc` is known by its address.
+            assert_eq!(Arc::strong_count(props), 2, "message {i} is the one kept");
         }
-        // Kept: the first of each run of equal properties, the last run's
-        // only. Every earlier one is let go.
+        // Every earlier one is let go.
         let counts: Vec<usize> = all.iter().map(Arc::strong_count).collect();
         assert_eq!(counts, [1, 1, 1, 1, 1, 2]);
         // Properties someone else holds as well are never kept alive.

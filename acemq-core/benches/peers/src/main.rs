@@ -426,7 +426,8 @@ impl Clients {
 
 /// The engine's confirmed publish: `Channel::publish`, futures of the
 /// confirms kept in a queue of at most [`WINDOW`]. The properties are
-/// cloned for every publish, or shared when given as an `Arc`.
+/// cloned for every publish, or shared when given as a `&Arc`; the body
+/// is borrowed, as lapin takes it.
 async fn engine_publish(
     conn: &Connection,
     queue: &str,
@@ -444,7 +445,7 @@ async fn engine_publish(
             assert_eq!(confirm.await.expect("engine confirm"), Confirmation::Ack);
         }
         in_flight.push_back(
-            ch.publish("", queue, false, props.clone(), body.clone())
+            ch.publish("", queue, false, props.clone(), &body)
                 .await
                 .expect("publish"),
         );
@@ -609,7 +610,7 @@ async fn engine_latency(conn: &Connection, queue: &str, warmup: usize, samples: 
         // No confirm mode: the returned future is not needed.
         drop(
             publisher
-                .publish("", queue, false, props.clone(), body.clone())
+                .publish("", queue, false, props.clone(), &body)
                 .await
                 .expect("publish"),
         );
@@ -784,8 +785,9 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                     }
                     Client::Engine => within(&what, engine_publish(&clients.engine, queue, messages, properties)).await,
                     Client::EngineShared => {
+                        // Borrowed: the publish neither clones nor drops the `Arc`.
                         let shared = std::sync::Arc::new(properties);
-                        within(&what, engine_publish(&clients.engine, queue, messages, shared)).await
+                        within(&what, engine_publish(&clients.engine, queue, messages, &shared)).await
                     }
                     Client::Lapin => within(&what, peers::lapin_publish(&clients.lapin, queue, messages, props)).await,
                     Client::Amqprs => {
