@@ -40,56 +40,24 @@ struct ChannelState {
     open: Arc<AtomicBool>,
     /// Where its publishes wait for their confirms.
     line: Arc<Line>,
-    /// The properties of the last publish given them by value (without
-    /// headers): the next one with equal properties shares them instead of
-    /// allocating its own (see [`PublishProperties`]).
-    last_properties: std::sync::Mutex<LastProperties>,
-    /// Publishes by value still to go before the channel compares again
-    /// (see [`LastProperties::GIVE_UP`]).
-    skip_properties: std::sync::atomic::AtomicU32,
-}
-
-/// See [`ChannelState::last_properties`].
-#[derive(Debug, Default)]
-struct LastProperties {
-    kept: Option<Arc<BasicProperties>>,
-    /// Publishes since the last one that shared: after
-    /// [`LastProperties::GIVE_UP`] of them in a row the channel stops
-    /// keeping and comparing (properties that change on every message, a
-    /// message id each, would pay for it on every publish) for the next
-    /// [`LastProperties::RETRY`] publishes by value.
-    misses: u32,
-}
-
-impl LastProperties {
-    const GIVE_UP: u32 = 4;
-    const RETRY: u32 = 256;
 }
 
 /// The properties a publish takes: a [`BasicProperties`] by value, or an
-/// `Arc<BasicProperties>` shared by many publishes, which is never copied,
-/// given by value or borrowed (`&Arc<BasicProperties>`: its count is then
-/// not even raised, unless the publish must wait for room).
+/// `Arc<BasicProperties>` shared by many publishes, given by value or
+/// borrowed (`&Arc<BasicProperties>`).
 ///
-/// Properties given by value that equal the previous ones given by value on
-/// the same channel (compared with [`BasicProperties::encodes_like`], so
-/// never when they have headers) travel as the previous ones' `Arc`: a
-/// publisher that sets the same few properties on every message allocates
-/// and encodes them once. The channel keeps the last ones until the next.
+/// With room in the publish buffer the message is encoded as the publish
+/// is called, and properties are never copied for it: the channel's
+/// encoder compares them with the last message's (shared ones by address,
+/// others field by field, never those with headers) and copies that
+/// message's header frame when they match. A publish that must wait for
+/// room keeps its own `Arc` of them.
 pub trait PublishProperties: sealed::Sealed {
-    /// The properties as the publish carries them.
+    /// Runs `f` with the properties as the encoder takes them.
     #[doc(hidden)]
-    fn into_shared(self, channel: &Channel) -> Arc<BasicProperties>;
-
-    /// Runs `f` with the properties as the publish carries them.
-    #[doc(hidden)]
-    #[inline(always)]
-    fn with_shared<R>(self, channel: &Channel, f: impl FnOnce(&Arc<BasicProperties>) -> R) -> R
+    fn with_properties<R>(self, f: impl FnOnce(PropertiesRef<'_>) -> R) -> R
     where
-        Self: Sized,
-    {
-        f(&self.into_shared(channel))
-    }
+        Self: Sized;
 }
 
 /// The body a publish takes: [`Bytes`], a `Vec<u8>` or a `String` by
@@ -129,19 +97,23 @@ mod sealed {
 }
 
 impl PublishProperties for Arc<BasicProperties> {
-    fn into_shared(self, _: &Channel) -> Arc<BasicProperties> {
-        self
+    #[inline(always)]
+    fn with_properties<R>(self, f: impl FnOnce(PropertiesRef<'_>) -> R) -> R {
+        f(PropertiesRef::Shared(&self))
     }
 }
 
 impl PublishProperties for &Arc<BasicProperties> {
-    fn into_shared(self, _: &Channel) -> Arc<BasicProperties> {
-        self.clone()
-    }
-
     #[inline(always)]
-    fn with_shared<R>(self, _: &Channel, f: impl FnOnce(&Arc<BasicProperties>) -> R) -> R {
-        f(self)
+    fn with_properties<R>(self, f: impl FnOnce(PropertiesRef<'_>) -> R) -> R {
+        f(PropertiesRef::Shared(self))
+    }
+}
+
+impl PublishProperties for BasicProperties {
+    #[inline(always)]
+    fn with_properties<R>(self, f: impl FnOnce(PropertiesRef<'_>) -> R) -> R {
+        f(PropertiesRef::Given(&self))
     }
 }
 
@@ -230,65 +202,6 @@ impl<const N: usize> PublishBody for &[u8; N] {
     #[inline(always)]
     fn as_bytes(&self) -> Option<&Bytes> {
         None
-    }
-}
-
-impl PublishProperties for BasicProperties {
-    // Inlined, with the work under the lock out of line: the properties are
-    // then moved once, straight into their `Arc` (as `Arc::new` at the
-    // call site would), however the publish goes.
-    #[inline(always)]
-    fn into_shared(self, channel: &Channel) -> Arc<BasicProperties> {
-        let state = &channel.state;
-        // Given up for now, or never comparable: no lock, no comparison.
-        if self.headers.is_some() {
-            return Arc::new(self);
-        }
-        if state.skip_properties.load(Ordering::Relaxed) > 0 {
-            state.skip_properties.fetch_sub(1, Ordering::Relaxed);
-            return Arc::new(self);
-        }
-        if let Some(kept) = state.share_properties(&self) {
-            return kept;
-        }
-        let fresh = Arc::new(self);
-        state.keep_properties(&fresh);
-        fresh
-    }
-}
-
-impl ChannelState {
-    fn last_properties(&self) -> std::sync::MutexGuard<'_, LastProperties> {
-        // Nothing under this lock panics; a poisoned one still holds an Arc.
-        self.last_properties
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The last properties kept, if `properties` encode like them.
-    #[inline(never)]
-    fn share_properties(&self, properties: &BasicProperties) -> Option<Arc<BasicProperties>> {
-        let mut last = self.last_properties();
-        let kept = last.kept.as_ref().filter(|kept| kept.encodes_like(properties))?.clone();
-        last.misses = 0;
-        Some(kept)
-    }
-
-    /// `fresh` did not share: kept for the next publish, unless that has
-    /// failed [`LastProperties::GIVE_UP`] times in a row.
-    #[inline(never)]
-    fn keep_properties(&self, fresh: &Arc<BasicProperties>) {
-        let mut last = self.last_properties();
-        last.misses += 1;
-        if last.misses < LastProperties::GIVE_UP {
-            last.kept = Some(fresh.clone());
-        } else {
-            // Nothing kept: the publish's `Arc` has one owner, and the
-            // encoder compares such properties with the next message's.
-            last.kept = None;
-            last.misses = 0;
-            self.skip_properties.store(LastProperties::RETRY, Ordering::Relaxed);
-        }
     }
 }
 
@@ -540,8 +453,6 @@ impl Channel {
             generation,
             open: open.clone(),
             line,
-            last_properties: std::sync::Mutex::new(LastProperties::default()),
-            skip_properties: std::sync::atomic::AtomicU32::new(0),
         });
         Channel {
             conn,
@@ -736,9 +647,7 @@ impl Channel {
             routing_key,
             mandatory,
         };
-        properties.with_shared(self, |properties| {
-            self.start_publish(route, properties, body.as_slice(), body.as_bytes())
-        })
+        properties.with_properties(|properties| self.start_publish(route, properties, body.as_slice(), body.as_bytes()))
     }
 
     /// `basic.publish` with every field of the method under your control
@@ -749,7 +658,7 @@ impl Channel {
         properties: impl PublishProperties,
         body: impl PublishBody,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
-        properties.with_shared(self, |properties| {
+        properties.with_properties(|properties| {
             self.start_publish(Route::Method(&publish), properties, body.as_slice(), body.as_bytes())
         })
     }
@@ -773,7 +682,12 @@ impl Channel {
         properties: &Arc<BasicProperties>,
         body: &Bytes,
     ) -> Publishing<'_> {
-        self.start_publish(Route::Method(publish), properties, body, Some(body))
+        self.start_publish(
+            Route::Method(publish),
+            PropertiesRef::Shared(properties),
+            body,
+            Some(body),
+        )
     }
 
     /// Queues the message now if there is room, else returns the wait for
@@ -782,7 +696,7 @@ impl Channel {
     fn start_publish(
         &self,
         route: Route<'_>,
-        properties: &Arc<BasicProperties>,
+        properties: PropertiesRef<'_>,
         body: &[u8],
         owned: Option<&Bytes>,
     ) -> Publishing<'_> {
@@ -792,11 +706,14 @@ impl Channel {
             Ok(true) => Publishing::Ready(Some(self.queue_publish(route, properties, body, room))),
             Ok(false) => {
                 let publish = route.to_method();
-                let properties = properties.clone();
+                let properties = match properties {
+                    PropertiesRef::Shared(shared) => shared.clone(),
+                    PropertiesRef::Given(given) => Arc::new(given.clone()),
+                };
                 let body = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(body));
                 Publishing::Waiting(Box::pin(async move {
                     self.conn.shared.take_room(room).await?;
-                    self.queue_publish(Route::Method(&publish), &properties, &body, room)
+                    self.queue_publish(Route::Method(&publish), PropertiesRef::Shared(&properties), &body, room)
                 }))
             }
             Err(err) => Publishing::Ready(Some(Err(err))),
@@ -808,7 +725,7 @@ impl Channel {
     fn queue_publish(
         &self,
         route: Route<'_>,
-        properties: &Arc<BasicProperties>,
+        properties: PropertiesRef<'_>,
         body: &[u8],
         room: u32,
     ) -> Result<PublishConfirm, Error> {
@@ -843,7 +760,7 @@ impl Channel {
                 generation,
                 len: frames.len() - start,
                 room,
-                returned: route.return_key(properties),
+                returned: route.return_key(properties.get()),
             });
             match commands.last_mut() {
                 Some(Command::Publishes(run)) => *run += 1,
@@ -953,64 +870,5 @@ impl Channel {
     /// `channel.close` with a normal close; waits for `close-ok`.
     pub async fn close(&self) -> Result<(), Error> {
         self.call(crate::proto::goodbye()).await.map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn equal_properties_given_by_value_share_the_last_ones_and_others_do_not() {
-        let conn = Connection::open("memory://channel-properties-test", super::super::Config::default())
-            .await
-            .unwrap();
-        let ch = conn.channel().await.unwrap();
-        let props = |message_id: &str| BasicProperties {
-            delivery_mode: Some(2),
-            message_id: Some(message_id.into()),
-            ..Default::default()
-        };
-        let first = props("a").into_shared(&ch);
-        let again = props("a").into_shared(&ch);
-        assert!(Arc::ptr_eq(&first, &again), "equal properties share the last ones");
-        let other = props("b").into_shared(&ch);
-        assert!(!Arc::ptr_eq(&first, &other), "a changed field is its own");
-        assert_eq!(*other, props("b"));
-        let after = props("b").into_shared(&ch);
-        assert!(Arc::ptr_eq(&other, &after), "the last ones are now those");
-        // Headers are never compared: equal ones are not shared, nor kept.
-        let with_headers = BasicProperties {
-            headers: Some(FieldTable::default()),
-            ..props("b")
-        };
-        let h1 = with_headers.clone().into_shared(&ch);
-        let h2 = with_headers.into_shared(&ch);
-        assert!(!Arc::ptr_eq(&h1, &h2));
-        assert!(Arc::ptr_eq(&props("b").into_shared(&ch), &other));
-        // Another channel keeps its own.
-        let ch2 = conn.channel().await.unwrap();
-        assert!(!Arc::ptr_eq(&props("b").into_shared(&ch2), &other));
-        // An Arc given is the Arc used, and leaves the last ones alone.
-        let given = Arc::new(props("b"));
-        assert!(Arc::ptr_eq(&given.clone().into_shared(&ch), &given));
-        assert!(Arc::ptr_eq(&props("b").into_shared(&ch), &other));
-        // Properties that differ every time: after a few, the channel stops
-        // keeping them (their Arc has one owner), and tries again later.
-        for n in 0..LastProperties::GIVE_UP {
-            props(&format!("unique-{n}")).into_shared(&ch);
-        }
-        let lone = props("c").into_shared(&ch);
-        assert_eq!(Arc::strong_count(&lone), 1, "given up: nothing kept");
-        assert!(!Arc::ptr_eq(&props("c").into_shared(&ch), &props("c").into_shared(&ch)));
-        for _ in 0..LastProperties::RETRY {
-            props("d").into_shared(&ch);
-        }
-        let retried = props("d").into_shared(&ch);
-        assert!(
-            Arc::ptr_eq(&retried, &props("d").into_shared(&ch)),
-            "sharing again after the retry"
-        );
-        conn.close().await.unwrap();
     }
 }

@@ -15,7 +15,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 pub use envelope::{decode_frame, FrameDecoder};
 pub use header::{ContentHeader, UndecodableHeader};
-pub use publish::PublishEncoder;
+pub use publish::{PropertiesRef, PublishEncoder};
 pub use stored::{encode_content_raw, encode_delivery, DeliverRef};
 
 use crate::error::EncodeError;

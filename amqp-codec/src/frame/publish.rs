@@ -31,11 +31,13 @@ const BODY_SIZE_AT: usize = 7 + 2 + 2;
 /// - properties someone else holds too are known by address only: the
 ///   encoder holds a [`Weak`], which keeps their allocation, not their
 ///   value, alive, so a later `Arc` can never be taken for them;
-/// - properties made for this one message (nobody else holds the `Arc`,
-///   e.g. a `BasicProperties` a publisher gave by value) are kept until the
-///   next message is encoded, and compared with it field by field, the
-///   fields that vary between messages first. Headers are not compared: a
-///   table can be equal and encode otherwise (`0.0` and `-0.0`).
+/// - properties made for this one message (nobody else holds the `Arc`, or
+///   they are given by reference, [`PropertiesRef::Given`], e.g. a
+///   `BasicProperties` a publisher gave by value) are kept until the next
+///   message is encoded (a copy of them, when given by reference), and
+///   compared with it field by field, the fields that vary between
+///   messages first. Headers are not compared: a table can be equal and
+///   encode otherwise (`0.0` and `-0.0`).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -64,11 +66,54 @@ pub struct PublishEncoder {
     body_size_at: usize,
 }
 
+/// The properties of a message to encode, as [`PublishEncoder`] may keep
+/// them to compare with the next message's.
+///
+/// ```
+/// use std::sync::Arc;
+/// use amqp_codec::{BasicProperties, PropertiesRef};
+/// let shared = Arc::new(BasicProperties::default());
+/// assert!(matches!(PropertiesRef::from(&shared), PropertiesRef::Shared(_)));
+/// assert!(matches!(PropertiesRef::from(&*shared), PropertiesRef::Given(_)));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub enum PropertiesRef<'a> {
+    /// Shared: known by address while others hold them too.
+    Shared(&'a Arc<BasicProperties>),
+    /// Given for this message only: compared by value, copied if kept.
+    Given(&'a BasicProperties),
+}
+
+impl PropertiesRef<'_> {
+    /// The properties.
+    #[inline]
+    pub fn get(&self) -> &BasicProperties {
+        match self {
+            PropertiesRef::Shared(shared) => shared,
+            PropertiesRef::Given(given) => given,
+        }
+    }
+}
+
+impl<'a> From<&'a Arc<BasicProperties>> for PropertiesRef<'a> {
+    #[inline]
+    fn from(shared: &'a Arc<BasicProperties>) -> Self {
+        PropertiesRef::Shared(shared)
+    }
+}
+
+impl<'a> From<&'a BasicProperties> for PropertiesRef<'a> {
+    #[inline]
+    fn from(given: &'a BasicProperties) -> Self {
+        PropertiesRef::Given(given)
+    }
+}
+
 /// One message to encode.
 struct Message<'a> {
     channel: u16,
     publish: &'a BasicPublish,
-    properties: &'a Arc<BasicProperties>,
+    properties: PropertiesRef<'a>,
     body: &'a [u8],
 }
 
@@ -93,25 +138,37 @@ enum KeptProperties {
     Shared(Weak<BasicProperties>),
     /// Made for one message and held by nobody else: compared by value.
     Owned(Arc<BasicProperties>),
+    /// Given by reference with headers: never compared (see
+    /// [`PublishEncoder`]), so the next message is encoded again.
+    Unkept,
 }
 
 impl KeptProperties {
-    fn new(properties: &Arc<BasicProperties>) -> Self {
-        if Arc::strong_count(properties) == 1 && properties.headers.is_none() {
-            KeptProperties::Owned(properties.clone())
-        } else {
-            KeptProperties::Shared(Arc::downgrade(properties))
+    fn new(properties: PropertiesRef<'_>) -> Self {
+        match properties {
+            PropertiesRef::Shared(shared) if Arc::strong_count(shared) == 1 && shared.headers.is_none() => {
+                KeptProperties::Owned(shared.clone())
+            }
+            PropertiesRef::Shared(shared) => KeptProperties::Shared(Arc::downgrade(shared)),
+            PropertiesRef::Given(given) if given.headers.is_none() => KeptProperties::Owned(Arc::new(given.clone())),
+            PropertiesRef::Given(_) => KeptProperties::Unkept,
         }
     }
 
     /// Whether `properties` encode as these did. Owned ones that are equal
     /// but another `Arc` are swapped for it: a publisher that gives the
     /// same `Arc` from now on is then known by address, not compared.
-    #[inline]
-    fn matches(&mut self, properties: &Arc<BasicProperties>) -> bool {
-        match self {
-            KeptProperties::Shared(weak) => std::ptr::eq(weak.as_ptr(), Arc::as_ptr(properties)),
-            KeptProperties::Owned(kept) => Arc::ptr_eq(kept, properties) || Self::swap_equal(kept, properties),
+    #[inline(always)]
+    fn matches(&mut self, properties: PropertiesRef<'_>) -> bool {
+        match (self, properties) {
+            (KeptProperties::Shared(weak), PropertiesRef::Shared(shared)) => {
+                std::ptr::eq(weak.as_ptr(), Arc::as_ptr(shared))
+            }
+            (KeptProperties::Owned(kept), PropertiesRef::Shared(shared)) => {
+                Arc::ptr_eq(kept, shared) || Self::swap_equal(kept, shared)
+            }
+            (KeptProperties::Owned(kept), PropertiesRef::Given(given)) => kept.encodes_like(given),
+            (KeptProperties::Shared(_) | KeptProperties::Unkept, _) => false,
         }
     }
 
@@ -135,15 +192,16 @@ impl PublishEncoder {
     /// Appends the `basic.publish` method frame, the content header and the
     /// body split into frames of at most `frame_max` bytes (0 = no limit).
     /// On error nothing is appended.
-    pub fn encode(
+    pub fn encode<'p>(
         &mut self,
         channel: u16,
         publish: &BasicPublish,
-        properties: &Arc<BasicProperties>,
+        properties: impl Into<PropertiesRef<'p>>,
         body: &[u8],
         frame_max: u32,
         dst: &mut BytesMut,
     ) -> Result<(), EncodeError> {
+        let properties = properties.into();
         let method_kept = matches!(&self.method, Some(kept) if kept.channel == channel && kept.publish == *publish);
         let header_kept = self.header_kept(channel, properties);
         if method_kept && header_kept && self.copy_prefix(body, frame_max, dst) {
@@ -184,17 +242,18 @@ impl PublishEncoder {
     /// ```
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn encode_route(
+    pub fn encode_route<'p>(
         &mut self,
         channel: u16,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
-        properties: &Arc<BasicProperties>,
+        properties: impl Into<PropertiesRef<'p>>,
         body: &[u8],
         frame_max: u32,
         dst: &mut BytesMut,
     ) -> Result<(), EncodeError> {
+        let properties = properties.into();
         if self.route_kept(channel, exchange, routing_key, mandatory, properties)
             && self.copy_prefix(body, frame_max, dst)
         {
@@ -213,14 +272,14 @@ impl PublishEncoder {
     }
 
     /// Whether the kept method and header frames are this message's.
-    #[inline]
+    #[inline(always)]
     fn route_kept(
         &mut self,
         channel: u16,
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
-        properties: &Arc<BasicProperties>,
+        properties: PropertiesRef<'_>,
     ) -> bool {
         let Some(method) = &self.method else {
             return false;
@@ -236,8 +295,8 @@ impl PublishEncoder {
     }
 
     /// Whether the kept header frame is that of `properties` on `channel`.
-    #[inline]
-    fn header_kept(&mut self, channel: u16, properties: &Arc<BasicProperties>) -> bool {
+    #[inline(always)]
+    fn header_kept(&mut self, channel: u16, properties: PropertiesRef<'_>) -> bool {
         match &mut self.header {
             Some(kept) => kept.channel == channel && kept.properties.matches(properties),
             None => false,
@@ -255,7 +314,7 @@ impl PublishEncoder {
         exchange: &str,
         routing_key: &str,
         mandatory: bool,
-        properties: &Arc<BasicProperties>,
+        properties: PropertiesRef<'_>,
         body: &[u8],
         frame_max: u32,
         dst: &mut BytesMut,
@@ -273,7 +332,7 @@ impl PublishEncoder {
     /// its channel), when its body takes exactly one frame and every frame
     /// fits `frame_max`: the prefix, the body and the end byte, with the two
     /// sizes patched. `false` if it does not apply (nothing is written then).
-    #[inline]
+    #[inline(always)]
     fn copy_prefix(&mut self, body: &[u8], frame_max: u32, dst: &mut BytesMut) -> bool {
         let limit = if frame_max == 0 { usize::MAX } else { frame_max as usize };
         if self.prefix.is_empty() && !self.build_prefix() {
@@ -350,7 +409,7 @@ impl PublishEncoder {
             }
             _ => {
                 self.prefix.clear();
-                encode_header(channel, BasicPublish::CLASS_ID, body.len(), properties, dst)?;
+                encode_header(channel, BasicPublish::CLASS_ID, body.len(), properties.get(), dst)?;
                 let frame = refill(self.header.take().map(|kept| kept.frame), &dst[header_at..]);
                 self.header = Some(KeptHeader {
                     channel,
@@ -546,6 +605,48 @@ mod tests {
         assert_eq!(Arc::strong_count(&all[5]), 1, "replaced, so let go");
         drop(also);
         assert_eq!(Arc::strong_count(&shared), 1, "known by a Weak only");
+    }
+
+    #[test]
+    fn properties_given_by_reference_or_shared_in_any_order_give_the_bytes_a_fresh_encode_gives() {
+        let publish = BasicPublish::default();
+        let mut headers = FieldTable::new();
+        headers.insert("x-acemq-attempt", FieldValue::I32(1));
+        let plain = BasicProperties {
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        let other = BasicProperties {
+            message_id: Some("other".into()),
+            ..plain.clone()
+        };
+        let with_headers = BasicProperties {
+            headers: Some(headers),
+            ..plain.clone()
+        };
+        let shared = Arc::new(plain.clone());
+        // Each step: given by reference (true) or as the shared Arc (false).
+        let steps: [(&BasicProperties, bool); 9] = [
+            (&plain, true),
+            (&plain, true),
+            (&other, true),
+            (&plain, false),
+            (&plain, true),
+            (&with_headers, true),
+            (&with_headers, true),
+            (&plain, true),
+            (&plain, false),
+        ];
+        let mut encoder = PublishEncoder::new();
+        for (i, (props, by_reference)) in steps.into_iter().enumerate() {
+            let mut out = BytesMut::new();
+            if by_reference {
+                encoder.encode(1, &publish, props, b"x", 131_072, &mut out).unwrap();
+            } else {
+                encoder.encode(1, &publish, &shared, b"x", 131_072, &mut out).unwrap();
+            }
+            assert_eq!(out, fresh(1, &publish, props, b"x", 131_072), "step {i}");
+        }
     }
 
     #[test]
