@@ -599,8 +599,9 @@ impl Channel {
     /// `properties` are a [`BasicProperties`], or an
     /// `Arc<BasicProperties>` (or a reference to one) to publish the same
     /// properties many times without copying them for each message.
-    /// Properties given by value that equal the last ones given by value on
-    /// this channel are shared the same way (see [`PublishProperties`]).
+    /// Properties given by value are encoded from where they are, and
+    /// never copied when they equal the last message's (see
+    /// [`PublishProperties`]).
     ///
     /// `body` is a [`Bytes`] or `Vec<u8>`, or borrowed (`&[u8]`, `&Bytes`):
     /// a body serialized into a buffer that is reused costs no allocation
