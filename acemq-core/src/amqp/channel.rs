@@ -117,82 +117,27 @@ impl PublishProperties for BasicProperties {
     }
 }
 
-impl PublishBody for Bytes {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        Some(self)
-    }
+/// `PublishBody` for types whose bytes are `AsRef<[u8]>`: `kept` says
+/// whether a waiting publish keeps the value itself (a `Bytes`) or a copy.
+macro_rules! publish_body {
+    ($kept:ident: $($body:ty),+) => {$(
+        impl PublishBody for $body {
+            #[inline(always)]
+            fn as_slice(&self) -> &[u8] {
+                AsRef::<[u8]>::as_ref(self)
+            }
+            #[inline(always)]
+            fn as_bytes(&self) -> Option<&Bytes> {
+                publish_body!(@$kept self)
+            }
+        }
+    )+};
+    (@kept $body:ident) => { Some($body) };
+    (@copied $body:ident) => { None };
 }
 
-impl PublishBody for &Bytes {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        Some(self)
-    }
-}
-
-impl PublishBody for Vec<u8> {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        None
-    }
-}
-
-impl PublishBody for &Vec<u8> {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        None
-    }
-}
-
-impl PublishBody for &[u8] {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        None
-    }
-}
-
-impl PublishBody for &str {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        str::as_bytes(self)
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        None
-    }
-}
-
-impl PublishBody for String {
-    #[inline(always)]
-    fn as_slice(&self) -> &[u8] {
-        str::as_bytes(self)
-    }
-    #[inline(always)]
-    fn as_bytes(&self) -> Option<&Bytes> {
-        None
-    }
-}
+publish_body!(kept: Bytes, &Bytes);
+publish_body!(copied: Vec<u8>, &Vec<u8>, &[u8], &str, String);
 
 impl<const N: usize> PublishBody for &[u8; N] {
     #[inline(always)]
