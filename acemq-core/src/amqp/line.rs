@@ -123,6 +123,13 @@ impl Line {
         n
     }
 
+    /// Whether `n` is settled and nothing is kept one by one: its outcome
+    /// is then the plain one, known without the lock.
+    #[inline]
+    fn plainly_settled(&self, n: u64) -> bool {
+        n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire)
+    }
+
     /// The plain outcome of a settled publish numbered `n`.
     #[inline]
     fn plain(&self, n: u64) -> Confirmation {
@@ -279,7 +286,7 @@ impl Line {
     /// The outcome of publish `n` once it is known. Spent once `Ready`.
     #[inline]
     pub(crate) fn poll(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
-        if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
+        if self.plainly_settled(n) {
             return Poll::Ready(Ok(self.plain(n)));
         }
         self.poll_locked(n, cx)
@@ -324,7 +331,7 @@ impl Line {
     /// The confirm of `n` is dropped without its outcome taken.
     #[inline]
     pub(crate) fn abandon(&self, n: u64) {
-        if n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire) {
+        if self.plainly_settled(n) {
             return;
         }
         self.abandon_locked(n);

@@ -136,7 +136,9 @@ struct KeptHeader {
 enum KeptProperties {
     /// Held by others too: known by address (see [`PublishEncoder`]).
     Shared(Weak<BasicProperties>),
-    /// Made for one message and held by nobody else: compared by value.
+    /// Compared by value: properties made for one message, a copy of ones
+    /// given by reference, or an equal `Arc` given since (held strongly,
+    /// so their value cannot change).
     Owned(Arc<BasicProperties>),
     /// Given by reference with headers: never compared (see
     /// [`PublishEncoder`]), so the next message is encoded again.
@@ -338,7 +340,6 @@ impl PublishEncoder {
         if self.prefix.is_empty() && !self.build_prefix() {
             return false;
         }
-        // `prefix_need`: the larger of the two kept frames.
         if body.is_empty() || body.len().saturating_add(FRAME_OVERHEAD).max(self.prefix_need) > limit {
             return false;
         }
