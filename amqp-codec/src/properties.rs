@@ -21,9 +21,24 @@ macro_rules! properties {
     ($( $(#[$doc:meta])* $field:ident : $ty:ty = $bit:literal, $name:literal, $read:ident, $write:ident; )*) => {
         /// The properties of a basic-class message. `None` is an absent
         /// property (its flag bit clear).
-        #[derive(Debug, Clone, PartialEq, Default)]
+        #[derive(Debug, PartialEq, Default)]
         pub struct BasicProperties {
             $( $(#[$doc])* pub $field: Option<$ty>, )*
+        }
+
+        /// Starts from absent properties and clones the present ones into
+        /// them: an absent property costs one check. (The derived clone
+        /// builds every field aside before it moves them into place, which
+        /// costs several times as much for the usual few properties.)
+        impl Clone for BasicProperties {
+            #[inline]
+            fn clone(&self) -> Self {
+                let mut out = BasicProperties::default();
+                $( if let Some(value) = &self.$field {
+                    out.$field = Some(value.clone());
+                } )*
+                out
+            }
         }
 
         impl BasicProperties {
@@ -724,6 +739,29 @@ mod view_tests {
             prop_assert_eq!(view, props.view());
             prop_assert_eq!(&*header.properties, &props);
             prop_assert_eq!(header.properties.view(), view);
+        }
+    }
+}
+
+#[cfg(test)]
+mod clone_tests {
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A clone holds every property its original holds, absent ones
+        /// absent, and encodes to the same bytes.
+        #[test]
+        fn a_clone_holds_every_property_of_its_original_and_encodes_alike(
+            props in crate::arbitrary::properties()
+        ) {
+            let clone = props.clone();
+            prop_assert_eq!(clone.flags(), props.flags());
+            prop_assert_eq!(&clone, &props);
+            let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+            props.encode(&mut a).unwrap();
+            clone.encode(&mut b).unwrap();
+            prop_assert_eq!(a, b);
         }
     }
 }
