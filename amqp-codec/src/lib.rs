@@ -75,9 +75,10 @@ mod wire;
 
 pub use error::{DecodeErrorKind, EncodeError, Error};
 pub use frame::{
-    decode_frame, encode_body, encode_content, encode_content_raw, encode_delivery, encode_method, ContentHeader,
-    DeliverRef, Frame, FrameDecoder, PropertiesRef, PublishEncoder, UndecodableHeader, DEFAULT_FRAME_MAX, FRAME_BODY,
-    FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE, FRAME_OVERHEAD, PROTOCOL_HEADER,
+    decode_frame, encode_body, encode_content, encode_content_raw, encode_delivery, encode_method, AckFrame,
+    ContentHeader, DeliverRef, Frame, FrameDecoder, PropertiesRef, PublishEncoder, UndecodableHeader,
+    DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE,
+    FRAME_OVERHEAD, PROTOCOL_HEADER,
 };
 pub use method::*;
 pub use properties::{BasicProperties, BasicPropertiesRef, Properties, SalvagedProperties};

@@ -467,6 +467,23 @@ impl Connection {
             // frame is decoded whole and handled by `handle_frame`.
             let decoder = self.decoder;
             let open = self.state == State::Open;
+            // A confirm (most of what a publisher reads) for an open channel
+            // with no content half-read is read where it lies: the method
+            // `decode` would give, without building a frame.
+            if open {
+                let channels = &self.channels;
+                let confirm = decoder.take_ack(buf, |channel| {
+                    channels
+                        .get(usize::from(channel))
+                        .and_then(|c| c.as_deref())
+                        .is_some_and(|state| state.phase == Phase::Open && !state.assembler.in_progress())
+                });
+                if let Some(ack) = confirm {
+                    let outcome = if ack.nack { Outcome::Nack } else { Outcome::Ack };
+                    self.on_confirm(ack.channel, outcome, ack.delivery_tag, ack.multiple);
+                    continue;
+                }
+            }
             let channels = &mut self.channels;
             let decoded = decoder.decode_assembled(buf, |channel| {
                 let state = channels.get_mut(usize::from(channel))?.as_deref_mut()?;

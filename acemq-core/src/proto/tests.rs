@@ -581,6 +581,67 @@ fn a_whole_run_is_copied_behind_what_waits_to_be_written() {
     assert_eq!(p.take_raw(len), message);
 }
 
+/// A confirm is read where it lies only where decoding it whole would do
+/// the same: one in the middle of a message is the frame out of place it
+/// always was, and one on a channel being closed is ignored.
+#[test]
+fn a_confirm_in_the_middle_of_a_message_is_out_of_place_and_one_on_a_closing_channel_is_ignored() {
+    let (mut p, ch) = confirming_peer();
+    let publish = BasicPublish {
+        routing_key: "q".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+        Some(1)
+    );
+    let close = ChannelClose {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    p.conn.call(ch, close.into()).unwrap();
+    while p.client_frame().is_some() {}
+    p.server(
+        ch,
+        BasicAck {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert_eq!(p.events(), []);
+    p.server(ch, ChannelCloseOk {});
+    assert!(matches!(
+        &p.events()[0],
+        Event::ChannelClosed { unconfirmed, .. } if unconfirmed == &[1]
+    ));
+
+    let (mut p, ch) = confirming_peer();
+    assert_eq!(
+        p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+        Some(1)
+    );
+    while p.client_frame().is_some() {}
+    let deliver = BasicDeliver {
+        consumer_tag: "c".into(),
+        delivery_tag: 1,
+        redelivered: false,
+        exchange: "".into(),
+        routing_key: "q".into(),
+    };
+    p.server_frames(&[Frame::Method(ch, deliver.into())]);
+    p.server(
+        ch,
+        BasicAck {
+            delivery_tag: 1,
+            multiple: false,
+        },
+    );
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 505));
+    assert!(!p.events().iter().any(|e| matches!(e, Event::Confirms { .. })));
+}
+
 #[test]
 fn a_multiple_ack_gives_one_event_per_run_of_consecutive_publishes() {
     let (mut p, ch) = confirming_peer();

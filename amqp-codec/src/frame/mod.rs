@@ -13,7 +13,7 @@ mod stored;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub use envelope::{decode_frame, FrameDecoder};
+pub use envelope::{decode_frame, AckFrame, FrameDecoder};
 pub use header::{ContentHeader, UndecodableHeader};
 pub use publish::{PropertiesRef, PublishEncoder};
 pub use stored::{encode_content_raw, encode_delivery, DeliverRef};
