@@ -128,8 +128,8 @@ fn push_logged(assemblers: &mut BTreeMap<u16, ContentAssembler>, frame: Frame, s
     }
 }
 
-/// A stream through `FrameDecoder::decode_assembled`, fed in chunks of
-/// `chunk` bytes, with `decode` and `push` for what it leaves.
+/// A stream through `FrameDecoder::take_ack` and `decode_assembled`, fed
+/// in chunks of `chunk` bytes, with `decode` and `push` for what they leave.
 fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> Vec<Seen> {
     use crate::track::{AssembleError, Decoded};
     let mut assemblers: BTreeMap<u16, ContentAssembler> = BTreeMap::new();
@@ -138,6 +138,13 @@ fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> V
     for part in input.chunks(chunk) {
         buf.extend_from_slice(part);
         loop {
+            // A confirm read where it lies, as the client's machine does,
+            // when no message is half-read on its channel.
+            let idle = |ch| assemblers.get(&ch).is_none_or(|a| !a.in_progress());
+            if let Some(ack) = decoder.take_ack(&mut buf, idle) {
+                seen.push(Seen::Method(ack.channel, ack.into()));
+                continue;
+            }
             match decoder.decode_assembled(&mut buf, |ch| Some(assemblers.entry(ch).or_default())) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Partial(channel)) => {

@@ -692,6 +692,9 @@ proptest::proptest! {
     ) {
         let mut confirms = Confirms::new();
         confirms.select();
+        // The same steps through `on_confirm_runs`.
+        let mut by_runs = Confirms::new();
+        by_runs.select();
         let mut model = std::collections::BTreeSet::new();
         let mut published = 0u64;
         for step in steps {
@@ -700,6 +703,7 @@ proptest::proptest! {
                     for _ in 0..n {
                         published += 1;
                         prop_assert_eq!(confirms.on_publish(), Some(published));
+                        prop_assert_eq!(by_runs.on_publish(), Some(published));
                         model.insert(published);
                     }
                 }
@@ -713,6 +717,14 @@ proptest::proptest! {
                         model.get(&tag).copied().into_iter().collect()
                     };
                     let result = confirms.on_confirm(Outcome::Ack, tag, multiple, &mut resolved);
+                    let mut runs = Vec::new();
+                    let by_runs_result = by_runs.on_confirm_runs(Outcome::Ack, tag, multiple, &mut runs);
+                    prop_assert_eq!(&by_runs_result, &result);
+                    let expanded: Vec<u64> = runs.iter().flat_map(|&(first, last)| first..=last).collect();
+                    prop_assert_eq!(&expanded, &resolved);
+                    for pair in runs.windows(2) {
+                        prop_assert!(pair[0].1 + 1 < pair[1].0, "runs {:?} are adjacent or out of order", runs);
+                    }
                     if tag == 0 || expected.is_empty() {
                         prop_assert!(result.is_err(), "tag {} multiple {}: {:?}", tag, multiple, resolved);
                         prop_assert!(resolved.is_empty());
@@ -726,6 +738,7 @@ proptest::proptest! {
                 }
             }
             prop_assert_eq!(confirms.outstanding(), model.len());
+            prop_assert_eq!(by_runs.outstanding(), model.len());
             prop_assert_eq!(confirms.oldest_outstanding(), model.first().copied());
         }
         let mut rest = Vec::new();

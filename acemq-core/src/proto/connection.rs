@@ -372,7 +372,8 @@ pub struct Connection {
     /// The driver is not reading (see [`Connection::pause_input`]).
     input_paused: bool,
     last_sent: Instant,
-    scratch: Vec<u64>,
+    /// The runs of sequence numbers a confirm resolved, kept for the next.
+    scratch: Vec<(u64, u64)>,
     /// Channels holding back a coalesced ack (see `settle`).
     holding: Vec<u16>,
     /// When the handshake must be done; `None` once it is.
@@ -1274,8 +1275,6 @@ impl Connection {
     }
 
     fn on_confirm(&mut self, channel: u16, outcome: Outcome, tag: u64, multiple: bool) {
-        let mut resolved = std::mem::take(&mut self.scratch);
-        resolved.clear();
         let Some(state) = self
             .channels
             .get_mut(usize::from(channel))
@@ -1283,13 +1282,30 @@ impl Connection {
         else {
             return;
         };
-        if let Err(err) = state.confirms.on_confirm(outcome, tag, multiple, &mut resolved) {
-            self.scratch = resolved;
+        let mut runs = std::mem::take(&mut self.scratch);
+        runs.clear();
+        if let Err(err) = state.confirms.on_confirm_runs(outcome, tag, multiple, &mut runs) {
+            self.scratch = runs;
             self.protocol_error(ReplyCode::CommandInvalid, format!("on channel {channel}: {err}"));
             return;
         }
-        // Runs of consecutive numbers not returned go out as one event.
         let events = &mut self.events;
+        if state.returns.is_empty() {
+            // No mandatory publish waits for its confirm: nothing to pair,
+            // each run the tracker resolved is one event (usually one run:
+            // a multiple ack of the oldest outstanding).
+            for &(first, last) in &runs {
+                events.push_back(Event::Confirms {
+                    channel,
+                    first,
+                    last,
+                    outcome,
+                });
+            }
+            self.scratch = runs;
+            return;
+        }
+        // Runs of consecutive numbers not returned go out as one event.
         let end_run = |events: &mut VecDeque<Event>, run: Option<(u64, u64)>| {
             if let Some((first, last)) = run {
                 events.push_back(Event::Confirms {
@@ -1300,30 +1316,8 @@ impl Connection {
                 });
             }
         };
-        if state.returns.is_empty() {
-            // No mandatory publish waits for its confirm: nothing to pair,
-            // the runs are the stretches of consecutive numbers (usually
-            // one: a multiple ack of the oldest outstanding).
-            match (resolved.first(), resolved.last()) {
-                (Some(&first), Some(&last)) if last - first + 1 == resolved.len() as u64 => {
-                    end_run(events, Some((first, last)));
-                }
-                _ => {
-                    let mut run: Option<(u64, u64)> = None;
-                    for &seq in &resolved {
-                        match &mut run {
-                            Some((_, last)) if last.checked_add(1) == Some(seq) => *last = seq,
-                            _ => end_run(events, run.replace((seq, seq))),
-                        }
-                    }
-                    end_run(events, run);
-                }
-            }
-            self.scratch = resolved;
-            return;
-        }
         let mut run: Option<(u64, u64)> = None;
-        for &seq in &resolved {
+        for seq in runs.iter().flat_map(|&(first, last)| first..=last) {
             let returned = if state.returns.settle(seq).is_some() {
                 state.returned.remove(&seq)
             } else {
@@ -1344,7 +1338,7 @@ impl Connection {
             }
         }
         end_run(events, run);
-        self.scratch = resolved;
+        self.scratch = runs;
     }
 
     fn server_closed_channel(&mut self, channel: u16, refusal: Refusal) {

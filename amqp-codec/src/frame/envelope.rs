@@ -44,6 +44,24 @@ pub struct AckFrame {
     pub requeue: bool,
 }
 
+impl From<AckFrame> for Method {
+    /// The method [`FrameDecoder::decode`] gives for the frame.
+    fn from(ack: AckFrame) -> Method {
+        if ack.nack {
+            Method::BasicNack(crate::method::BasicNack {
+                delivery_tag: ack.delivery_tag,
+                multiple: ack.multiple,
+                requeue: ack.requeue,
+            })
+        } else {
+            Method::BasicAck(crate::method::BasicAck {
+                delivery_tag: ack.delivery_tag,
+                multiple: ack.multiple,
+            })
+        }
+    }
+}
+
 /// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
 const MAX_RESERVE: usize = 256 * 1024;
 

@@ -127,6 +127,46 @@ impl Confirms {
         multiple: bool,
         resolved: &mut Vec<u64>,
     ) -> Result<(), ConfirmError> {
+        self.resolve(outcome, tag, multiple, |start, end| resolved.extend(start..=end))
+    }
+
+    /// [`Confirms::on_confirm`] with the numbers resolved appended to `runs`
+    /// as runs of consecutive ones, `(first, last)` inclusive, ascending;
+    /// no two runs appended by one call are adjacent. A multiple ack of the
+    /// oldest outstanding is one run however many it resolves.
+    ///
+    /// ```
+    /// use amqp_codec::track::{Confirms, Outcome};
+    /// let mut confirms = Confirms::new();
+    /// confirms.select();
+    /// for _ in 0..10 {
+    ///     confirms.on_publish();
+    /// }
+    /// let mut runs = Vec::new();
+    /// confirms.on_confirm_runs(Outcome::Nack, 4, false, &mut runs).unwrap();
+    /// confirms.on_confirm_runs(Outcome::Ack, 9, true, &mut runs).unwrap();
+    /// assert_eq!(runs, [(4, 4), (1, 3), (5, 9)]);
+    /// ```
+    pub fn on_confirm_runs(
+        &mut self,
+        outcome: Outcome,
+        tag: u64,
+        multiple: bool,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<(), ConfirmError> {
+        self.resolve(outcome, tag, multiple, |start, end| runs.push((start, end)))
+    }
+
+    /// Resolves what the confirm covers, calling `each(first, last)` for
+    /// every run of consecutive numbers it resolves, ascending.
+    #[inline]
+    fn resolve(
+        &mut self,
+        outcome: Outcome,
+        tag: u64,
+        multiple: bool,
+        mut each: impl FnMut(u64, u64),
+    ) -> Result<(), ConfirmError> {
         let Some(published) = self.last else {
             return Err(ConfirmError::NotInConfirmMode(outcome, tag));
         };
@@ -148,12 +188,12 @@ impl Confirms {
             let partial = self.outstanding[runs - 1].1 > tag;
             let whole = if partial { runs - 1 } else { runs };
             for (start, end) in self.outstanding.drain(..whole) {
-                resolved.extend(start..=end);
+                each(start, end);
                 self.count -= (end - start + 1) as usize;
             }
             if partial {
                 let start = self.outstanding[0].0;
-                resolved.extend(start..=tag);
+                each(start, tag);
                 self.count -= (tag - start + 1) as usize;
                 self.outstanding[0].0 = tag + 1;
             }
@@ -182,7 +222,7 @@ impl Confirms {
                 }
             }
             self.count -= 1;
-            resolved.push(tag);
+            each(tag, tag);
         }
         Ok(())
     }
