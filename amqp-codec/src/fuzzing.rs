@@ -140,7 +140,7 @@ fn assemble_in_one_step(decoder: &FrameDecoder, input: &[u8], chunk: usize) -> V
         loop {
             // A confirm read where it lies, as the client's machine does,
             // when no message is half-read on its channel.
-            let idle = |ch| assemblers.get(&ch).is_none_or(|a| !a.in_progress());
+            let idle = |ch| !assemblers.get(&ch).is_some_and(ContentAssembler::in_progress);
             if let Some(ack) = decoder.take_ack(&mut buf, idle) {
                 seen.push(Seen::Method(ack.channel, ack.into()));
                 continue;
