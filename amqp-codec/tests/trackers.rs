@@ -692,7 +692,7 @@ proptest::proptest! {
     ) {
         let mut confirms = Confirms::new();
         confirms.select();
-        // The same steps through `on_confirm_runs`.
+        // The same steps through `on_publishes` and `on_confirm_runs`.
         let mut by_runs = Confirms::new();
         by_runs.select();
         let mut model = std::collections::BTreeSet::new();
@@ -700,10 +700,11 @@ proptest::proptest! {
         for step in steps {
             match step {
                 ConfirmStep::Publish(n) => {
+                    // One by one, and all at once in the twin.
+                    prop_assert_eq!(by_runs.on_publishes(u64::from(n)), Some(published + 1));
                     for _ in 0..n {
                         published += 1;
                         prop_assert_eq!(confirms.on_publish(), Some(published));
-                        prop_assert_eq!(by_runs.on_publish(), Some(published));
                         model.insert(published);
                     }
                 }

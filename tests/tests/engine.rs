@@ -416,6 +416,79 @@ async fn a_publish_with_room_is_queued_as_it_is_called_not_as_it_is_awaited() {
     .await
 }
 
+/// Publishes the driver takes together settle as they would one by one:
+/// without confirm mode every one of them at once, and those queued behind
+/// their channel's close with the machine's `ChannelNotOpen`. (One thread: every publish
+/// is queued before the driver runs, so it takes them in one batch.)
+#[tokio::test]
+async fn publishes_taken_together_settle_as_one_by_one_without_confirms_and_behind_a_close() {
+    let settled = |confirm: acemq_core::amqp::PublishConfirm| async move {
+        tokio::time::timeout(Duration::from_secs(5), confirm)
+            .await
+            .expect("settled within 5 s")
+    };
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.connect().await;
+            let ch = conn.channel().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            let mut confirms = Vec::new();
+            for n in 0..5 {
+                let body = format!("m{n}");
+                confirms.push(
+                    ch.publish("", &q, false, BasicProperties::default(), body)
+                        .await
+                        .unwrap(),
+                );
+            }
+            for confirm in confirms {
+                assert_eq!(
+                    settled(confirm).await.unwrap(),
+                    Confirmation::NotRequested,
+                    "{:?}",
+                    b.kind
+                );
+            }
+            let mut bodies = Vec::new();
+            while let Some(message) = ch.basic_get(&q, true).await.unwrap() {
+                bodies.push(String::from_utf8_lossy(&message.body).into_owned());
+            }
+            assert_eq!(bodies, ["m0", "m1", "m2", "m3", "m4"], "{:?}", b.kind);
+
+            let other = ch.clone();
+            let mut close = Box::pin(ch.close());
+            // Polled once, without yielding: the close is queued, not yet
+            // answered.
+            let first =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(close.as_mut(), cx))).await;
+            assert!(first.is_pending());
+            let mut refused = Vec::new();
+            for _ in 0..3 {
+                refused.push(
+                    other
+                        .publish("", &q, false, BasicProperties::default(), "late")
+                        .await
+                        .unwrap(),
+                );
+            }
+            close.await.unwrap();
+            for confirm in refused {
+                let outcome = settled(confirm).await;
+                assert!(
+                    matches!(
+                        outcome,
+                        Err(Error::Command(acemq_core::proto::CommandError::ChannelNotOpen(_)))
+                    ),
+                    "{:?}: {outcome:?}",
+                    b.kind
+                );
+            }
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time() {
     acemq_tests::deadline(async {

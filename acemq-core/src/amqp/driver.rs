@@ -751,18 +751,32 @@ impl Driver {
         let closed = self.machine.is_closed();
         let mut end = from;
         let mut run = self.machine.encoded_publishes(frames, from);
-        for record in records {
+        let mut records = records.peekable();
+        while let Some(record) = records.next() {
             let Published {
                 channel,
                 generation,
-                len,
+                mut len,
                 room,
                 returned,
             } = record;
-            end += len;
-            // Given back once the next bytes to enter the write buffer (this
-            // publish's frames, or none if it was refused) are written.
+            // Given back once the next bytes to enter the write buffer (these
+            // publishes' frames, or none if they were refused) are written.
             self.room_applied = self.room_applied.saturating_add(room);
+            // The publishes after it on the same channel, none mandatory,
+            // are taken with it (usually the whole run: one publisher).
+            let mut count = 1;
+            if returned.is_none() {
+                let same = |next: &Published| {
+                    next.channel == channel && next.generation == generation && next.returned.is_none()
+                };
+                while let Some(next) = records.next_if(same) {
+                    len += next.len;
+                    count += 1;
+                    self.room_applied = self.room_applied.saturating_add(next.room);
+                }
+            }
+            end += len;
             let routes = self
                 .channels
                 .get_mut(usize::from(channel))
@@ -775,8 +789,12 @@ impl Driver {
                 continue;
             };
             let number = routes.taken;
-            routes.taken += 1;
-            match run.publish(channel, len, returned.map(|key| *key)) {
+            routes.taken += count;
+            let taken = match returned {
+                Some(key) => run.publish(channel, len, Some(*key)),
+                None => run.publish_many(channel, len, count),
+            };
+            match taken {
                 Ok(Some(seq)) => {
                     if routes.first_confirmed.is_none() {
                         let first = (number + 1).saturating_sub(seq);
@@ -784,7 +802,9 @@ impl Driver {
                         routes.line.confirm_mode_from(first);
                     }
                 }
-                Ok(None) => routes.line.not_requested(number, &mut self.wake),
+                // Settles the group's last and every publish before it.
+                Ok(None) => routes.line.not_requested(number + count - 1, &mut self.wake),
+                // Fails the group's first and every publish after it.
                 Err(err) => {
                     let error = command_error(&self.shared, closed, err);
                     routes.line.refuse(number, error, &mut self.wake);

@@ -1457,6 +1457,23 @@ impl EncodedPublishes<'_> {
         seq
     }
 
+    /// Takes the next `count` messages at once, all on `channel` and none
+    /// mandatory, their frames the next `len` bytes: as `count` calls of
+    /// [`EncodedPublishes::publish`] would. Returns the first one's confirm
+    /// sequence number when the channel is in confirm mode (the others
+    /// follow it). On an error all of them are left out.
+    pub fn publish_many(&mut self, channel: u16, len: usize, count: u64) -> Result<Option<u64>, CommandError> {
+        let seq = self
+            .conn
+            .open_channel_for_publish(channel)
+            .map(|state| state.confirms.on_publishes(count));
+        match seq {
+            Ok(_) => self.at += len,
+            Err(_) => self.skip(len),
+        }
+        seq
+    }
+
     /// Leaves the next message out: its `len` bytes are never written.
     pub fn skip(&mut self, len: usize) {
         // What was taken before it is queued now, so that it stays in order

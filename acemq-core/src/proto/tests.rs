@@ -556,6 +556,54 @@ fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left
     assert_eq!(p.conn.unconfirmed(ch), 3);
 }
 
+/// Messages taken at once are numbered and written as they would be one by
+/// one; a refused group is left out whole, and what follows it goes on.
+#[test]
+fn publishes_taken_at_once_are_numbered_and_written_as_one_by_one() {
+    let (mut p, ch) = confirming_peer();
+    let messages: Vec<BytesMut> = (0..7).map(|i| encoded(ch, format!("m{i}").as_bytes())).collect();
+    let mut frames = BytesMut::new();
+    for m in &messages {
+        frames.extend_from_slice(m);
+    }
+    let lens = |range: std::ops::Range<usize>| messages[range].iter().map(BytesMut::len).sum::<usize>();
+    {
+        let mut run = p.conn.encoded_publishes(&mut frames, 0);
+        // m0–m2 at once, m3 alone, m4–m5 on a channel not open, m6 at once.
+        assert_eq!(run.publish_many(ch, lens(0..3), 3).unwrap(), Some(1));
+        assert_eq!(run.publish(ch, lens(3..4), None).unwrap(), Some(4));
+        assert!(matches!(
+            run.publish_many(ch + 1, lens(4..6), 2),
+            Err(CommandError::ChannelNotOpen(c)) if c == ch + 1
+        ));
+        assert_eq!(run.publish_many(ch, lens(6..7), 1).unwrap(), Some(5));
+    }
+    let mut expected = BytesMut::new();
+    for m in messages[..4].iter().chain(&messages[6..]) {
+        expected.extend_from_slice(m);
+    }
+    assert_eq!(p.take_raw(expected.len()), expected);
+    p.flush();
+    assert!(p.written.is_empty(), "nothing else: {:?}", p.written);
+    assert_eq!(p.conn.unconfirmed(ch), 5);
+    p.server(
+        ch,
+        BasicAck {
+            delivery_tag: 5,
+            multiple: true,
+        },
+    );
+    assert!(matches!(
+        &p.events()[..],
+        [Event::Confirms {
+            first: 1,
+            last: 5,
+            outcome: Outcome::Ack,
+            ..
+        }]
+    ));
+}
+
 #[test]
 fn a_whole_run_is_copied_behind_what_waits_to_be_written() {
     let (mut p, ch) = confirming_peer();

@@ -102,6 +102,33 @@ impl Confirms {
         Some(seq)
     }
 
+    /// Records `n` publishes at once, as `n` calls of
+    /// [`Confirms::on_publish`] would; returns the first one's sequence
+    /// number in confirm mode (the others follow it). With `n` 0 nothing
+    /// is recorded and the answer is `None`.
+    ///
+    /// ```
+    /// use amqp_codec::track::Confirms;
+    /// let mut confirms = Confirms::new();
+    /// confirms.select();
+    /// assert_eq!(confirms.on_publishes(3), Some(1));
+    /// assert_eq!(confirms.on_publish(), Some(4));
+    /// assert_eq!(confirms.outstanding(), 4);
+    /// ```
+    #[inline]
+    pub fn on_publishes(&mut self, n: u64) -> Option<u64> {
+        let last = self.last.as_mut().filter(|_| n > 0)?;
+        let first = *last + 1;
+        *last += n;
+        let end = *last;
+        match self.outstanding.back_mut() {
+            Some((_, run_end)) if *run_end + 1 == first => *run_end = end,
+            _ => self.outstanding.push_back((first, end)),
+        }
+        self.count += n as usize;
+        Some(first)
+    }
+
     /// The number the next publish will get, in confirm mode.
     pub fn next_sequence(&self) -> Option<u64> {
         self.last.map(|last| last + 1)
