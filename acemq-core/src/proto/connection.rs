@@ -531,7 +531,7 @@ impl Connection {
     }
 
     /// Time has passed: every timer whose deadline is at or before `now`
-    /// fires (see the private `Timer`): a heartbeat is sent, a silent broker is
+    /// fires: a heartbeat is sent, a silent broker is
     /// declared dead, and a wait that took too long ends with its error.
     pub fn handle_timeout(&mut self, now: Instant) {
         for timer in Timer::ALL {
