@@ -531,8 +531,8 @@ impl Connection {
     }
 
     /// Time has passed: every timer whose deadline is at or before `now`
-    /// fires: a heartbeat is sent, a silent broker is
-    /// declared dead, and a wait that took too long ends with its error.
+    /// fires: a heartbeat is sent, a silent broker is declared dead, and a
+    /// wait that took too long ends with its error.
     pub fn handle_timeout(&mut self, now: Instant) {
         for timer in Timer::ALL {
             if self.is_closed() {
