@@ -1290,22 +1290,6 @@ impl Connection {
             return;
         }
         let events = &mut self.events;
-        if state.returns.is_empty() {
-            // No mandatory publish waits for its confirm: nothing to pair,
-            // each run the tracker resolved is one event (usually one run:
-            // a multiple ack of the oldest outstanding).
-            for &(first, last) in &runs {
-                events.push_back(Event::Confirms {
-                    channel,
-                    first,
-                    last,
-                    outcome,
-                });
-            }
-            self.scratch = runs;
-            return;
-        }
-        // Runs of consecutive numbers not returned go out as one event.
         let end_run = |events: &mut VecDeque<Event>, run: Option<(u64, u64)>| {
             if let Some((first, last)) = run {
                 events.push_back(Event::Confirms {
@@ -1316,6 +1300,17 @@ impl Connection {
                 });
             }
         };
+        if state.returns.is_empty() {
+            // No mandatory publish waits for its confirm: nothing to pair,
+            // each run the tracker resolved is one event (usually one run:
+            // a multiple ack of the oldest outstanding).
+            for &run in &runs {
+                end_run(events, Some(run));
+            }
+            self.scratch = runs;
+            return;
+        }
+        // Runs of consecutive numbers not returned go out as one event.
         let mut run: Option<(u64, u64)> = None;
         for seq in runs.iter().flat_map(|&(first, last)| first..=last) {
             let returned = if state.returns.settle(seq).is_some() {

@@ -494,17 +494,24 @@ fn encoded(ch: u16, body: &[u8]) -> BytesMut {
     frames
 }
 
-#[test]
-fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left_out() {
-    let (mut p, ch) = confirming_peer();
-    let messages: Vec<BytesMut> = (0..6).map(|i| encoded(ch, format!("m{i}").as_bytes())).collect();
-    // Two runs in one buffer, the second starting where the first ends,
-    // after a frame of the machine's own (the caller applied a command
-    // between them): m0 m1 | m2 m3 m4 m5.
+/// `n` messages m0, m1, … on `ch`, each encoded, and all of them in one
+/// buffer.
+fn encoded_run(ch: u16, n: usize) -> (Vec<BytesMut>, BytesMut) {
+    let messages: Vec<BytesMut> = (0..n).map(|i| encoded(ch, format!("m{i}").as_bytes())).collect();
     let mut frames = BytesMut::new();
     for m in &messages {
         frames.extend_from_slice(m);
     }
+    (messages, frames)
+}
+
+#[test]
+fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left_out() {
+    let (mut p, ch) = confirming_peer();
+    // Two runs in one buffer, the second starting where the first ends,
+    // after a frame of the machine's own (the caller applied a command
+    // between them): m0 m1 | m2 m3 m4 m5.
+    let (messages, mut frames) = encoded_run(ch, 6);
     let first = messages[0].len() + messages[1].len();
     {
         let mut run = p.conn.encoded_publishes(&mut frames, 0);
@@ -561,11 +568,7 @@ fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left
 #[test]
 fn publishes_taken_at_once_are_numbered_and_written_as_one_by_one() {
     let (mut p, ch) = confirming_peer();
-    let messages: Vec<BytesMut> = (0..7).map(|i| encoded(ch, format!("m{i}").as_bytes())).collect();
-    let mut frames = BytesMut::new();
-    for m in &messages {
-        frames.extend_from_slice(m);
-    }
+    let (messages, mut frames) = encoded_run(ch, 7);
     let lens = |range: std::ops::Range<usize>| messages[range].iter().map(BytesMut::len).sum::<usize>();
     {
         let mut run = p.conn.encoded_publishes(&mut frames, 0);

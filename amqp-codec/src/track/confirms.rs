@@ -91,15 +91,7 @@ impl Confirms {
     /// Records a publish; returns its sequence number in confirm mode.
     #[inline]
     pub fn on_publish(&mut self) -> Option<u64> {
-        let last = self.last.as_mut()?;
-        *last += 1;
-        let seq = *last;
-        match self.outstanding.back_mut() {
-            Some((_, end)) if *end + 1 == seq => *end = seq,
-            _ => self.outstanding.push_back((seq, seq)),
-        }
-        self.count += 1;
-        Some(seq)
+        self.on_publishes(1)
     }
 
     /// Records `n` publishes at once, as `n` calls of
