@@ -28,6 +28,39 @@ struct Seen {
     at: Vec<Instant>,
 }
 
+/// Waits, at most a minute, until each of the two connections has recovered
+/// from every loss so far.
+async fn both_connections_up(events: &Mutex<Vec<(Instant, RecoveryEvent)>>) {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let down: Vec<&str> = {
+            let log = events.lock().unwrap();
+            let count = |which: &str, lost: bool| {
+                log.iter()
+                    .filter(|(_, e)| match e {
+                        RecoveryEvent::Lost { which: w, .. } => lost && *w == which,
+                        RecoveryEvent::Recovered { which: w, .. } => !lost && *w == which,
+                        _ => false,
+                    })
+                    .count()
+            };
+            ["publish", "consume"]
+                .into_iter()
+                .filter(|which| count(which, true) != count(which, false))
+                .collect()
+        };
+        if down.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{down:?} not recovered a minute after the last fault: {:?}",
+            events.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forced_close() {
     deadline(async {
@@ -87,6 +120,10 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
                 if let Some(task) = chaos_task.take() {
                     back_up.extend(task.await.unwrap());
                 }
+                // Each fault is to hit both connections: the one not
+                // blocked by the sends may still be redialling (its backoff
+                // has jitter) after the other is back.
+                both_connections_up(&events).await;
                 // The fault lands now, with a window of sends in flight;
                 // the restart runs beside the sends, which wait for it.
                 if fault == "kill" {
