@@ -22,7 +22,7 @@
 //! settled then fails with its error, and a publish the driver never took
 //! (queued after the channel was gone) fails with `ChannelNotOpen`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -60,9 +60,10 @@ pub(crate) struct Line {
 #[derive(Default)]
 struct Inner {
     odd: BTreeMap<u64, Odd>,
-    /// Confirms waiting for their outcome, by number (few: the ones being
-    /// awaited).
-    waiters: Vec<(u64, Waker)>,
+    /// Confirms waiting for their outcome, in ascending order of number:
+    /// found by binary search, the settled taken off the front. (As many as
+    /// tasks await their confirm at once: hundreds, with one task a send.)
+    waiters: VecDeque<(u64, Waker)>,
     /// The first publish the driver refused or never took, and what it and
     /// every later one fail with.
     refused: Option<(u64, Error)>,
@@ -297,13 +298,18 @@ impl Line {
     fn poll_locked(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
         let mut inner = self.lock();
         if let Some(outcome) = self.outcome_locked(&mut inner, n) {
-            inner.waiters.retain(|(w, _)| *w != n);
+            remove_waiter(&mut inner, n);
             return Poll::Ready(outcome);
         }
-        match inner.waiters.iter_mut().find(|(w, _)| *w == n) {
-            Some((_, waker)) if waker.will_wake(cx.waker()) => {}
-            Some((_, waker)) => *waker = cx.waker().clone(),
-            None => inner.waiters.push((n, cx.waker().clone())),
+        match waiter_at(&inner, n) {
+            Ok(at) => {
+                let waker = &mut inner.waiters[at].1;
+                if !waker.will_wake(cx.waker()) {
+                    *waker = cx.waker().clone();
+                }
+            }
+            // Usually at the back: a confirm is awaited soon after its publish.
+            Err(at) => inner.waiters.insert(at, (n, cx.waker().clone())),
         }
         Poll::Pending
     }
@@ -341,7 +347,7 @@ impl Line {
     #[inline(never)]
     fn abandon_locked(&self, n: u64) {
         let mut inner = self.lock();
-        inner.waiters.retain(|(w, _)| *w != n);
+        remove_waiter(&mut inner, n);
         let below = self.settled_below.load(Ordering::Acquire);
         match inner.odd.remove(&n) {
             Some(Odd::Done(_)) if n >= below => {
@@ -362,6 +368,12 @@ impl Line {
     fn kept(&self) -> usize {
         self.lock().odd.len()
     }
+
+    /// The numbers of the confirms waiting, as kept (for tests).
+    #[cfg(test)]
+    fn waiting(&self) -> Vec<u64> {
+        self.lock().waiters.iter().map(|(n, _)| *n).collect()
+    }
 }
 
 fn is_ack(outcome: &Outcome) -> bool {
@@ -376,21 +388,31 @@ fn failure(inner: &Inner, n: u64) -> Option<Error> {
     }
 }
 
+/// Where the waiter of `n` is (`Ok`), or where it would go (`Err`).
+fn waiter_at(inner: &Inner, n: u64) -> Result<usize, usize> {
+    inner.waiters.binary_search_by_key(&n, |(w, _)| *w)
+}
+
+/// Forgets the waiter of `n`, if there is one.
+fn remove_waiter(inner: &mut Inner, n: u64) {
+    if let Ok(at) = waiter_at(inner, n) {
+        inner.waiters.remove(at);
+    }
+}
+
+/// Wakes the waiters of everything below the watermark `below`: a run off
+/// the front.
 fn take_waiters_below(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
-    if inner.waiters.iter().any(|(n, _)| *n < below) {
-        let (ready, waiting) = std::mem::take(&mut inner.waiters)
-            .into_iter()
-            .partition(|(n, _)| *n < below);
-        inner.waiters = waiting;
-        wake.extend(ready.into_iter().map(|(_, waker): (u64, Waker)| waker));
+    while inner.waiters.front().is_some_and(|(n, _)| *n < below) {
+        wake.extend(inner.waiters.pop_front().map(|(_, waker)| waker));
     }
 }
 
 /// Wakes the waiter of `n`, just settled ahead of the watermark `below`.
 fn wake_settled(inner: &mut Inner, below: u64, n: u64, wake: &mut Vec<Waker>) {
     debug_assert!(n >= below);
-    if let Some(at) = inner.waiters.iter().position(|(w, _)| *w == n) {
-        wake.push(inner.waiters.swap_remove(at).1);
+    if let Ok(at) = waiter_at(inner, n) {
+        wake.extend(inner.waiters.remove(at).map(|(_, waker)| waker));
     }
 }
 
@@ -400,7 +422,8 @@ fn take_failed_waiters(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
         if n < below || inner.odd.contains_key(&n) || failure(inner, n).is_some() {
             wake.push(waker);
         } else {
-            inner.waiters.push((n, waker));
+            // In order still: taken from the front, kept at the back.
+            inner.waiters.push_back((n, waker));
         }
     }
 }
@@ -555,6 +578,75 @@ mod tests {
         assert!(matches!(nack, Ok(Confirmation::Nack)));
         assert!(matches!(ack, Ok(Confirmation::Ack)));
         task.await.unwrap();
+    }
+
+    /// Counts how many times it was woken.
+    struct Counter(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn hundreds_of_confirms_awaited_in_any_order_are_each_woken_once_when_their_outcome_is_known() {
+        const COUNT: u64 = 300;
+        let line = confirming(COUNT);
+        let counters: Vec<Arc<Counter>> = (0..COUNT)
+            .map(|_| Arc::new(Counter(std::sync::atomic::AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = counters.iter().map(|c| Waker::from(c.clone())).collect();
+        let poll = |n: u64| line.poll(n, &mut Context::from_waker(&wakers[n as usize]));
+        // Awaited in a scrambled order (7 and 300 share no factor), each
+        // twice: the second poll must not add a second waiter.
+        for i in 0..COUNT {
+            let n = i * 7 % COUNT;
+            assert!(poll(n).is_pending());
+            assert!(poll(n).is_pending());
+        }
+        let waiting = line.waiting();
+        assert_eq!(waiting, (0..COUNT).collect::<Vec<_>>(), "one waiter each, in order");
+        // Which were woken so far, and how often.
+        let woken = || -> Vec<u64> {
+            counters
+                .iter()
+                .enumerate()
+                .filter_map(|(n, c)| match c.0.load(Ordering::SeqCst) {
+                    0 => None,
+                    1 => Some(n as u64),
+                    more => panic!("publish {n} woken {more} times"),
+                })
+                .collect()
+        };
+        let mut wake = Vec::new();
+        let mut step = |settle: &dyn Fn(&mut Vec<Waker>)| {
+            settle(&mut wake);
+            wake_all(&mut wake);
+            woken()
+        };
+        // A nack ahead of the watermark wakes its waiter alone.
+        assert_eq!(step(&|w| line.settle(150, Ok(Confirmation::Nack), w)), [150]);
+        // A run of acks wakes the front, and no one twice.
+        let expected: Vec<u64> = (0..100).chain([150]).collect();
+        assert_eq!(step(&|w| line.settle_run(0, 99, Confirmation::Ack, w)), expected);
+        // A confirm dropped while waiting is never woken.
+        line.abandon(200);
+        // The channel goes: everyone still waiting is woken, once.
+        let gone = Error::ConnectionClosed(crate::proto::CloseReason::ConnectionLost);
+        let expected: Vec<u64> = (0..COUNT).filter(|&n| n != 200).collect();
+        assert_eq!(step(&|w| line.fail(gone.clone(), 250, w)), expected);
+        assert!(line.waiting().is_empty(), "no waiter left behind");
+        // And each finds the outcome it was woken for.
+        for n in (0..COUNT).filter(|&n| n != 200) {
+            match poll(n) {
+                Poll::Ready(Ok(Confirmation::Ack)) => assert!(n < 100, "publish {n}"),
+                Poll::Ready(Ok(Confirmation::Nack)) => assert_eq!(n, 150),
+                Poll::Ready(Err(Error::ConnectionClosed(_))) => assert!((100..250).contains(&n), "publish {n}"),
+                Poll::Ready(Err(Error::ChannelNotOpen(7))) => assert!(n >= 250, "publish {n}"),
+                other => panic!("publish {n}: {other:?}"),
+            }
+        }
     }
 
     #[test]
