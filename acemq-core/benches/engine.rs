@@ -168,6 +168,32 @@ async fn consume_with_ack(conn: &Connection, queue: &str, messages: u64, prefetc
     figures
 }
 
+/// Round trips with one message in flight: publish (no confirms), wait
+/// for its delivery, ack it, repeat (the peers comparison's latency
+/// scenario, here to profile the engine's share of it).
+async fn round_trips(conn: &Connection, queue: &str, messages: u64) -> Figures {
+    let publisher = conn.channel().await.unwrap();
+    let ch = conn.channel().await.unwrap();
+    ch.qos(1000).await.unwrap();
+    let mut consumer = ch.consume(queue).await.unwrap();
+    let props = Arc::new(BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    });
+    let body = Bytes::from(vec![b'x'; 256]);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for _ in 0..messages {
+        drop(publisher.publish("", queue, false, &props, &body).await.unwrap());
+        let delivery = consumer.next().await.expect("a delivery");
+        delivery.ack().unwrap();
+    }
+    let figures = Figures::since("round trips (one in flight)", messages, t0, c0);
+    consumer.cancel().await.unwrap();
+    ch.close().await.unwrap();
+    publisher.close().await.unwrap();
+    figures
+}
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Payload {
     order_id: u64,
@@ -418,7 +444,7 @@ fn main() {
         // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
         // profiling), `=engine-publish` and `=engine-consume` each of them,
         // `=floor-publish` the wire floor's publish, `=handoff` the handoff
-        // floor;
+        // floor, `=round-trips` one message in flight (at most 20000);
         // `=publish` the engine's publish and the publisher's;
         // `=consume` the acemq consumer alone.
         let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
@@ -448,6 +474,16 @@ fn main() {
                     .expect("wire floor publish")
                     .print();
                 purge(&setup, &queue).await;
+                continue;
+            }
+            // `=round-trips`: one message in flight, publish to delivery.
+            if only == "round-trips" {
+                let figures = round_trips(&conn, &queue, messages.min(20_000)).await;
+                figures.print();
+                println!(
+                    "  {:.1} µs a round trip",
+                    figures.wall.as_secs_f64() * 1e6 / figures.messages as f64
+                );
                 continue;
             }
             // `=handoff`: the handoff floor alone (no broker traffic).
