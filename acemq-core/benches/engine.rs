@@ -409,213 +409,223 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let conn = match Connection::open(&url, Config::default()).await {
-            Ok(conn) => conn,
-            Err(err) => {
-                let msg =
-                    format!("engine bench: no RabbitMQ at {url}: {err} (start one with scripts/rabbitmq.sh start)");
-                if std::env::var("CI").is_ok_and(|v| v == "true") {
-                    panic!("{msg}");
-                }
-                eprintln!("!!!! SKIPPING {msg}");
-                return;
-            }
-        };
-        // The wire floor speaks plain AMQP to the same broker, as the same user.
-        let addr: AmqpUrl = url.parse().expect("ACEMQ_RABBITMQ_URL parses");
-        assert!(
-            !addr.tls,
-            "the wire floor speaks plain TCP: ACEMQ_RABBITMQ_URL must be amqp://"
-        );
-        let setup = conn.channel().await.unwrap();
-        let queue = format!("acemq-bench-{}", std::process::id());
-        setup
-            .queue_declare(QueueDeclare {
-                queue: queue.as_str().into(),
-                durable: true,
-                ..Default::default()
-            })
+    // Every scenario runs in a task of its own, as a service's work does,
+    // not in `block_on`'s future: tokio polls its I/O driver once more
+    // (an `epoll_wait` that does not sleep) each time that future is woken
+    // from within the runtime, which a spawned task does not cost.
+    runtime.block_on(async move {
+        tokio::spawn(scenarios(url, messages, benching))
             .await
-            .unwrap();
-        let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
-            .await
-            .unwrap();
-        // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
-        // profiling), `=engine-publish` and `=engine-consume` each of them,
-        // `=floor-publish` the wire floor's publish, `=handoff` the handoff
-        // floor, `=round-trips` one message in flight (at most 20000);
-        // `=publish` the engine's publish and the publisher's;
-        // `=consume` the acemq consumer alone.
-        let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
-        let engine_only = only == "engine";
-        for round in 0..if benching { 3 } else { 1 } {
-            // `=engine-consume`: the floor publishes, the engine consumes
-            // (to profile the engine's consume alone).
-            if only == "engine-consume" {
-                let props = BasicProperties {
-                    delivery_mode: Some(1),
-                    ..Default::default()
-                };
-                floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
-                    .expect("wire floor publish")
-                    .print();
-                consume_with_ack(&conn, &queue, messages, 1000).await.print();
-                continue;
-            }
-            // `=floor-publish`: the wire floor's publish alone (to profile it
-            // beside the engine's).
-            if only == "floor-publish" {
-                let props = BasicProperties {
-                    delivery_mode: Some(1),
-                    ..Default::default()
-                };
-                floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
-                    .expect("wire floor publish")
-                    .print();
-                purge(&setup, &queue).await;
-                continue;
-            }
-            // `=round-trips`: one message in flight, publish to delivery.
-            if only == "round-trips" {
-                let figures = round_trips(&conn, &queue, messages.min(20_000)).await;
-                figures.print();
-                println!(
-                    "  {:.1} µs a round trip",
-                    figures.wall.as_secs_f64() * 1e6 / figures.messages as f64
-                );
-                continue;
-            }
-            // `=handoff`: the handoff floor alone (no broker traffic).
-            if only == "handoff" {
-                handoff_floor(messages, 1000).await.print();
-                continue;
-            }
-            // `=engine-publish`: the engine's confirmed publish alone.
-            // `=engine-publish-shared`: the same with the properties shared.
-            // `=engine-publish-unique`: the same with a message id each.
-            if only == "engine-publish" || only == "engine-publish-shared" || only == "engine-publish-unique" {
-                let figures = match only.as_str() {
-                    "engine-publish" => publish_confirmed(&conn, &queue, messages, 1000).await,
-                    "engine-publish-shared" => publish_confirmed_shared(&conn, &queue, messages, 1000).await,
-                    _ => publish_confirmed_unique(&conn, &queue, messages, 1000).await,
-                };
-                figures.print();
-                purge(&setup, &queue).await;
-                continue;
-            }
-            if engine_only {
-                publish_confirmed(&conn, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                publish_confirmed_unique(&conn, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
-                consume_with_ack(&conn, &queue, messages, 1000).await.print();
-                let (publish, consume) = wire_floor(&addr, &queue, messages);
-                publish.print();
-                handoff_floor(messages, 1000).await.print();
-                consume.print();
-                continue;
-            }
-            // `=hops`: a consume -> publish hop by hand on the engine, then
-            // the same with `Ack::then`, each over the same preloaded input.
-            if only == "hops" {
-                let output = format!("{queue}.out");
-                setup
-                    .queue_declare(QueueDeclare {
-                        queue: output.as_str().into(),
-                        durable: true,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
-                publisher_window(&api, &queue, messages, 1000).await;
-                let hand = hand_hop(&conn, &queue, &output, messages).await;
-                purge(&setup, &output).await;
-                publisher_window(&api, &queue, messages, 1000).await;
-                let then = then_hop(&api, &conn, &queue, &output, messages).await;
-                purge(&setup, &output).await;
-                hand.print();
-                then.print();
-                continue;
-            }
-            if only == "consume" {
-                publisher_window(&api, &queue, messages, 1000).await;
-                acemq_consume(&api, &queue, messages, false).await.print();
-                publisher_window(&api, &queue, messages, 1000).await;
-                acemq_consume(&api, &queue, messages, true).await.print();
-                continue;
-            }
-            // `=begin-send`: `Publisher::begin_send` alone.
-            if only == "begin-send" {
-                publisher_window(&api, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                continue;
-            }
-            if only == "publish" {
-                publish_confirmed(&conn, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                wire_floor(&addr, &queue, messages).0.print();
-                publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                wire_floor_envelope(&addr, &queue, messages).print();
-                purge(&setup, &queue).await;
-                publisher_window(&api, &queue, messages, 1000).await.print();
-                purge(&setup, &queue).await;
-                continue;
-            }
-            // `ACEMQ_BENCH_SEND_TASKS=N` runs `Publisher::send` alone from N tasks.
-            if let Ok(tasks) = std::env::var("ACEMQ_BENCH_SEND_TASKS") {
-                let tasks: u64 = tasks.parse().unwrap();
-                publisher_send(&api, &queue, messages, tasks).await.print();
-                purge(&setup, &queue).await;
-                continue;
-            }
-            // Every publish starts on an empty queue and every consume finds
-            // exactly the messages it is to take: a deeper queue costs the
-            // broker more, and would bias whichever scenario runs later.
-            let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
-            purge(&setup, &queue).await;
-            let publish_shared = publish_confirmed_shared(&conn, &queue, messages, 1000).await;
-            let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
-            let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
-            let handoff = handoff_floor(messages, 1000).await;
-            let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
-            purge(&setup, &queue).await;
-            let floor_envelope = wire_floor_envelope(&addr, &queue, messages);
-            purge(&setup, &queue).await;
-            let send = publisher_send(&api, &queue, messages, 64).await;
-            purge(&setup, &queue).await;
-            let window = publisher_window(&api, &queue, messages, 1000).await;
-            let accept = acemq_consume(&api, &queue, messages, false).await;
-            // JSON payloads again (the raw publishes above are not JSON).
-            publisher_send(&api, &queue, messages, 64).await;
-            let retried = acemq_consume(&api, &queue, messages, true).await;
-            purge(&setup, &queue).await;
-            if benching {
-                println!("round {round}");
-            }
-            publish.print();
-            publish_shared.print();
-            floor_publish.print();
-            handoff.print();
-            publish_envelope.print();
-            floor_envelope.print();
-            consume.print();
-            floor_consume.print();
-            send.print();
-            window.print();
-            accept.print();
-            retried.print();
-        }
-        api.close().await.unwrap();
-        setup
-            .queue_delete(QueueDelete {
-                queue: queue.as_str().into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
+            .expect("the bench's task")
     });
+}
+
+/// Every scenario of the bench (see `main`).
+async fn scenarios(url: String, messages: u64, benching: bool) {
+    let conn = match Connection::open(&url, Config::default()).await {
+        Ok(conn) => conn,
+        Err(err) => {
+            let msg = format!("engine bench: no RabbitMQ at {url}: {err} (start one with scripts/rabbitmq.sh start)");
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{msg}");
+            }
+            eprintln!("!!!! SKIPPING {msg}");
+            return;
+        }
+    };
+    // The wire floor speaks plain AMQP to the same broker, as the same user.
+    let addr: AmqpUrl = url.parse().expect("ACEMQ_RABBITMQ_URL parses");
+    assert!(
+        !addr.tls,
+        "the wire floor speaks plain TCP: ACEMQ_RABBITMQ_URL must be amqp://"
+    );
+    let setup = conn.channel().await.unwrap();
+    let queue = format!("acemq-bench-{}", std::process::id());
+    setup
+        .queue_declare(QueueDeclare {
+            queue: queue.as_str().into(),
+            durable: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
+        .await
+        .unwrap();
+    // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
+    // profiling), `=engine-publish` and `=engine-consume` each of them,
+    // `=floor-publish` the wire floor's publish, `=handoff` the handoff
+    // floor, `=round-trips` one message in flight (at most 20000);
+    // `=publish` the engine's publish and the publisher's;
+    // `=consume` the acemq consumer alone.
+    let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
+    let engine_only = only == "engine";
+    for round in 0..if benching { 3 } else { 1 } {
+        // `=engine-consume`: the floor publishes, the engine consumes
+        // (to profile the engine's consume alone).
+        if only == "engine-consume" {
+            let props = BasicProperties {
+                delivery_mode: Some(1),
+                ..Default::default()
+            };
+            floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
+                .expect("wire floor publish")
+                .print();
+            consume_with_ack(&conn, &queue, messages, 1000).await.print();
+            continue;
+        }
+        // `=floor-publish`: the wire floor's publish alone (to profile it
+        // beside the engine's).
+        if only == "floor-publish" {
+            let props = BasicProperties {
+                delivery_mode: Some(1),
+                ..Default::default()
+            };
+            floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
+                .expect("wire floor publish")
+                .print();
+            purge(&setup, &queue).await;
+            continue;
+        }
+        // `=round-trips`: one message in flight, publish to delivery.
+        if only == "round-trips" {
+            let figures = round_trips(&conn, &queue, messages.min(20_000)).await;
+            figures.print();
+            println!(
+                "  {:.1} µs a round trip",
+                figures.wall.as_secs_f64() * 1e6 / figures.messages as f64
+            );
+            continue;
+        }
+        // `=handoff`: the handoff floor alone (no broker traffic).
+        if only == "handoff" {
+            handoff_floor(messages, 1000).await.print();
+            continue;
+        }
+        // `=engine-publish`: the engine's confirmed publish alone.
+        // `=engine-publish-shared`: the same with the properties shared.
+        // `=engine-publish-unique`: the same with a message id each.
+        if only == "engine-publish" || only == "engine-publish-shared" || only == "engine-publish-unique" {
+            let figures = match only.as_str() {
+                "engine-publish" => publish_confirmed(&conn, &queue, messages, 1000).await,
+                "engine-publish-shared" => publish_confirmed_shared(&conn, &queue, messages, 1000).await,
+                _ => publish_confirmed_unique(&conn, &queue, messages, 1000).await,
+            };
+            figures.print();
+            purge(&setup, &queue).await;
+            continue;
+        }
+        if engine_only {
+            publish_confirmed(&conn, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            publish_confirmed_unique(&conn, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
+            consume_with_ack(&conn, &queue, messages, 1000).await.print();
+            let (publish, consume) = wire_floor(&addr, &queue, messages);
+            publish.print();
+            handoff_floor(messages, 1000).await.print();
+            consume.print();
+            continue;
+        }
+        // `=hops`: a consume -> publish hop by hand on the engine, then
+        // the same with `Ack::then`, each over the same preloaded input.
+        if only == "hops" {
+            let output = format!("{queue}.out");
+            setup
+                .queue_declare(QueueDeclare {
+                    queue: output.as_str().into(),
+                    durable: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            publisher_window(&api, &queue, messages, 1000).await;
+            let hand = hand_hop(&conn, &queue, &output, messages).await;
+            purge(&setup, &output).await;
+            publisher_window(&api, &queue, messages, 1000).await;
+            let then = then_hop(&api, &conn, &queue, &output, messages).await;
+            purge(&setup, &output).await;
+            hand.print();
+            then.print();
+            continue;
+        }
+        if only == "consume" {
+            publisher_window(&api, &queue, messages, 1000).await;
+            acemq_consume(&api, &queue, messages, false).await.print();
+            publisher_window(&api, &queue, messages, 1000).await;
+            acemq_consume(&api, &queue, messages, true).await.print();
+            continue;
+        }
+        // `=begin-send`: `Publisher::begin_send` alone.
+        if only == "begin-send" {
+            publisher_window(&api, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            continue;
+        }
+        if only == "publish" {
+            publish_confirmed(&conn, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            wire_floor(&addr, &queue, messages).0.print();
+            publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            wire_floor_envelope(&addr, &queue, messages).print();
+            purge(&setup, &queue).await;
+            publisher_window(&api, &queue, messages, 1000).await.print();
+            purge(&setup, &queue).await;
+            continue;
+        }
+        // `ACEMQ_BENCH_SEND_TASKS=N` runs `Publisher::send` alone from N tasks.
+        if let Ok(tasks) = std::env::var("ACEMQ_BENCH_SEND_TASKS") {
+            let tasks: u64 = tasks.parse().unwrap();
+            publisher_send(&api, &queue, messages, tasks).await.print();
+            purge(&setup, &queue).await;
+            continue;
+        }
+        // Every publish starts on an empty queue and every consume finds
+        // exactly the messages it is to take: a deeper queue costs the
+        // broker more, and would bias whichever scenario runs later.
+        let publish = publish_confirmed(&conn, &queue, messages, 1000).await;
+        purge(&setup, &queue).await;
+        let publish_shared = publish_confirmed_shared(&conn, &queue, messages, 1000).await;
+        let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
+        let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
+        let handoff = handoff_floor(messages, 1000).await;
+        let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
+        purge(&setup, &queue).await;
+        let floor_envelope = wire_floor_envelope(&addr, &queue, messages);
+        purge(&setup, &queue).await;
+        let send = publisher_send(&api, &queue, messages, 64).await;
+        purge(&setup, &queue).await;
+        let window = publisher_window(&api, &queue, messages, 1000).await;
+        let accept = acemq_consume(&api, &queue, messages, false).await;
+        // JSON payloads again (the raw publishes above are not JSON).
+        publisher_send(&api, &queue, messages, 64).await;
+        let retried = acemq_consume(&api, &queue, messages, true).await;
+        purge(&setup, &queue).await;
+        if benching {
+            println!("round {round}");
+        }
+        publish.print();
+        publish_shared.print();
+        floor_publish.print();
+        handoff.print();
+        publish_envelope.print();
+        floor_envelope.print();
+        consume.print();
+        floor_consume.print();
+        send.print();
+        window.print();
+        accept.print();
+        retried.print();
+    }
+    api.close().await.unwrap();
+    setup
+        .queue_delete(QueueDelete {
+            queue: queue.as_str().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
 }
