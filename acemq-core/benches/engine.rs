@@ -420,6 +420,17 @@ fn main() {
     });
 }
 
+/// Declares the durable queue `name` (the bench's queues).
+async fn declare_durable(ch: &acemq_core::amqp::Channel, name: &str) {
+    ch.queue_declare(QueueDeclare {
+        queue: name.into(),
+        durable: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
 /// Every scenario of the bench (see `main`).
 async fn scenarios(url: String, messages: u64, benching: bool) {
     let conn = match Connection::open(&url, Config::default()).await {
@@ -441,14 +452,7 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
     );
     let setup = conn.channel().await.unwrap();
     let queue = format!("acemq-bench-{}", std::process::id());
-    setup
-        .queue_declare(QueueDeclare {
-            queue: queue.as_str().into(),
-            durable: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    declare_durable(&setup, &queue).await;
     let api = acemq_core::Conn::open(&url, acemq_core::Config::default())
         .await
         .unwrap();
@@ -532,14 +536,7 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         // the same with `Ack::then`, each over the same preloaded input.
         if only == "hops" {
             let output = format!("{queue}.out");
-            setup
-                .queue_declare(QueueDeclare {
-                    queue: output.as_str().into(),
-                    durable: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            declare_durable(&setup, &output).await;
             publisher_window(&api, &queue, messages, 1000).await;
             let hand = hand_hop(&conn, &queue, &output, messages).await;
             purge(&setup, &output).await;
