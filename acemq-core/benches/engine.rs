@@ -388,6 +388,15 @@ fn wire_floor(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) 
     (publish, consume)
 }
 
+/// The wire floor's publish alone, `delivery-mode` 1 only.
+fn wire_floor_minimal(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
+    let props = BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    };
+    floor::publish(addr, queue, messages, 1000, props, "  wire floor: publish").expect("wire floor publish")
+}
+
 /// The wire floor's publish with the envelope's properties: the most any
 /// client gets from the broker for the bytes `Publisher` must send.
 fn wire_floor_envelope(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
@@ -468,26 +477,14 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         // `=engine-consume`: the floor publishes, the engine consumes
         // (to profile the engine's consume alone).
         if only == "engine-consume" {
-            let props = BasicProperties {
-                delivery_mode: Some(1),
-                ..Default::default()
-            };
-            floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
-                .expect("wire floor publish")
-                .print();
+            wire_floor_minimal(&addr, &queue, messages).print();
             consume_with_ack(&conn, &queue, messages, 1000).await.print();
             continue;
         }
         // `=floor-publish`: the wire floor's publish alone (to profile it
         // beside the engine's).
         if only == "floor-publish" {
-            let props = BasicProperties {
-                delivery_mode: Some(1),
-                ..Default::default()
-            };
-            floor::publish(&addr, &queue, messages, 1000, props, "  wire floor: publish")
-                .expect("wire floor publish")
-                .print();
+            wire_floor_minimal(&addr, &queue, messages).print();
             purge(&setup, &queue).await;
             continue;
         }
