@@ -470,7 +470,8 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
     // `=floor-publish` the wire floor's publish, `=handoff` the handoff
     // floor, `=round-trips` one message in flight (at most 20000);
     // `=publish` the engine's publish and the publisher's;
-    // `=consume` the acemq consumer alone.
+    // `=consume` the acemq consumer alone (accepting, then retrying once),
+    // `=api-consume` accepting only.
     let only = std::env::var("ACEMQ_BENCH_ONLY").unwrap_or_default();
     let engine_only = only == "engine";
     for round in 0..if benching { 3 } else { 1 } {
@@ -549,6 +550,14 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
             acemq_consume(&api, &queue, messages, false).await.print();
             publisher_window(&api, &queue, messages, 1000).await;
             acemq_consume(&api, &queue, messages, true).await.print();
+            continue;
+        }
+        // `=api-consume`: the acemq consumer accepting, over a preload by
+        // `Publisher::begin_send` (`=begin-send` is the preload alone, to
+        // take away under callgrind).
+        if only == "api-consume" {
+            publisher_window(&api, &queue, messages, 1000).await;
+            acemq_consume(&api, &queue, messages, false).await.print();
             continue;
         }
         // `=begin-send`: `Publisher::begin_send` alone.

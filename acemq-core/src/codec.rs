@@ -21,6 +21,21 @@ pub trait Codec: Send + Sync + 'static {
 #[error("{0}")]
 pub struct CodecError(pub String);
 
+thread_local! {
+    /// The buffer [`Json`] encodes into on this thread.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The most a thread's JSON buffer keeps between messages: one larger
+/// message does not leave the thread holding its size.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
+/// `value` as JSON, appended to `body`.
+fn json_into<T: Serialize>(mut body: Vec<u8>, value: &T) -> Result<Vec<u8>, CodecError> {
+    serde_json::to_writer(&mut body, value).map_err(|e| CodecError(e.to_string()))?;
+    Ok(body)
+}
+
 /// JSON through serde_json, `application/json`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Json;
@@ -31,14 +46,71 @@ impl Codec for Json {
     }
 
     fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, CodecError> {
-        // Room for a typical message up front, rather than growing from
-        // nothing through several reallocations.
-        let mut body = Vec::with_capacity(256);
-        serde_json::to_writer(&mut body, value).map_err(|e| CodecError(e.to_string()))?;
-        Ok(body)
+        // Written into a buffer this thread keeps, which has grown to the
+        // size of its messages, then copied out at its exact size: one
+        // allocation a message, where writing into a new vector grows it
+        // through reallocations (each a copy of what is written so far).
+        let scratch = SCRATCH.try_with(|scratch| {
+            // Taken already (a `Serialize` impl that encodes JSON itself):
+            // that inner encode writes into a vector of its own.
+            let Ok(mut buf) = scratch.try_borrow_mut() else {
+                return json_into(Vec::with_capacity(256), value);
+            };
+            buf.clear();
+            let body = serde_json::to_writer(&mut *buf, value)
+                .map(|()| buf.to_vec())
+                .map_err(|e| CodecError(e.to_string()));
+            if buf.capacity() > SCRATCH_KEPT {
+                *buf = Vec::new();
+            }
+            body
+        });
+        // The thread is ending (its locals are gone): a vector of its own.
+        scratch.unwrap_or_else(|_| json_into(Vec::with_capacity(256), value))
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {
         serde_json::from_slice(bytes).map_err(|e| CodecError(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Codec, Json, SCRATCH_KEPT};
+
+    /// A value whose serialization encodes another value with [`Json`]
+    /// while the thread's buffer is in use.
+    struct Nested(u32);
+
+    impl serde::Serialize for Nested {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let inner = Json.encode(&vec![self.0; 3]).map_err(serde::ser::Error::custom)?;
+            serializer.serialize_str(std::str::from_utf8(&inner).map_err(serde::ser::Error::custom)?)
+        }
+    }
+
+    #[test]
+    fn every_encode_gives_what_serde_json_gives_whatever_came_before_it_on_the_thread() {
+        let long = "x".repeat(SCRATCH_KEPT + 10);
+        let values = [
+            serde_json::json!({"id": 1, "note": "a longer note than the next one"}),
+            serde_json::json!("short"),
+            serde_json::json!(long),
+            serde_json::json!([1, 2, 3]),
+            serde_json::json!({}),
+        ];
+        for value in &values {
+            let body = Json.encode(value).unwrap();
+            assert_eq!(body, serde_json::to_vec(value).unwrap());
+            assert_eq!(body.capacity(), body.len(), "copied out at its size");
+        }
+        // An encode inside an encode, on the same thread.
+        let nested = Json.encode(&Nested(7)).unwrap();
+        assert_eq!(nested, serde_json::to_vec("[7,7,7]").unwrap());
+        // A value that does not encode leaves the next one whole.
+        let mut bad = std::collections::HashMap::new();
+        bad.insert(vec![1u8], 1);
+        assert!(Json.encode(&bad).is_err());
+        assert_eq!(Json.encode(&values[1]).unwrap(), b"\"short\"");
     }
 }

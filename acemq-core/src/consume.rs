@@ -388,11 +388,9 @@ fn stream_offset(delivery: &Delivery) -> Option<i64> {
 
 /// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
 /// else one if `redelivered`.
-fn redeliveries(properties: &BasicPropertiesRef<'_>, redelivered: bool) -> u32 {
-    let count = properties
-        .headers
-        .and_then(|h| h.get("x-delivery-count"))
-        .and_then(|v| v.as_i64());
+/// `headers` are those the envelope kept (every one it does not manage).
+fn redeliveries(headers: &FieldTable, redelivered: bool) -> u32 {
+    let count = headers.get("x-delivery-count").and_then(FieldValue::as_i64);
     match count {
         Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
         None => u32::from(redelivered),
@@ -404,6 +402,8 @@ struct RetryFacts {
     id: String,
     attempt: u32,
     first_seen: SystemTime,
+    /// Whether the message carries a routing slip (an accept forwards it).
+    slip: bool,
 }
 
 /// A panic in a handler, as an error for the retry policy.
@@ -419,7 +419,7 @@ impl std::fmt::Display for HandlerPanicked {
 impl std::error::Error for HandlerPanicked {}
 
 fn outcome(outcome: &'static str) {
-    metrics::counter!(crate::metrics_names::HANDLED_TOTAL, "outcome" => outcome).increment(1);
+    crate::metrics_names::handled(outcome);
 }
 
 async fn process<T, F, Fut, C>(shared: Arc<Shared<T, F, C>>, delivery: Delivery)
@@ -496,6 +496,7 @@ where
         id: envelope.id.clone(),
         attempt: envelope.attempt,
         first_seen: envelope.first_seen,
+        slip: crate::hop::has_slip_in(&envelope.headers),
     };
     let payload: T = match shared.codec.decode(&delivery.body) {
         Ok(payload) => payload,
@@ -512,8 +513,8 @@ where
         payload,
         envelope,
         redelivered: delivery.redelivered,
-        exchange: delivery.exchange.to_string(),
-        routing_key: delivery.routing_key.to_string(),
+        exchange: crate::text::owned_lossy(delivery.exchange.as_bytes()),
+        routing_key: crate::text::owned_lossy(delivery.routing_key.as_bytes()),
         queue: shared.queue.clone(),
     };
     let verdict = run_handler(&shared.handler, message).await;
@@ -526,7 +527,7 @@ fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delivery) -> Enve
     let mut envelope = Envelope::read_from_message_view(properties, &delivery.body);
     envelope.attempt = envelope
         .attempt
-        .saturating_add(redeliveries(properties, delivery.redelivered));
+        .saturating_add(redeliveries(&envelope.headers, delivery.redelivered));
     let span = tracing::Span::current();
     span.record("message_id", envelope.id.as_str());
     span.record("attempt", envelope.attempt);
@@ -596,9 +597,7 @@ async fn carry_out<T, F, C>(
     verdict: Ack,
 ) -> Result<&'static str, Error> {
     match verdict {
-        Ack::Accept if crate::hop::has_slip_in(&properties.view()) => {
-            Box::pin(forward(shared, delivery, properties, facts, None)).await
-        }
+        Ack::Accept if facts.slip => Box::pin(forward(shared, delivery, properties, facts, None)).await,
         Ack::Accept => {
             settle_sent(delivery, delivery.ack())?;
             Ok("accepted")

@@ -87,17 +87,28 @@ impl Envelope {
     pub fn write_to(&self, properties: &mut BasicProperties) {
         properties.message_id = Some(self.id.as_str().into());
         properties.correlation_id = self.correlation_id.as_deref().map(ShortString::from);
-        let mut headers = self.headers.clone();
-        if !headers.is_empty() {
-            for managed in [ATTEMPT_HEADER, FIRST_SEEN_HEADER, CAUSATION_HEADER] {
-                headers.remove(managed);
-            }
+        let attempt = FieldValue::I32(i32::try_from(self.attempt).unwrap_or(i32::MAX));
+        let first_seen = FieldValue::Timestamp(unix_seconds(self.first_seen));
+        let causation = self.causation_id.as_deref().map(FieldValue::from);
+        if self.headers.is_empty() {
+            // A new message's: the managed headers alone, in a table made
+            // at its size (none of them can be there already).
+            let managed = [
+                Some((ATTEMPT_HEADER, attempt)),
+                Some((FIRST_SEEN_HEADER, first_seen)),
+                causation.map(|causation| (CAUSATION_HEADER, causation)),
+            ];
+            properties.headers = Some(managed.into_iter().flatten().collect());
+            return;
         }
-        let attempt = i32::try_from(self.attempt).unwrap_or(i32::MAX);
-        headers.insert(ATTEMPT_HEADER, FieldValue::I32(attempt));
-        headers.insert(FIRST_SEEN_HEADER, FieldValue::Timestamp(unix_seconds(self.first_seen)));
-        if let Some(causation) = &self.causation_id {
-            headers.insert(CAUSATION_HEADER, FieldValue::from(causation.as_str()));
+        let mut headers = self.headers.clone();
+        for managed in [ATTEMPT_HEADER, FIRST_SEEN_HEADER, CAUSATION_HEADER] {
+            headers.remove(managed);
+        }
+        headers.insert(ATTEMPT_HEADER, attempt);
+        headers.insert(FIRST_SEEN_HEADER, first_seen);
+        if let Some(causation) = causation {
+            headers.insert(CAUSATION_HEADER, causation);
         }
         properties.headers = Some(headers);
     }
@@ -119,14 +130,10 @@ impl Envelope {
     /// straight from their bytes (see [`amqp_codec::Properties::view`]),
     /// building nothing but the envelope.
     pub fn read_from_message_view(properties: &BasicPropertiesRef<'_>, body: &[u8]) -> Envelope {
-        let mut envelope = Envelope::read_from_view(properties);
+        let (mut envelope, has_first_seen) = Envelope::read_view(properties);
         if properties.message_id.is_none() {
             envelope.id = derived_id(properties, body);
         }
-        let has_first_seen = properties
-            .headers
-            .as_ref()
-            .is_some_and(|h| h.get(FIRST_SEEN_HEADER).is_some());
         if let (false, Some(timestamp)) = (has_first_seen, properties.timestamp) {
             envelope.first_seen = UNIX_EPOCH + Duration::from_secs(timestamp);
         }
@@ -142,6 +149,12 @@ impl Envelope {
 
     /// [`Envelope::read_from`] over borrowed properties.
     pub fn read_from_view(properties: &BasicPropertiesRef<'_>) -> Envelope {
+        Envelope::read_view(properties).0
+    }
+
+    /// [`Envelope::read_from_view`], and whether `x-acemq-first-seen` was
+    /// there (the envelope's `first_seen` is now without it).
+    fn read_view(properties: &BasicPropertiesRef<'_>) -> (Envelope, bool) {
         // One pass: the first of each managed header is read, every copy of
         // them left out, and the rest kept in order (no table is made when
         // there is nothing else in it).
@@ -167,28 +180,28 @@ impl Envelope {
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n >= 1)
             .unwrap_or(1);
+        let has_first_seen = first_seen.is_some();
         let first_seen = first_seen
             .and_then(|v| v.as_i64())
             .and_then(|secs| u64::try_from(secs).ok())
             .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
             .unwrap_or_else(|| whole_seconds(SystemTime::now()));
         let causation_id = causation.and_then(|v| match v {
-            FieldValueRef::LongString(s) => Some(String::from_utf8_lossy(s).into_owned()),
+            FieldValueRef::LongString(s) => Some(crate::text::owned_lossy(s)),
             _ => None,
         });
-        Envelope {
+        let envelope = Envelope {
             id: properties
                 .message_id
-                .map(|id| String::from_utf8_lossy(id).into_owned())
+                .map(crate::text::owned_lossy)
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             attempt,
             first_seen,
-            correlation_id: properties
-                .correlation_id
-                .map(|c| String::from_utf8_lossy(c).into_owned()),
+            correlation_id: properties.correlation_id.map(crate::text::owned_lossy),
             causation_id,
             headers,
-        }
+        };
+        (envelope, has_first_seen)
     }
 }
 

@@ -35,9 +35,10 @@ pub(crate) fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Whether a message carries a routing slip.
-pub(crate) fn has_slip_in(properties: &amqp_codec::BasicPropertiesRef<'_>) -> bool {
-    properties.headers.is_some_and(|h| h.get(ROUTING_SLIP_HEADER).is_some())
+/// Whether a message carries a routing slip, from the headers its envelope
+/// kept (every one it does not manage).
+pub(crate) fn has_slip_in(headers: &FieldTable) -> bool {
+    headers.contains_key(ROUTING_SLIP_HEADER)
 }
 
 /// The slip of a message and the step it is at, if it has one.
