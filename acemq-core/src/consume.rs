@@ -399,11 +399,17 @@ fn redeliveries(headers: &FieldTable, redelivered: bool) -> u32 {
 
 /// The parts of the envelope a retry decision needs.
 struct RetryFacts {
-    id: String,
     attempt: u32,
     first_seen: SystemTime,
     /// Whether the message carries a routing slip (an accept forwards it).
     slip: bool,
+}
+
+/// The envelope's id of a delivery, for the paths that republish it (made
+/// again from the properties rather than kept from the envelope: an
+/// accepted message never needs it).
+fn id_of(delivery: &Delivery, properties: &BasicProperties) -> String {
+    Envelope::id_of(&properties.view(), &delivery.body)
 }
 
 /// A panic in a handler, as an error for the retry policy.
@@ -493,7 +499,6 @@ where
     let envelope = envelope_of(&properties.view(), delivery);
     // What a retry needs once the envelope has gone to the handler.
     let facts = RetryFacts {
-        id: envelope.id.clone(),
         attempt: envelope.attempt,
         first_seen: envelope.first_seen,
         slip: crate::hop::has_slip_in(&envelope.headers),
@@ -632,7 +637,7 @@ async fn forward<T, F, C>(
         Some(Ok(output)) => Some(output),
         None => None,
     };
-    let hop = match crate::hop::next_hop(properties, &facts.id, shared.then.as_ref(), output) {
+    let hop = match crate::hop::next_hop(properties, &id_of(delivery, properties), shared.then.as_ref(), output) {
         Ok(Some(hop)) => hop,
         // The last step of a slip, and no output to send on.
         Ok(None) => {
@@ -663,6 +668,7 @@ async fn retry<T, F, C>(
         .decide(envelope.attempt, envelope.first_seen, err.as_ref(), SystemTime::now());
     // The republished copy: only built where a retry republishes.
     let next = || hop_properties(properties, delivery, envelope.attempt.saturating_add(1), None);
+    let id = id_of(delivery, properties);
     match decision {
         Decision::DeadLetter { reason } => {
             set_aside(shared, delivery, properties, "dlq", &reason).await?;
@@ -671,19 +677,19 @@ async fn retry<T, F, C>(
         }
         Decision::WaitInProcess(wait) => {
             wait_unless_closing(shared, wait).await;
-            republish(shared, &shared.queue, next(), delivery.body.clone(), &envelope.id).await?;
+            republish(shared, &shared.queue, next(), delivery.body.clone(), &id).await?;
             settle_sent(delivery, delivery.ack())?;
             Ok("retried")
         }
         Decision::WaitInBroker(wait) => {
             let rung = rung_name(&shared.queue, wait);
-            match republish(shared, &rung, next(), delivery.body.clone(), &envelope.id).await {
+            match republish(shared, &rung, next(), delivery.body.clone(), &id).await {
                 Ok(()) => {}
                 Err(Error::Unroutable { .. }) => {
                     metrics::counter!(crate::metrics_names::RUNG_MISSING_TOTAL).increment(1);
                     tracing::warn!(%rung, ?wait, "the rung queue is missing; waiting in the process instead");
                     wait_unless_closing(shared, wait).await;
-                    republish(shared, &shared.queue, next(), delivery.body.clone(), &envelope.id).await?;
+                    republish(shared, &shared.queue, next(), delivery.body.clone(), &id).await?;
                 }
                 Err(other) => return Err(other),
             }

@@ -140,6 +140,15 @@ impl Envelope {
         envelope
     }
 
+    /// The id [`Envelope::read_from_message_view`] gives a message: its
+    /// `message-id`, or without one the id derived from the message.
+    pub(crate) fn id_of(properties: &BasicPropertiesRef<'_>, body: &[u8]) -> String {
+        match properties.message_id {
+            Some(id) => crate::text::owned_lossy(id),
+            None => derived_id(properties, body),
+        }
+    }
+
     /// Reads an envelope back from properties. Integers of every width are
     /// accepted; what is missing gets the value a first publish would have
     /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
@@ -310,9 +319,14 @@ mod tests {
         assert_ne!(first.id, other.id, "another body is another message");
         let with_id = BasicProperties {
             message_id: Some("given".into()),
-            ..props
+            ..props.clone()
         };
         assert_eq!(Envelope::read_from_message(&with_id, b"x").id, "given");
+        // What the consumer's republishing paths read the id with.
+        for (props, body) in [(&props, &b"{\"n\":1}"[..]), (&with_id, b"x")] {
+            let read = Envelope::read_from_message(props, body).id;
+            assert_eq!(Envelope::id_of(&props.view(), body), read);
+        }
     }
 
     #[test]
