@@ -21,7 +21,6 @@ use super::message::{
     Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleOp,
 };
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
-use crate::time::sleep_until;
 
 /// State the handles read without asking the driver.
 #[derive(Debug)]
@@ -491,6 +490,13 @@ pub(crate) async fn run<S>(
     // until `busy_poll` after that, then sleeps).
     let busy_poll = shared.busy_poll;
     let mut active_at = Instant::now();
+    // The machine's next deadline, on one timer kept for the whole
+    // connection and moved as the deadline moves: a later deadline only
+    // extends its expiry (an atomic update), where a timer made for each
+    // turn of the loop was put into tokio's timer wheel and taken out again
+    // on every turn.
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let mut armed = None;
     loop {
         driver.settle();
         driver.drain_events();
@@ -512,7 +518,13 @@ pub(crate) async fn run<S>(
             let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer.shutdown()).await;
             break;
         }
-        let deadline = driver.machine.poll_timeout();
+        let deadline = driver.machine.poll_timeout().map(tokio::time::Instant::from_std);
+        if let Some(at) = deadline {
+            if armed != Some(at) || timer.is_elapsed() {
+                timer.as_mut().reset(at);
+                armed = Some(at);
+            }
+        }
         if read_buf.capacity() - read_buf.len() < 16 * 1024 {
             read_buf.reserve(64 * 1024);
         }
@@ -548,7 +560,7 @@ pub(crate) async fn run<S>(
                     driver.machine.close();
                 }
             }
-            _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
+            () = timer.as_mut(), if deadline.is_some() => {
                 driver.machine.handle_timeout(now())
             }
             // Nothing to do, and busy polling: back to the runtime, which
