@@ -22,7 +22,7 @@
 //! settled then fails with its error, and a publish the driver never took
 //! (queued after the channel was gone) fails with `ChannelNotOpen`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -59,7 +59,7 @@ pub(crate) struct Line {
 
 #[derive(Default)]
 struct Inner {
-    odd: BTreeMap<u64, Odd>,
+    odd: Kept,
     /// Confirms waiting for their outcome, in ascending order of number:
     /// found by binary search, the settled taken off the front. (As many as
     /// tasks await their confirm at once: hundreds, with one task a send.)
@@ -70,6 +70,68 @@ struct Inner {
     /// The channel or the connection is gone: what fails everything still
     /// unsettled below `refused`.
     failed: Option<Error>,
+}
+
+/// What a line keeps one by one, in ascending order of number: found by
+/// binary search, settled off the front. Numbers are kept as their
+/// publishes' confirms come and go, mostly at the back and taken from the
+/// front, so the one allocation is kept and reused (a map would allocate a
+/// node for the first entry and free it with the last, on every publish
+/// whose confirm is dropped before its outcome, say).
+#[derive(Default)]
+struct Kept(VecDeque<(u64, Odd)>);
+
+impl Kept {
+    fn at(&self, n: u64) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&n, |(k, _)| *k)
+    }
+
+    fn get(&self, n: &u64) -> Option<&Odd> {
+        self.at(*n).ok().map(|at| &self.0[at].1)
+    }
+
+    fn contains_key(&self, n: &u64) -> bool {
+        self.at(*n).is_ok()
+    }
+
+    fn remove(&mut self, n: &u64) -> Option<Odd> {
+        let at = self.at(*n).ok()?;
+        self.0.remove(at).map(|(_, odd)| odd)
+    }
+
+    fn insert(&mut self, n: u64, odd: Odd) {
+        match self.at(n) {
+            Ok(at) => self.0[at].1 = odd,
+            Err(at) => self.0.insert(at, (n, odd)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Keeps only what `keep` wants.
+    fn retain(&mut self, mut keep: impl FnMut(&Odd) -> bool) {
+        self.0.retain(|(_, odd)| keep(odd));
+    }
+
+    /// Keeps, of what is numbered below `below`, only what `keep` wants.
+    fn retain_below(&mut self, below: u64, mut keep: impl FnMut(&Odd) -> bool) {
+        // The usual case: the front goes, up to the first kept.
+        while let Some((n, odd)) = self.0.front() {
+            if *n >= below || keep(odd) {
+                break;
+            }
+            self.0.pop_front();
+        }
+        if self.0.front().is_some_and(|(n, _)| *n < below) {
+            self.0.retain(|(n, odd)| *n >= below || keep(odd));
+        }
+    }
 }
 
 enum Odd {
@@ -218,15 +280,9 @@ impl Line {
             // What the watermark now passes: the marks of confirms that are
             // gone go, and so do acks that came ahead of it (the watermark
             // says as much); other outcomes stay for their confirms.
-            let passed: Vec<u64> = inner
+            inner
                 .odd
-                .range(from..below)
-                .filter(|(_, odd)| !matches!(odd, Odd::Done(outcome) if !is_ack(outcome)))
-                .map(|(n, _)| *n)
-                .collect();
-            for n in passed {
-                inner.odd.remove(&n);
-            }
+                .retain_below(below, |odd| matches!(odd, Odd::Done(outcome) if !is_ack(outcome)));
             // Then on past what was settled ahead of it.
             loop {
                 match inner.odd.get(&below) {
@@ -278,7 +334,7 @@ impl Line {
         }
         self.quiet.store(false, Ordering::Release);
         // Only outcomes a confirm may still take are kept.
-        inner.odd.retain(|_, odd| matches!(odd, Odd::Done(_)));
+        inner.odd.retain(|odd| matches!(odd, Odd::Done(_)));
         take_failed_waiters(&mut inner, self.settled_below.load(Ordering::Relaxed), wake);
     }
 
