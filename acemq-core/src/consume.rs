@@ -387,8 +387,8 @@ fn stream_offset(delivery: &Delivery) -> Option<i64> {
 }
 
 /// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
-/// else one if `redelivered`.
-/// `headers` are those the envelope kept (every one it does not manage).
+/// else one if `redelivered`; `headers` are those the envelope kept (every
+/// one it does not manage).
 fn redeliveries(headers: &FieldTable, redelivered: bool) -> u32 {
     let count = headers.get("x-delivery-count").and_then(FieldValue::as_i64);
     match count {
@@ -424,10 +424,6 @@ impl std::fmt::Display for HandlerPanicked {
 
 impl std::error::Error for HandlerPanicked {}
 
-fn outcome(outcome: &'static str) {
-    crate::metrics_names::handled(outcome);
-}
-
 async fn process<T, F, Fut, C>(shared: Arc<Shared<T, F, C>>, delivery: Delivery)
 where
     T: DeserializeOwned + Send + 'static,
@@ -461,7 +457,7 @@ where
         }
         tracing::Span::current().record("outcome", name);
         if name != "requeued" {
-            outcome(name);
+            crate::metrics_names::handled(name);
         }
     }
     .instrument(span)

@@ -496,7 +496,6 @@ pub(crate) async fn run<S>(
     // turn of the loop was put into tokio's timer wheel and taken out again
     // on every turn.
     let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
-    let mut armed = None;
     loop {
         driver.settle();
         driver.drain_events();
@@ -520,9 +519,8 @@ pub(crate) async fn run<S>(
         }
         let deadline = driver.machine.poll_timeout().map(tokio::time::Instant::from_std);
         if let Some(at) = deadline {
-            if armed != Some(at) || timer.is_elapsed() {
+            if timer.deadline() != at || timer.is_elapsed() {
                 timer.as_mut().reset(at);
-                armed = Some(at);
             }
         }
         if read_buf.capacity() - read_buf.len() < 16 * 1024 {
