@@ -18,7 +18,8 @@ use super::connection::Settings;
 use super::error::Error;
 use super::line::{wake_all, Line};
 use super::message::{
-    Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleOp,
+    Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleKind,
+    SettleOp,
 };
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
 
@@ -646,6 +647,15 @@ impl Driver {
         let mut ops = std::mem::take(&mut self.settling);
         self.shared.take_settles(&mut ops);
         for op in &ops {
+            if let SettleKind::Ack { multiple: false } = op.kind {
+                // The usual settlement, without a `Method` built for it.
+                if self.routes(op.channel, op.generation).is_none() {
+                    tracing::debug!(channel = op.channel, "ack dropped: the channel has closed since");
+                } else if let Err(err) = self.machine.ack_one(op.channel, op.tag) {
+                    tracing::debug!(channel = op.channel, %err, "could not send");
+                }
+                continue;
+            }
             self.send(op.channel, op.generation, op.method());
         }
         self.settling = ops;

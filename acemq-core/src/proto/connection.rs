@@ -604,6 +604,27 @@ impl Connection {
         Ok(token)
     }
 
+    /// `basic.ack` of one delivery (`multiple` clear): what [`Connection::call`]
+    /// does with that method, without building it when the ack is held back
+    /// to be coalesced (the usual case: a consumer acking in order).
+    pub fn ack_one(&mut self, channel: u16, delivery_tag: u64) -> Result<(), CommandError> {
+        if self.state == State::Open {
+            if let Some(state) = self.channel_mut(channel) {
+                if state.phase == Phase::Open && state.settlements.hold_ack(delivery_tag) {
+                    if self.holding.last() != Some(&channel) {
+                        self.holding.push(channel);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let ack = amqp_codec::BasicAck {
+            delivery_tag,
+            multiple: false,
+        };
+        self.call(channel, ack.into()).map(|_| ())
+    }
+
     /// Publishes a message on an open channel. Returns its confirm sequence
     /// number when the channel is in confirm mode.
     pub fn publish(

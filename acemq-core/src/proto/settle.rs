@@ -67,10 +67,7 @@ impl Settlements {
         }
         match method {
             Method::BasicAck(ack) if !ack.multiple => {
-                if self.unsettled.front().map(|&(tag, _)| tag) == Some(ack.delivery_tag) {
-                    self.unsettled.pop_front();
-                    self.held = Some(ack.delivery_tag);
-                    self.pop_settled();
+                if self.hold_ack(ack.delivery_tag) {
                     Settle::Held
                 } else {
                     self.mark(ack.delivery_tag);
@@ -98,6 +95,19 @@ impl Settlements {
             Method::BasicRecover(_) | Method::BasicRecoverAsync(_) => self.turn_off(),
             _ => Settle::Write { flush_first: true },
         }
+    }
+
+    /// Holds back a single ack of `tag` if it settles the oldest unsettled
+    /// delivery (`true`); otherwise changes nothing (`false`), and the ack
+    /// goes through [`Settlements::on_send`].
+    pub(crate) fn hold_ack(&mut self, tag: u64) -> bool {
+        if self.off || self.unsettled.front().map(|&(t, _)| t) != Some(tag) {
+            return false;
+        }
+        self.unsettled.pop_front();
+        self.held = Some(tag);
+        self.pop_settled();
+        true
     }
 
     /// The held ack to write now, if any: `ack(tag, multiple)`.
@@ -253,6 +263,19 @@ mod tests {
         s.on_delivery(3);
         assert_eq!(s.on_send(&ack(2)), Settle::Write { flush_first: false });
         assert_eq!(s.take_held(), None);
+    }
+
+    #[test]
+    fn hold_ack_holds_only_the_oldest_and_otherwise_changes_nothing() {
+        let mut s = delivered(1..=3);
+        assert!(!s.hold_ack(2), "1 is still open");
+        assert_eq!(s.take_held(), None);
+        assert!(s.hold_ack(1));
+        // 2 was left as it was: still unsettled, so it is next.
+        assert!(s.hold_ack(2));
+        assert_eq!(s.take_held(), Some(2));
+        s.turn_off();
+        assert!(!s.hold_ack(3), "coalescing is off");
     }
 
     #[test]

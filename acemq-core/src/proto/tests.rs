@@ -893,6 +893,37 @@ fn an_ack_past_a_delivery_still_in_hand_is_written_alone_and_the_multiple_ack_st
 }
 
 #[test]
+fn ack_one_writes_what_an_ack_through_call_writes() {
+    // The same acks, in an order with a gap, through `call` and through
+    // `ack_one`: the same methods go out, after every step.
+    let mut by_call = Peer::open(0);
+    let mut by_ack_one = Peer::open(0);
+    let ch = by_call.open_channel();
+    assert_eq!(by_ack_one.open_channel(), ch);
+    for p in [&mut by_call, &mut by_ack_one] {
+        deliver(p, ch, 1..=6);
+    }
+    for tags in [&[1, 2, 4][..], &[3], &[6, 5]] {
+        for &tag in tags {
+            ack(&mut by_call, ch, tag);
+            by_ack_one.conn.ack_one(ch, tag).unwrap();
+        }
+        let written = written_methods(&mut by_call);
+        assert!(!written.is_empty());
+        assert_eq!(written_methods(&mut by_ack_one), written, "after acking {tags:?}");
+    }
+    // A channel that is not open refuses it as `call` does.
+    assert_eq!(
+        by_ack_one.conn.ack_one(9, 1).unwrap_err().to_string(),
+        by_call
+            .conn
+            .call(9, BasicAck::default().into())
+            .unwrap_err()
+            .to_string()
+    );
+}
+
+#[test]
 fn a_channel_close_and_a_connection_close_let_held_acks_out_first() {
     let mut p = Peer::open(0);
     let ch = p.open_channel();
