@@ -388,6 +388,25 @@ fn wire_floor(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) 
     (publish, consume)
 }
 
+/// The wire floor's publish then consume from this tokio task, every wait
+/// an `await` on the runtime's I/O driver (see `floor::publish_on_tokio`):
+/// what a tokio client pays for its reactor before any work of its own.
+async fn wire_floor_on_tokio(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) {
+    let props = BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    };
+    let name = "  wire floor on tokio: publish";
+    let publish = floor::publish_on_tokio(addr, queue, messages, 1000, props, name)
+        .await
+        .expect("wire floor on tokio: publish");
+    let name = "  wire floor on tokio: consume";
+    let consume = floor::consume_on_tokio(addr, queue, messages, 1000, name)
+        .await
+        .expect("wire floor on tokio: consume");
+    (publish, consume)
+}
+
 /// The wire floor's publish alone, `delivery-mode` 1 only.
 fn wire_floor_minimal(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
     let props = BasicProperties {
@@ -467,8 +486,8 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         .unwrap();
     // `ACEMQ_BENCH_ONLY=engine` runs the two engine scenarios alone (for
     // profiling), `=engine-publish` and `=engine-consume` each of them,
-    // `=floor-publish` the wire floor's publish, `=handoff` the handoff
-    // floor, `=round-trips` one message in flight (at most 20000);
+    // `=floor-publish` the wire floor's publish, `=tokio-floor` the wire
+    // floor blocking and on tokio, `=handoff` the handoff floor, `=round-trips` one message in flight (at most 20000);
     // `=publish` the engine's publish and the publisher's;
     // `=consume` the acemq consumer alone (accepting, then retrying once),
     // `=api-consume` accepting only.
@@ -499,6 +518,17 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
             );
             continue;
         }
+        // `=tokio-floor`: the wire floor, blocking then on tokio (its
+        // publish, then its consume of what it published).
+        if only == "tokio-floor" {
+            let (publish, consume) = wire_floor(&addr, &queue, messages);
+            let (tokio_publish, tokio_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
+            publish.print();
+            tokio_publish.print();
+            consume.print();
+            tokio_consume.print();
+            continue;
+        }
         // `=handoff`: the handoff floor alone (no broker traffic).
         if only == "handoff" {
             handoff_floor(messages, 1000).await.print();
@@ -525,9 +555,12 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
             publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
             consume_with_ack(&conn, &queue, messages, 1000).await.print();
             let (publish, consume) = wire_floor(&addr, &queue, messages);
+            let (tokio_publish, tokio_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
             publish.print();
+            tokio_publish.print();
             handoff_floor(messages, 1000).await.print();
             consume.print();
+            tokio_consume.print();
             continue;
         }
         // `=hops`: a consume -> publish hop by hand on the engine, then
@@ -593,6 +626,7 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         let publish_shared = publish_confirmed_shared(&conn, &queue, messages, 1000).await;
         let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
         let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
+        let (tokio_floor_publish, tokio_floor_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
         let handoff = handoff_floor(messages, 1000).await;
         let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
         purge(&setup, &queue).await;
@@ -612,11 +646,13 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         publish.print();
         publish_shared.print();
         floor_publish.print();
+        tokio_floor_publish.print();
         handoff.print();
         publish_envelope.print();
         floor_envelope.print();
         consume.print();
         floor_consume.print();
+        tokio_floor_consume.print();
         send.print();
         window.print();
         accept.print();

@@ -24,6 +24,7 @@ use amqp_codec::{
     DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER,
 };
 use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use acemq_core::amqp::AmqpUrl;
 
@@ -222,14 +223,20 @@ impl Wire {
         Ok(())
     }
 
-    /// One read into the free end of the buffer (moving what is left to
-    /// the front first when the end is near).
-    pub fn read_some(&mut self) -> io::Result<()> {
+    /// Moves what is left to the front of the buffer when its free end is
+    /// near.
+    fn compact(&mut self) {
         if self.buf.len() - self.end < 256 * 1024 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
+    }
+
+    /// One read into the free end of the buffer (moving what is left to
+    /// the front first when the end is near).
+    pub fn read_some(&mut self) -> io::Result<()> {
+        self.compact();
         let deadline = Instant::now() + READ_TIMEOUT;
         let n = loop {
             match self.sock.read(&mut self.buf[self.end..]) {
@@ -242,6 +249,44 @@ impl Wire {
                 read => break read?,
             }
         };
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.end += n;
+        Ok(())
+    }
+
+    /// The socket as a tokio stream, for [`Wire::flush_on`] and
+    /// [`Wire::read_on`]: a second descriptor of the same connection, made
+    /// non-blocking (both are, until [`Wire::off_tokio`]) and registered
+    /// with the runtime's I/O driver.
+    pub fn on_tokio(&self) -> io::Result<tokio::net::TcpStream> {
+        let sock = self.sock.try_clone()?;
+        sock.set_nonblocking(true)?;
+        tokio::net::TcpStream::from_std(sock)
+    }
+
+    /// Back to blocking use, once the tokio stream is dropped.
+    pub fn off_tokio(&mut self, stream: tokio::net::TcpStream) -> io::Result<()> {
+        drop(stream);
+        self.sock.set_nonblocking(false)
+    }
+
+    /// [`Wire::flush`] through `stream`.
+    pub async fn flush_on(&mut self, stream: &mut tokio::net::TcpStream) -> io::Result<()> {
+        tokio::time::timeout(READ_TIMEOUT, stream.write_all(&self.out))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// [`Wire::read_some`] through `stream`.
+    pub async fn read_on(&mut self, stream: &mut tokio::net::TcpStream) -> io::Result<()> {
+        self.compact();
+        let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut self.buf[self.end..]))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
@@ -344,6 +389,55 @@ pub fn publish(
     name: &'static str,
 ) -> io::Result<Figures> {
     let mut wire = Wire::open(addr)?;
+    let one = confirm_mode(&mut wire, queue, &props)?;
+    let (mut published, mut confirmed) = (0u64, 0u64);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    while confirmed < messages {
+        published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
+        wire.flush()?;
+        pause();
+        wire.read_some()?;
+        confirmed = take_confirms(&mut wire, confirmed)?;
+    }
+    let figures = Figures::since(name, messages, t0, c0);
+    wire.close()?;
+    Ok(figures)
+}
+
+/// [`publish`] from a tokio task: the same bytes, reads and writes, but on
+/// a non-blocking socket whose every wait is an `await` on tokio's I/O
+/// driver (`epoll`), as a tokio client's driver waits, instead of a
+/// blocking `read`. What it spends beyond [`publish`] in the same run is
+/// what waiting through the reactor costs here, before any work of a
+/// client's own.
+pub async fn publish_on_tokio(
+    addr: &AmqpUrl,
+    queue: &str,
+    messages: u64,
+    window: u64,
+    props: BasicProperties,
+    name: &'static str,
+) -> io::Result<Figures> {
+    let mut wire = Wire::open(addr)?;
+    let one = confirm_mode(&mut wire, queue, &props)?;
+    let mut stream = wire.on_tokio()?;
+    let (mut published, mut confirmed) = (0u64, 0u64);
+    let (t0, c0) = (Instant::now(), cpu_time());
+    while confirmed < messages {
+        published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
+        wire.flush_on(&mut stream).await?;
+        wire.read_on(&mut stream).await?;
+        confirmed = take_confirms(&mut wire, confirmed)?;
+    }
+    let figures = Figures::since(name, messages, t0, c0);
+    wire.off_tokio(stream)?;
+    wire.close()?;
+    Ok(figures)
+}
+
+/// Puts channel 1 in confirm mode and encodes the one message both
+/// publishes copy.
+fn confirm_mode(wire: &mut Wire, queue: &str, props: &BasicProperties) -> io::Result<BytesMut> {
     wire.send(1, ConfirmSelect::default())?;
     wire.expect(|m| matches!(m, Method::ConfirmSelectOk(_)))?;
     let publish = BasicPublish {
@@ -351,32 +445,33 @@ pub fn publish(
         ..Default::default()
     };
     let mut one = BytesMut::new();
-    encode_content(1, &publish.into(), &props, &[b'x'; 256], DEFAULT_FRAME_MAX, &mut one).map_err(io::Error::other)?;
-    let (mut published, mut confirmed) = (0u64, 0u64);
-    let (t0, c0) = (Instant::now(), cpu_time());
-    while confirmed < messages {
-        let room = (window - (published - confirmed)).min(messages - published);
-        for _ in 0..room {
-            wire.out.extend_from_slice(&one);
-        }
-        published += room;
-        wire.flush()?;
-        pause();
-        wire.read_some()?;
-        while let Some((kind, from, to)) = wire.next_frame() {
-            let payload = &wire.buf[from..to];
-            if kind == FRAME_METHOD && payload.starts_with(&BASIC_ACK) {
-                // Confirms on one queue come in order: the highest tag
-                // acked, alone or with `multiple`, covers all before it.
-                confirmed = confirmed.max(tag_at(payload, 4));
-            } else if kind == FRAME_METHOD && payload.starts_with(&BASIC_NACK) {
-                return Err(io::Error::other("nacked"));
-            }
+    encode_content(1, &publish.into(), props, &[b'x'; 256], DEFAULT_FRAME_MAX, &mut one).map_err(io::Error::other)?;
+    Ok(one)
+}
+
+/// Queues as many copies of `one` as the window has room for; returns
+/// how many.
+fn queue_publishes(wire: &mut Wire, one: &[u8], window: u64, messages: u64, published: u64, confirmed: u64) -> u64 {
+    let room = (window - (published - confirmed)).min(messages - published);
+    for _ in 0..room {
+        wire.out.extend_from_slice(one);
+    }
+    room
+}
+
+/// Takes the buffered frames; returns the highest tag acked so far.
+fn take_confirms(wire: &mut Wire, mut confirmed: u64) -> io::Result<u64> {
+    while let Some((kind, from, to)) = wire.next_frame() {
+        let payload = &wire.buf[from..to];
+        if kind == FRAME_METHOD && payload.starts_with(&BASIC_ACK) {
+            // Confirms on one queue come in order: the highest tag
+            // acked, alone or with `multiple`, covers all before it.
+            confirmed = confirmed.max(tag_at(payload, 4));
+        } else if kind == FRAME_METHOD && payload.starts_with(&BASIC_NACK) {
+            return Err(io::Error::other("nacked"));
         }
     }
-    let figures = Figures::since(name, messages, t0, c0);
-    wire.close()?;
-    Ok(figures)
+    Ok(confirmed)
 }
 
 /// Consumes `messages` from `queue` at prefetch `prefetch`, answering
@@ -385,6 +480,52 @@ pub fn publish(
 pub fn consume(addr: &AmqpUrl, queue: &str, messages: u64, prefetch: u16) -> io::Result<Figures> {
     let mut wire = Wire::open(addr)?;
     let (t0, c0) = (Instant::now(), cpu_time());
+    start_consuming(&mut wire, queue, prefetch)?;
+    let mut taken = Taken::default();
+    while taken.received < messages {
+        if taken.take(&mut wire, messages)? {
+            wire.flush()?;
+        }
+        if taken.received < messages {
+            pause();
+            wire.read_some()?;
+        }
+    }
+    let figures = Figures::since("  wire floor: consume", messages, t0, c0);
+    wire.close()?;
+    Ok(figures)
+}
+
+/// [`consume`] from a tokio task, its waits on tokio's I/O driver (see
+/// [`publish_on_tokio`]).
+pub async fn consume_on_tokio(
+    addr: &AmqpUrl,
+    queue: &str,
+    messages: u64,
+    prefetch: u16,
+    name: &'static str,
+) -> io::Result<Figures> {
+    let mut wire = Wire::open(addr)?;
+    let (t0, c0) = (Instant::now(), cpu_time());
+    start_consuming(&mut wire, queue, prefetch)?;
+    let mut stream = wire.on_tokio()?;
+    let mut taken = Taken::default();
+    while taken.received < messages {
+        if taken.take(&mut wire, messages)? {
+            wire.flush_on(&mut stream).await?;
+        }
+        if taken.received < messages {
+            wire.read_on(&mut stream).await?;
+        }
+    }
+    let figures = Figures::since(name, messages, t0, c0);
+    wire.off_tokio(stream)?;
+    wire.close()?;
+    Ok(figures)
+}
+
+/// `basic.qos` and `basic.consume` on channel 1.
+fn start_consuming(wire: &mut Wire, queue: &str, prefetch: u16) -> io::Result<()> {
     wire.send(
         1,
         BasicQos {
@@ -401,39 +542,42 @@ pub fn consume(addr: &AmqpUrl, queue: &str, messages: u64, prefetch: u16) -> io:
         },
     )?;
     wire.expect(|m| matches!(m, Method::BasicConsumeOk(_)))?;
-    let (mut received, mut last_tag, mut acked_tag) = (0u64, 0u64, 0u64);
-    while received < messages {
+    Ok(())
+}
+
+/// What a consume has taken and acked so far.
+#[derive(Default)]
+struct Taken {
+    received: u64,
+    last_tag: u64,
+    acked_tag: u64,
+}
+
+impl Taken {
+    /// Takes the buffered deliveries and queues the ack that is due, if
+    /// one is (`true`: write it).
+    fn take(&mut self, wire: &mut Wire, messages: u64) -> io::Result<bool> {
         while let Some((kind, from, to)) = wire.next_frame() {
             let payload = &wire.buf[from..to];
             if kind == FRAME_METHOD && payload.starts_with(&BASIC_DELIVER) {
                 // class, method, then the consumer tag as a shortstr.
                 let tag_len = usize::from(payload[4]);
-                last_tag = tag_at(payload, 5 + tag_len);
+                self.last_tag = tag_at(payload, 5 + tag_len);
             } else if kind == FRAME_BODY {
-                received += 1;
+                self.received += 1;
             }
         }
-        let due = last_tag > acked_tag + ack_every() || (received >= messages && last_tag > acked_tag);
-        if due {
-            encode_method(
-                1,
-                &amqp_codec::BasicAck {
-                    delivery_tag: last_tag,
-                    multiple: true,
-                }
-                .into(),
-                &mut wire.out,
-            )
-            .map_err(io::Error::other)?;
-            wire.flush()?;
-            acked_tag = last_tag;
+        let due = self.last_tag > self.acked_tag + ack_every()
+            || (self.received >= messages && self.last_tag > self.acked_tag);
+        if !due {
+            return Ok(false);
         }
-        if received < messages {
-            pause();
-            wire.read_some()?;
-        }
+        let ack = amqp_codec::BasicAck {
+            delivery_tag: self.last_tag,
+            multiple: true,
+        };
+        encode_method(1, &ack.into(), &mut wire.out).map_err(io::Error::other)?;
+        self.acked_tag = self.last_tag;
+        Ok(true)
     }
-    let figures = Figures::since("  wire floor: consume", messages, t0, c0);
-    wire.close()?;
-    Ok(figures)
 }
