@@ -6,7 +6,7 @@
 //! ```
 //!
 //! RabbitMQ from `ACEMQ_RABBITMQ_URL` (default
-//! `amqp://guest:guest@127.0.0.1:5672/`); `--messages N` (default 100000)
+//! `amqp://guest:guest@127.0.0.1:5672/`); `--messages N` (default 200000)
 //! per throughput row, `--samples N` (default 10000, after a warm-up of a
 //! tenth as many) per latency row, `--tasks N` (default 256) for
 //! `Publisher::send`, `--only publish|consume|latency` for one group,
@@ -114,7 +114,7 @@ impl Args {
     fn parse() -> Args {
         let mut args = Args {
             rounds: 3,
-            messages: 100_000,
+            messages: 200_000,
             samples: 10_000,
             tasks: 256,
             only: None,
