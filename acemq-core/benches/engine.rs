@@ -21,7 +21,7 @@ use bytes::Bytes;
 /// with the peers comparison (`benches/peers`).
 #[path = "floor/mod.rs"]
 mod floor;
-use floor::{cpu_time, Figures};
+use floor::{cpu_time, Figures, Waiting};
 
 async fn publish_confirmed(conn: &Connection, queue: &str, messages: u64, window: usize) -> Figures {
     let props = BasicProperties {
@@ -375,52 +375,55 @@ async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
     channel.queue_purge(purge).await.unwrap();
 }
 
-/// The wire floor's publish then consume (blocking; nothing else runs on
-/// the runtime meanwhile).
-fn wire_floor(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) {
-    let props = BasicProperties {
-        delivery_mode: Some(1),
-        ..Default::default()
+/// The wire floor's publish then consume, `delivery-mode` 1 only. Blocking
+/// (nothing else runs on the runtime meanwhile), or on tokio: every wait an
+/// `await` on the runtime's I/O driver, what a tokio client pays for its
+/// reactor before any work of its own (see `floor::Waiting`).
+async fn wire_floor(addr: &AmqpUrl, queue: &str, messages: u64, waiting: Waiting) -> (Figures, Figures) {
+    let names = match waiting {
+        Waiting::Blocking => ["  wire floor: publish", "  wire floor: consume"],
+        Waiting::OnTokio => ["  wire floor on tokio: publish", "  wire floor on tokio: consume"],
     };
-    let publish =
-        floor::publish(addr, queue, messages, 1000, props, "  wire floor: publish").expect("wire floor publish");
-    let consume = floor::consume(addr, queue, messages, 1000).expect("wire floor consume");
-    (publish, consume)
-}
-
-/// The wire floor's publish then consume from this tokio task, every wait
-/// an `await` on the runtime's I/O driver (see `floor::publish_on_tokio`):
-/// what a tokio client pays for its reactor before any work of its own.
-async fn wire_floor_on_tokio(addr: &AmqpUrl, queue: &str, messages: u64) -> (Figures, Figures) {
-    let props = BasicProperties {
-        delivery_mode: Some(1),
-        ..Default::default()
-    };
-    let name = "  wire floor on tokio: publish";
-    let publish = floor::publish_on_tokio(addr, queue, messages, 1000, props, name)
+    let publish = floor::publish(addr, queue, messages, 1000, minimal_properties(), names[0], waiting)
         .await
-        .expect("wire floor on tokio: publish");
-    let name = "  wire floor on tokio: consume";
-    let consume = floor::consume_on_tokio(addr, queue, messages, 1000, name)
+        .expect(names[0]);
+    let consume = floor::consume(addr, queue, messages, 1000, names[1], waiting)
         .await
-        .expect("wire floor on tokio: consume");
+        .expect(names[1]);
     (publish, consume)
 }
 
 /// The wire floor's publish alone, `delivery-mode` 1 only.
-fn wire_floor_minimal(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
-    let props = BasicProperties {
-        delivery_mode: Some(1),
-        ..Default::default()
-    };
-    floor::publish(addr, queue, messages, 1000, props, "  wire floor: publish").expect("wire floor publish")
+async fn wire_floor_minimal(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
+    wire_floor_publish(addr, queue, messages, minimal_properties(), "  wire floor: publish").await
 }
 
 /// The wire floor's publish with the envelope's properties: the most any
 /// client gets from the broker for the bytes `Publisher` must send.
-fn wire_floor_envelope(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
+async fn wire_floor_envelope(addr: &AmqpUrl, queue: &str, messages: u64) -> Figures {
     let name = "  wire floor: envelope publish";
-    floor::publish(addr, queue, messages, 1000, envelope_properties(), name).expect("wire floor publish")
+    wire_floor_publish(addr, queue, messages, envelope_properties(), name).await
+}
+
+/// The wire floor's publish alone, blocking, with `props`.
+async fn wire_floor_publish(
+    addr: &AmqpUrl,
+    queue: &str,
+    messages: u64,
+    props: BasicProperties,
+    name: &'static str,
+) -> Figures {
+    floor::publish(addr, queue, messages, 1000, props, name, Waiting::Blocking)
+        .await
+        .expect(name)
+}
+
+/// `delivery-mode` 1 only.
+fn minimal_properties() -> BasicProperties {
+    BasicProperties {
+        delivery_mode: Some(1),
+        ..Default::default()
+    }
 }
 
 fn main() {
@@ -497,14 +500,14 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         // `=engine-consume`: the floor publishes, the engine consumes
         // (to profile the engine's consume alone).
         if only == "engine-consume" {
-            wire_floor_minimal(&addr, &queue, messages).print();
+            wire_floor_minimal(&addr, &queue, messages).await.print();
             consume_with_ack(&conn, &queue, messages, 1000).await.print();
             continue;
         }
         // `=floor-publish`: the wire floor's publish alone (to profile it
         // beside the engine's).
         if only == "floor-publish" {
-            wire_floor_minimal(&addr, &queue, messages).print();
+            wire_floor_minimal(&addr, &queue, messages).await.print();
             purge(&setup, &queue).await;
             continue;
         }
@@ -521,8 +524,8 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         // `=tokio-floor`: the wire floor, blocking then on tokio (its
         // publish, then its consume of what it published).
         if only == "tokio-floor" {
-            let (publish, consume) = wire_floor(&addr, &queue, messages);
-            let (tokio_publish, tokio_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
+            let (publish, consume) = wire_floor(&addr, &queue, messages, Waiting::Blocking).await;
+            let (tokio_publish, tokio_consume) = wire_floor(&addr, &queue, messages, Waiting::OnTokio).await;
             publish.print();
             tokio_publish.print();
             consume.print();
@@ -554,8 +557,8 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
             purge(&setup, &queue).await;
             publish_confirmed_shared(&conn, &queue, messages, 1000).await.print();
             consume_with_ack(&conn, &queue, messages, 1000).await.print();
-            let (publish, consume) = wire_floor(&addr, &queue, messages);
-            let (tokio_publish, tokio_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
+            let (publish, consume) = wire_floor(&addr, &queue, messages, Waiting::Blocking).await;
+            let (tokio_publish, tokio_consume) = wire_floor(&addr, &queue, messages, Waiting::OnTokio).await;
             publish.print();
             tokio_publish.print();
             handoff_floor(messages, 1000).await.print();
@@ -602,10 +605,10 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         if only == "publish" {
             publish_confirmed(&conn, &queue, messages, 1000).await.print();
             purge(&setup, &queue).await;
-            wire_floor(&addr, &queue, messages).0.print();
+            wire_floor(&addr, &queue, messages, Waiting::Blocking).await.0.print();
             publish_confirmed_envelope(&conn, &queue, messages, 1000).await.print();
             purge(&setup, &queue).await;
-            wire_floor_envelope(&addr, &queue, messages).print();
+            wire_floor_envelope(&addr, &queue, messages).await.print();
             purge(&setup, &queue).await;
             publisher_window(&api, &queue, messages, 1000).await.print();
             purge(&setup, &queue).await;
@@ -625,12 +628,12 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
         purge(&setup, &queue).await;
         let publish_shared = publish_confirmed_shared(&conn, &queue, messages, 1000).await;
         let consume = consume_with_ack(&conn, &queue, messages, 1000).await;
-        let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages);
-        let (tokio_floor_publish, tokio_floor_consume) = wire_floor_on_tokio(&addr, &queue, messages).await;
+        let (floor_publish, floor_consume) = wire_floor(&addr, &queue, messages, Waiting::Blocking).await;
+        let (tokio_floor_publish, tokio_floor_consume) = wire_floor(&addr, &queue, messages, Waiting::OnTokio).await;
         let handoff = handoff_floor(messages, 1000).await;
         let publish_envelope = publish_confirmed_envelope(&conn, &queue, messages, 1000).await;
         purge(&setup, &queue).await;
-        let floor_envelope = wire_floor_envelope(&addr, &queue, messages);
+        let floor_envelope = wire_floor_envelope(&addr, &queue, messages).await;
         purge(&setup, &queue).await;
         let send = publisher_send(&api, &queue, messages, 64).await;
         purge(&setup, &queue).await;

@@ -256,24 +256,34 @@ impl Wire {
         Ok(())
     }
 
-    /// The socket as a tokio stream, for [`Wire::flush_on`] and
-    /// [`Wire::read_on`]: a second descriptor of the same connection, made
-    /// non-blocking (both are, until [`Wire::off_tokio`]) and registered
-    /// with the runtime's I/O driver.
-    pub fn on_tokio(&self) -> io::Result<tokio::net::TcpStream> {
+    /// What [`Wire::flush_by`] and [`Wire::read_by`] wait through: `None`
+    /// for the blocking socket, else a tokio stream of the same connection
+    /// (a second descriptor, made non-blocking, as the first then is too,
+    /// until [`Wire::close_from`]) registered with the runtime's I/O
+    /// driver.
+    pub fn waits(&self, waiting: Waiting) -> io::Result<Option<tokio::net::TcpStream>> {
+        if waiting == Waiting::Blocking {
+            return Ok(None);
+        }
         let sock = self.sock.try_clone()?;
         sock.set_nonblocking(true)?;
-        tokio::net::TcpStream::from_std(sock)
+        tokio::net::TcpStream::from_std(sock).map(Some)
     }
 
-    /// Back to blocking use, once the tokio stream is dropped.
-    pub fn off_tokio(&mut self, stream: tokio::net::TcpStream) -> io::Result<()> {
-        drop(stream);
-        self.sock.set_nonblocking(false)
+    /// [`Wire::close`], blocking again after [`Wire::waits`].
+    pub fn close_from(self, stream: Option<tokio::net::TcpStream>) -> io::Result<()> {
+        if let Some(stream) = stream {
+            drop(stream);
+            self.sock.set_nonblocking(false)?;
+        }
+        self.close()
     }
 
-    /// [`Wire::flush`] through `stream`.
-    pub async fn flush_on(&mut self, stream: &mut tokio::net::TcpStream) -> io::Result<()> {
+    /// [`Wire::flush`], or the same through `stream`.
+    pub async fn flush_by(&mut self, stream: &mut Option<tokio::net::TcpStream>) -> io::Result<()> {
+        let Some(stream) = stream else {
+            return self.flush();
+        };
         tokio::time::timeout(READ_TIMEOUT, stream.write_all(&self.out))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
@@ -281,8 +291,12 @@ impl Wire {
         Ok(())
     }
 
-    /// [`Wire::read_some`] through `stream`.
-    pub async fn read_on(&mut self, stream: &mut tokio::net::TcpStream) -> io::Result<()> {
+    /// [`Wire::read_some`] (after [`pause`]), or the same through `stream`.
+    pub async fn read_by(&mut self, stream: &mut Option<tokio::net::TcpStream>) -> io::Result<()> {
+        let Some(stream) = stream else {
+            pause();
+            return self.read_some();
+        };
         self.compact();
         let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut self.buf[self.end..]))
             .await
@@ -378,60 +392,45 @@ pub fn tag_at(payload: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(tag)
 }
 
-/// `messages` confirmed publishes of 256-byte bodies with `props` to
-/// `queue`, at most `window` unconfirmed.
-pub fn publish(
-    addr: &AmqpUrl,
-    queue: &str,
-    messages: u64,
-    window: u64,
-    props: BasicProperties,
-    name: &'static str,
-) -> io::Result<Figures> {
-    let mut wire = Wire::open(addr)?;
-    let one = confirm_mode(&mut wire, queue, &props)?;
-    let (mut published, mut confirmed) = (0u64, 0u64);
-    let (t0, c0) = (Instant::now(), cpu_time());
-    while confirmed < messages {
-        published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
-        wire.flush()?;
-        pause();
-        wire.read_some()?;
-        confirmed = take_confirms(&mut wire, confirmed)?;
-    }
-    let figures = Figures::since(name, messages, t0, c0);
-    wire.close()?;
-    Ok(figures)
+/// How a floor waits for its socket.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Waiting {
+    /// In the kernel: a blocking `read` (and `write`).
+    Blocking,
+    /// Through tokio's I/O driver: the same bytes, reads and writes on a
+    /// non-blocking socket (tokio's `TcpStream`), an `await` wherever the
+    /// blocking floor would block, as a tokio client's driver waits. What
+    /// it spends beyond the blocking floor in the same run is what waiting
+    /// on a reactor (`epoll`) costs here, before any work of a client's
+    /// own.
+    OnTokio,
 }
 
-/// [`publish`] from a tokio task: the same bytes, reads and writes, but on
-/// a non-blocking socket whose every wait is an `await` on tokio's I/O
-/// driver (`epoll`), as a tokio client's driver waits, instead of a
-/// blocking `read`. What it spends beyond [`publish`] in the same run is
-/// what waiting through the reactor costs here, before any work of a
-/// client's own.
-pub async fn publish_on_tokio(
+/// `messages` confirmed publishes of 256-byte bodies with `props` to
+/// `queue`, at most `window` unconfirmed. Blocking, the future is ready
+/// the first time it is polled (it blocks its thread meanwhile).
+pub async fn publish(
     addr: &AmqpUrl,
     queue: &str,
     messages: u64,
     window: u64,
     props: BasicProperties,
     name: &'static str,
+    waiting: Waiting,
 ) -> io::Result<Figures> {
     let mut wire = Wire::open(addr)?;
     let one = confirm_mode(&mut wire, queue, &props)?;
-    let mut stream = wire.on_tokio()?;
+    let mut stream = wire.waits(waiting)?;
     let (mut published, mut confirmed) = (0u64, 0u64);
     let (t0, c0) = (Instant::now(), cpu_time());
     while confirmed < messages {
         published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
-        wire.flush_on(&mut stream).await?;
-        wire.read_on(&mut stream).await?;
+        wire.flush_by(&mut stream).await?;
+        wire.read_by(&mut stream).await?;
         confirmed = take_confirms(&mut wire, confirmed)?;
     }
     let figures = Figures::since(name, messages, t0, c0);
-    wire.off_tokio(stream)?;
-    wire.close()?;
+    wire.close_from(stream)?;
     Ok(figures)
 }
 
@@ -476,51 +475,30 @@ fn take_confirms(wire: &mut Wire, mut confirmed: u64) -> io::Result<u64> {
 
 /// Consumes `messages` from `queue` at prefetch `prefetch`, answering
 /// each read with one `basic.ack` with `multiple` for all it brought
-/// (or for more; see [`ack_every`]).
-pub fn consume(addr: &AmqpUrl, queue: &str, messages: u64, prefetch: u16) -> io::Result<Figures> {
-    let mut wire = Wire::open(addr)?;
-    let (t0, c0) = (Instant::now(), cpu_time());
-    start_consuming(&mut wire, queue, prefetch)?;
-    let mut taken = Taken::default();
-    while taken.received < messages {
-        if taken.take(&mut wire, messages)? {
-            wire.flush()?;
-        }
-        if taken.received < messages {
-            pause();
-            wire.read_some()?;
-        }
-    }
-    let figures = Figures::since("  wire floor: consume", messages, t0, c0);
-    wire.close()?;
-    Ok(figures)
-}
-
-/// [`consume`] from a tokio task, its waits on tokio's I/O driver (see
-/// [`publish_on_tokio`]).
-pub async fn consume_on_tokio(
+/// (or for more; see [`ack_every`]). Blocking, as [`publish`].
+pub async fn consume(
     addr: &AmqpUrl,
     queue: &str,
     messages: u64,
     prefetch: u16,
     name: &'static str,
+    waiting: Waiting,
 ) -> io::Result<Figures> {
     let mut wire = Wire::open(addr)?;
     let (t0, c0) = (Instant::now(), cpu_time());
     start_consuming(&mut wire, queue, prefetch)?;
-    let mut stream = wire.on_tokio()?;
+    let mut stream = wire.waits(waiting)?;
     let mut taken = Taken::default();
     while taken.received < messages {
         if taken.take(&mut wire, messages)? {
-            wire.flush_on(&mut stream).await?;
+            wire.flush_by(&mut stream).await?;
         }
         if taken.received < messages {
-            wire.read_on(&mut stream).await?;
+            wire.read_by(&mut stream).await?;
         }
     }
     let figures = Figures::since(name, messages, t0, c0);
-    wire.off_tokio(stream)?;
-    wire.close()?;
+    wire.close_from(stream)?;
     Ok(figures)
 }
 

@@ -246,7 +246,7 @@ impl Props {
 enum Client {
     Floor,
     /// The wire floor's bytes, reads and writes through tokio's
-    /// `TcpStream` (`floor::publish_on_tokio`): the least a tokio client
+    /// `TcpStream` (`floor::Waiting::OnTokio`): the least a tokio client
     /// spends.
     FloorOnTokio,
     Engine,
@@ -280,6 +280,17 @@ impl Client {
             Client::ApiConsume => "acemq consume (JSON, accept)".into(),
             Client::FloorSpinning => "wire floor, reads spinning".into(),
             Client::EngineBusyPoll => format!("acemq engine, busy_poll {} ms", BUSY_POLL.as_millis()),
+        }
+    }
+}
+
+impl Client {
+    /// How a wire floor row waits for its socket.
+    fn waiting(self) -> floor::Waiting {
+        if self == Client::FloorOnTokio {
+            floor::Waiting::OnTokio
+        } else {
+            floor::Waiting::Blocking
         }
     }
 }
@@ -787,15 +798,11 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                 let what = format!("{} ({group})", client.name(args.tasks));
                 let properties = props.properties();
                 let f = match client {
-                    Client::Floor => {
-                        let addr = &clients.addr;
-                        floor::publish(addr, queue, messages, WINDOW as u64, properties, "floor")
-                            .unwrap_or_else(|err| panic!("{what}: {err}"))
-                    }
-                    Client::FloorOnTokio => {
+                    Client::Floor | Client::FloorOnTokio => {
+                        let waiting = client.waiting();
                         let addr = &clients.addr;
                         let publish =
-                            floor::publish_on_tokio(addr, queue, messages, WINDOW as u64, properties, "floor");
+                            floor::publish(addr, queue, messages, WINDOW as u64, properties, "floor", waiting);
                         within(&what, publish)
                             .await
                             .unwrap_or_else(|err| panic!("{what}: {err}"))
@@ -826,10 +833,9 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
             clients.preload(messages).await;
             let what = format!("{} ({CONSUME_GROUP})", client.name(args.tasks));
             let f = match client {
-                Client::Floor => floor::consume(&clients.addr, queue, messages, WINDOW as u16)
-                    .unwrap_or_else(|err| panic!("{what}: {err}")),
-                Client::FloorOnTokio => {
-                    let consume = floor::consume_on_tokio(&clients.addr, queue, messages, WINDOW as u16, "floor");
+                Client::Floor | Client::FloorOnTokio => {
+                    let waiting = client.waiting();
+                    let consume = floor::consume(&clients.addr, queue, messages, WINDOW as u16, "floor", waiting);
                     within(&what, consume)
                         .await
                         .unwrap_or_else(|err| panic!("{what}: {err}"))
