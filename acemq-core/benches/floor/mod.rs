@@ -6,7 +6,9 @@
 //! delivery's tag), and every read answered by at most one write. What it
 //! spends per message is what the kernel's loopback TCP and this process's
 //! system calls cost on this machine: the part of "client CPU" no client can
-//! go below, reported beside the engine's figures.
+//! go below, reported beside the engine's figures. [`Waiting::OnTokio`]
+//! drives the same bytes through tokio's `TcpStream` instead: the least a
+//! tokio client spends.
 //!
 //! Shared by the engine bench (`benches/engine.rs`) and the peers
 //! comparison (`benches/peers`), which both include this file with
