@@ -7,8 +7,8 @@
 //! `ACEMQ_DIFF_CASES` sets how many sequences to run (default
 //! [`CI_CASES`], sized to CI's budget of two minutes); `ACEMQ_DIFF_SEED`
 //! (a number) makes the run repeatable. A failure is shrunk by proptest to
-//! a minimal sequence, printed as a `Vec<Op>` to commit below as a
-//! regression test. `scripts/differential.sh --cases N` runs more.
+//! a minimal sequence (for at most [`SHRINKING`]), printed as a `Vec<Op>`
+//! to commit below as a regression test. `scripts/differential.sh --cases N` runs more.
 //! `ACEMQ_DIFF_SHOW=1` prints both transcripts of each replayed sequence.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +25,11 @@ const CI_CASES: u32 = 200;
 const MAX_LEN: usize = 24;
 /// How long one sequence (on both brokers) may take.
 const PER_SEQUENCE: Duration = Duration::from_secs(120);
+/// How long shrinking a difference may take: a difference whose sequences
+/// wait out their timeouts (a missing reply, queues that never go quiet)
+/// would otherwise shrink for hours; past this the smallest sequence found
+/// so far is reported.
+const SHRINKING: Duration = Duration::from_secs(300);
 
 fn runtime() -> tokio::runtime::Runtime {
     // One thread: the engine's driver runs only when the runner awaits, so
@@ -53,6 +58,7 @@ fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
         cases,
         failure_persistence: None,
         max_shrink_iters: 2_000,
+        max_shrink_time: SHRINKING.as_millis() as u32,
         ..Config::default()
     };
     let mut runner = match std::env::var("ACEMQ_DIFF_SEED")
