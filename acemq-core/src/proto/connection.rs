@@ -583,9 +583,7 @@ impl Connection {
         let state = self.channel_mut(channel).expect("checked above");
         match state.settlements.on_send(&method) {
             Settle::Held => {
-                if self.holding.last() != Some(&channel) {
-                    self.holding.push(channel);
-                }
+                self.note_holding(channel);
                 return Ok(None);
             }
             Settle::Write { flush_first: true } => self.release_held(channel),
@@ -611,9 +609,7 @@ impl Connection {
         if self.state == State::Open {
             if let Some(state) = self.channel_mut(channel) {
                 if state.phase == Phase::Open && state.settlements.hold_ack(delivery_tag) {
-                    if self.holding.last() != Some(&channel) {
-                        self.holding.push(channel);
-                    }
+                    self.note_holding(channel);
                     return Ok(());
                 }
             }
@@ -965,6 +961,13 @@ impl Connection {
             });
         }
         Ok(Some(token))
+    }
+
+    /// `channel` holds back an ack: it is let out before the next write.
+    fn note_holding(&mut self, channel: u16) {
+        if self.holding.last() != Some(&channel) {
+            self.holding.push(channel);
+        }
     }
 
     /// Writes the ack `channel` holds back, if any, as one multiple ack.
