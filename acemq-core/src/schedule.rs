@@ -107,6 +107,13 @@
 //! That is nothing at all unless tokio's clock is paused, as in tests, where
 //! the ladder's TTLs (in acemq-memory) and the due times then run on the
 //! same virtual time.
+//!
+//! RabbitMQ times the ladder's waits on its own system clock as well: a
+//! message's expiry is the broker's system time when it is enqueued plus
+//! the level's TTL. A wait is as long as the broker's system clock says,
+//! then; where that clock is stepped, or corrected against a monotonic
+//! clock that runs slow, a wait measured on a monotonic clock can come out
+//! a little short or long.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

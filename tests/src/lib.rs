@@ -250,6 +250,73 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A moment read on both clocks a broker-timed wait can be measured by:
+/// tokio's monotonic clock (paused on acemq-memory) and the system clock.
+///
+/// RabbitMQ times a TTL on the system clock: a message's expiry is
+/// `os:system_time` at enqueue plus the TTL, and the queue drops it once
+/// `os:system_time` has passed that. When the system clock runs apart from
+/// the monotonic one (stepped, or corrected against a guest clock that runs
+/// slow, as happened to a CI run here: a 2 s ladder wait measured 1.994 s on
+/// the monotonic clock), a wait the broker kept whole can look short on the
+/// monotonic clock, or long. A wait was cut short only when it was short on
+/// both.
+#[derive(Debug, Clone, Copy)]
+pub struct Moment {
+    /// The monotonic clock (tokio's, so paused with the runtime).
+    pub at: tokio::time::Instant,
+    /// The system clock, moved with tokio's when it is paused
+    /// ([`acemq_core::schedule::wall_clock`]).
+    pub wall: std::time::SystemTime,
+}
+
+impl Moment {
+    /// This moment, on both clocks.
+    pub fn now() -> Moment {
+        Moment {
+            at: tokio::time::Instant::now(),
+            wall: acemq_core::schedule::wall_clock(),
+        }
+    }
+
+    /// How long from `earlier` to this moment, on each clock (zero where a
+    /// clock went back).
+    pub fn since(&self, earlier: &Moment) -> Waited {
+        Waited {
+            monotonic: self.at.saturating_duration_since(earlier.at),
+            system: self.wall.duration_since(earlier.wall).unwrap_or_default(),
+        }
+    }
+}
+
+/// The time between two [`Moment`]s, on each clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited {
+    /// On the monotonic clock.
+    pub monotonic: Duration,
+    /// On the system clock.
+    pub system: Duration,
+}
+
+impl Waited {
+    /// Whether at least `wait` passed on either clock: false only for a wait
+    /// cut short on both (see [`Moment`]).
+    pub fn at_least(&self, wait: Duration) -> bool {
+        self.monotonic >= wait || self.system >= wait
+    }
+}
+
+impl std::fmt::Display for Waited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.monotonic)?;
+        let apart = self.system.max(self.monotonic) - self.system.min(self.monotonic);
+        if apart >= Duration::from_millis(1) {
+            write!(f, " ({:?} on the system clock)", self.system)?;
+        }
+        Ok(())
+    }
+}
+
 /// A name unique to this process and call, for queues and connections.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -352,3 +419,34 @@ where
 /// The differential test of acemq-memory against RabbitMQ
 /// (`tests/tests/differential.rs`): operations, the runner, normalisation.
 pub mod differential;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn moment(monotonic_ms: u64, system_ms: u64, base: tokio::time::Instant) -> Moment {
+        Moment {
+            at: base + Duration::from_millis(monotonic_ms),
+            wall: UNIX_EPOCH + Duration::from_millis(system_ms),
+        }
+    }
+
+    #[test]
+    fn a_wait_is_short_only_when_it_is_short_on_both_clocks() {
+        let base = tokio::time::Instant::now();
+        let sent = moment(0, 1_000_000, base);
+        let two = Duration::from_secs(2);
+        // The CI run's case: the broker kept 2 s on the system clock, the
+        // monotonic clock counted 1.994 s.
+        let slow_monotonic = moment(1_994, 1_002_000, base).since(&sent);
+        assert!(slow_monotonic.at_least(two));
+        assert_eq!(slow_monotonic.to_string(), "1.994s (2s on the system clock)");
+        // The system clock stepped back during the wait: the monotonic one holds.
+        assert!(moment(2_001, 999_000, base).since(&sent).at_least(two));
+        // Short on both: early.
+        let early = moment(1_500, 1_001_500, base).since(&sent);
+        assert!(!early.at_least(two));
+        assert_eq!(early.to_string(), "1.5s");
+    }
+}

@@ -18,7 +18,7 @@ use acemq_core::schedule::{
     MAX_DELAY,
 };
 use acemq_core::{consume, Ack, Conn, Consumer, Envelope, Error, Message, ReplayOptions, Scheduler};
-use acemq_tests::{brokers, counts_by_outcome, depth, unique, Broker, Kind};
+use acemq_tests::{brokers, counts_by_outcome, depth, unique, Broker, Kind, Moment};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use tokio::time::Instant;
 
@@ -65,8 +65,7 @@ where
 struct Got {
     payload: u64,
     envelope: Envelope,
-    at: Instant,
-    wall: SystemTime,
+    when: Moment,
 }
 
 type Gots = Arc<Mutex<Vec<Got>>>;
@@ -104,8 +103,7 @@ async fn dest(conn: &Conn) -> Dest {
         got.push(Got {
             payload: m.payload,
             envelope: m.envelope,
-            at: Instant::now(),
-            wall: wall_clock(),
+            when: Moment::now(),
         });
         counter.send_replace(got.len());
         std::future::ready(Ack::accept())
@@ -234,12 +232,12 @@ fn statement_26_delays_of_1s_10s_1h_and_30_days_land_in_order_and_never_early() 
         for delay in [30 * DAY, HOUR, 10, 1] {
             let envelope = Envelope::new().with_correlation_id(format!("corr-{delay}"));
             let id = envelope.id.clone();
-            let before = Instant::now();
+            let before = Moment::now();
             publisher
                 .send_envelope_after(envelope, &delay, Duration::from_secs(delay))
                 .await
                 .unwrap();
-            sent.insert(delay, (id, before, Instant::now()));
+            sent.insert(delay, (id, before, Moment::now()));
         }
         let id = |delay: u64| sent[&delay].0.clone();
         // Each waits in the queue of its highest set bit: 1 h = 2048 + 1024 + 512 + 16
@@ -283,11 +281,11 @@ fn statement_26_delays_of_1s_10s_1h_and_30_days_land_in_order_and_never_early() 
         for g in &got {
             let (scheduled_id, before, after) = &sent[&g.payload];
             let due = Duration::from_secs(g.payload);
-            let (waited, at_most) = (g.at - *before, g.at - *after);
-            println!("{kind:?}: a delay of {} s was delivered after {waited:?}", g.payload);
+            let (waited, at_most) = (g.when.since(before), g.when.at - after.at);
+            println!("{kind:?}: a delay of {} s was delivered after {waited}", g.payload);
             assert!(
-                waited >= due,
-                "{kind:?}: {} s delivered early, after {waited:?}",
+                waited.at_least(due),
+                "{kind:?}: {} s delivered early, after {waited}",
                 g.payload
             );
             assert!(
@@ -407,7 +405,7 @@ fn statement_26_a_process_restart_while_messages_wait_loses_none() {
         let mut sent = HashMap::new();
         for delay in [2, 3] {
             let envelope = Envelope::new();
-            sent.insert(delay, (envelope.id.clone(), Instant::now()));
+            sent.insert(delay, (envelope.id.clone(), Moment::now()));
             publisher
                 .send_envelope_after(envelope, &delay, Duration::from_secs(delay))
                 .await
@@ -434,17 +432,21 @@ fn statement_26_a_process_restart_while_messages_wait_loses_none() {
         for g in &got {
             if g.payload == 99 {
                 check_delivered(g, &held, None);
-                assert!(unix_secs(g.wall) >= due, "{kind:?}: the held message came early");
+                assert!(unix_secs(g.when.wall) >= due, "{kind:?}: the held message came early");
                 continue;
             }
             let (id, before) = &sent[&g.payload];
             check_delivered(g, id, None);
-            assert!(g.at - *before >= Duration::from_secs(g.payload), "{kind:?}: early");
+            let waited = g.when.since(before);
             assert!(
-                g.at - *before <= Duration::from_secs(g.payload) + LATE_AT_MOST,
-                "{kind:?}: {} s came after {:?}",
-                g.payload,
-                g.at - *before
+                waited.at_least(Duration::from_secs(g.payload)),
+                "{kind:?}: {} s came early, after {waited}",
+                g.payload
+            );
+            assert!(
+                waited.monotonic <= Duration::from_secs(g.payload) + LATE_AT_MOST,
+                "{kind:?}: {} s came after {waited}",
+                g.payload
             );
         }
         scheduler.close().await.unwrap();
@@ -486,14 +488,14 @@ fn statement_26_a_scheduler_that_is_down_delays_delivery_without_losing_anything
         assert_eq!(causes, ids, "{kind:?}: every one, once");
         for g in &got {
             assert!(
-                g.at - start >= Duration::from_secs(3),
+                g.when.at - start >= Duration::from_secs(3),
                 "{kind:?}: delivered when the scheduler came"
             );
         }
         println!(
             "{kind:?}: the scheduler came back after {:?}; all five delivered {:?} later",
             Duration::from_secs(3),
-            got.iter().map(|g| g.at).max().unwrap() - (start + Duration::from_secs(3))
+            got.iter().map(|g| g.when.at).max().unwrap() - (start + Duration::from_secs(3))
         );
         scheduler.close().await.unwrap();
         to.remove(&conn).await;
@@ -736,7 +738,7 @@ fn statement_26_a_delivery_that_cannot_go_is_set_aside_for_replay_and_an_early_o
         let far = publish_due(&conn, Some(&to.q), Some(unix_secs(wall_clock()) + 2 * HOUR), 2).await;
         let got = to.wait_for(1, Duration::from_secs(5)).await;
         check_delivered(&got[0], &held, None);
-        assert!(unix_secs(got[0].wall) >= due, "{kind:?}: held until due");
+        assert!(unix_secs(got[0].when.wall) >= due, "{kind:?}: held until due");
         let far_ids: BTreeSet<String> = [far.clone()].into();
         {
             let _label = acemq_tests::waiting_for("the far one back on the ladder");
@@ -877,7 +879,7 @@ fn statement_26_a_scheduler_rides_through_a_recovery_of_its_connection() {
         let scheduler = Scheduler::start(&conn).await.unwrap();
         let to = dest(&conn).await;
         let publisher = conn.publisher::<u64>("", &to.q);
-        let sent = Instant::now();
+        let sent = Moment::now();
         let envelope = Envelope::new();
         let id = envelope.id.clone();
         publisher
@@ -888,9 +890,9 @@ fn statement_26_a_scheduler_rides_through_a_recovery_of_its_connection() {
         b.force_close(&format!("{name}-consume"));
         let got = to.wait_for(1, Duration::from_secs(10)).await;
         check_delivered(&got[0], &id, None);
-        let took = got[0].at - sent;
-        println!("{kind:?}: delivered after {took:?}, across a forced close of the consuming connection");
-        assert!(took >= Duration::from_secs(2), "{kind:?}: early");
+        let took = got[0].when.since(&sent);
+        println!("{kind:?}: delivered after {took}, across a forced close of the consuming connection");
+        assert!(took.at_least(Duration::from_secs(2)), "{kind:?}: early");
         assert!(!scheduler.is_finished(), "{kind:?}: the scheduler is still running");
         scheduler.close().await.unwrap();
         to.remove(&conn).await;
