@@ -1111,3 +1111,77 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
         }))
     })
 }
+
+/// How deep `queue` is, seen from `ch`, polled until `wanted` or `within`.
+async fn depth_reaches(ch: &acemq_core::amqp::Channel, queue: &str, wanted: u32, within: Duration) -> Option<Duration> {
+    let started = tokio::time::Instant::now();
+    loop {
+        if acemq_tests::depth(ch, queue).await == wanted {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() >= within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_linger_holds_frames_until_it_passes_and_a_full_buffer_goes_at_once() {
+    const LINGER: Duration = Duration::from_millis(400);
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            // A watcher without a linger sees what reached the broker.
+            let watcher = b.connect().await;
+            let watch = watcher.channel().await.unwrap();
+            let q = unique("linger");
+            watch
+                .queue_declare(QueueDeclare {
+                    queue: q.as_str().into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let config = Config {
+                write_linger: LINGER,
+                ..b.config()
+            };
+            let conn = b.connect_with(config).await;
+            let ch = conn.channel().await.unwrap();
+            let props = BasicProperties::default();
+            for n in 0..3 {
+                // No confirm mode: the publish is queued as it is called.
+                drop(ch.publish("", &q, false, props.clone(), format!("{n}")).await.unwrap());
+            }
+            tokio::time::sleep(LINGER / 4).await;
+            assert_eq!(acemq_tests::depth(&watch, &q).await, 0, "{:?}: held", b.kind);
+            let waited = depth_reaches(&watch, &q, 3, LINGER + Duration::from_secs(2)).await;
+            let waited = waited.unwrap_or_else(|| panic!("{:?}: the three never came", b.kind));
+            println!(
+                "{:?}: the three came {waited:?} after the check, the linger {LINGER:?}",
+                b.kind
+            );
+
+            // 64 KiB waiting go out at once, without the linger.
+            let large = vec![b'x'; 70 * 1024];
+            drop(ch.publish("", &q, false, props.clone(), large).await.unwrap());
+            let came = depth_reaches(&watch, &q, 4, LINGER / 2).await;
+            assert!(
+                came.is_some(),
+                "{:?}: 70 KiB waited for the linger ({:?})",
+                b.kind,
+                LINGER
+            );
+            conn.close().await.unwrap();
+            watch
+                .queue_delete(amqp_codec::QueueDelete {
+                    queue: q.as_str().into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            watcher.close().await.unwrap();
+        }
+    })
+    .await
+}
