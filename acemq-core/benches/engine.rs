@@ -464,17 +464,7 @@ async fn declare_durable(ch: &acemq_core::amqp::Channel, name: &str) {
 
 /// Every scenario of the bench (see `main`).
 async fn scenarios(url: String, messages: u64, benching: bool) {
-    // `ACEMQ_BENCH_LINGER_US=N` sets the engine connection's
-    // `Config::write_linger` (zero by default, as the engine's).
-    let linger = std::env::var("ACEMQ_BENCH_LINGER_US")
-        .ok()
-        .map(|us| Duration::from_micros(us.parse().expect("ACEMQ_BENCH_LINGER_US is a number")))
-        .unwrap_or_default();
-    let config = Config {
-        write_linger: linger,
-        ..Config::default()
-    };
-    let conn = match Connection::open(&url, config).await {
+    let conn = match Connection::open(&url, Config::default()).await {
         Ok(conn) => conn,
         Err(err) => {
             let msg = format!("engine bench: no RabbitMQ at {url}: {err} (start one with scripts/rabbitmq.sh start)");

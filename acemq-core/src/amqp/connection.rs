@@ -61,18 +61,6 @@ pub struct Config {
     /// for services that wait on one message at a time. The engine bench and
     /// the peers comparison measure both (`benches/peers`, latency).
     pub busy_poll: Duration,
-    /// How long the driver may hold what it has to write, so that more
-    /// joins it in one write (zero, the default: it writes at once). A
-    /// write goes out when this long has passed since its first byte was
-    /// queued, or at once when 64 KiB are waiting. Fewer, larger writes
-    /// cost the kernel less, and the broker answers each with fewer, larger
-    /// packets, so reads fall too; every frame may wait up to this long
-    /// (tokio's timers round it up to the next millisecond) before it
-    /// leaves: publishes, acks, calls and heartbeats alike. For services
-    /// that publish or consume in bulk and can spend a millisecond of
-    /// latency on each hop; the peers comparison measures both
-    /// (`benches/peers`).
-    pub write_linger: Duration,
 }
 
 impl Default for Config {
@@ -88,20 +76,18 @@ impl Default for Config {
             publish_buffer: Settings::default().publish,
             delivery_buffer: Settings::default().deliveries,
             busy_poll: Duration::ZERO,
-            write_linger: Duration::ZERO,
         }
     }
 }
 
 /// What the driver takes from the [`Config`]: the bounds of a connection's
-/// queues ([`Config::publish_buffer`], [`Config::delivery_buffer`]),
-/// [`Config::busy_poll`] and [`Config::write_linger`].
+/// queues ([`Config::publish_buffer`], [`Config::delivery_buffer`]) and
+/// [`Config::busy_poll`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
     pub(crate) publish: usize,
     pub(crate) deliveries: usize,
     pub(crate) busy_poll: Duration,
-    pub(crate) write_linger: Duration,
 }
 
 impl Default for Settings {
@@ -110,7 +96,6 @@ impl Default for Settings {
             publish: 2 << 20,
             deliveries: 1024,
             busy_poll: Duration::ZERO,
-            write_linger: Duration::ZERO,
         }
     }
 }
@@ -121,7 +106,6 @@ impl Config {
             publish: self.publish_buffer,
             deliveries: self.delivery_buffer,
             busy_poll: self.busy_poll,
-            write_linger: self.write_linger,
         }
     }
 }

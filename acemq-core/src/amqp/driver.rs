@@ -62,9 +62,6 @@ pub(crate) struct Shared {
     commands: super::lane::WeakSender<Command, Outgoing>,
     /// How long the driver polls before it sleeps ([`super::Config::busy_poll`]).
     busy_poll: Duration,
-    /// How long the driver may hold a write for more to join it
-    /// ([`super::Config::write_linger`]).
-    write_linger: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -81,10 +78,6 @@ const KEPT_BATCH: usize = 1024;
 /// frames' headers, the method and common properties.
 const PUBLISH_OVERHEAD: usize = 128;
 
-/// How much a lingering write holds before it goes out at once
-/// ([`super::Config::write_linger`]).
-const LINGER_FULL: usize = 64 * 1024;
-
 impl Shared {
     pub(crate) fn new(settings: Settings, commands: super::lane::WeakSender<Command, Outgoing>) -> Self {
         let publish_buffer = u32::try_from(settings.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
@@ -99,7 +92,6 @@ impl Shared {
             publish_buffer,
             delivery_buffer: settings.deliveries.max(1),
             busy_poll: settings.busy_poll,
-            write_linger: settings.write_linger,
             lines: Mutex::new(Vec::new()),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
@@ -505,13 +497,6 @@ pub(crate) async fn run<S>(
     // turn of the loop was put into tokio's timer wheel and taken out again
     // on every turn.
     let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
-    // With a write linger, when the bytes waiting to be written began to
-    // wait, and a timer for when they go out.
-    let linger = shared.write_linger;
-    let mut waiting_since: Option<tokio::time::Instant> = None;
-    // What a partial write left goes out next, not held again.
-    let mut rest = false;
-    let mut linger_timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
     loop {
         driver.settle();
         driver.drain_events();
@@ -542,40 +527,19 @@ pub(crate) async fn run<S>(
         if read_buf.capacity() - read_buf.len() < 16 * 1024 {
             read_buf.reserve(64 * 1024);
         }
-        let write_now = !write_buf.is_empty()
-            && (linger.is_zero() || rest || {
-                let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
-                let due = since + linger;
-                let now = tokio::time::Instant::now();
-                if write_buf.len() < LINGER_FULL && now < due {
-                    if linger_timer.deadline() != due {
-                        linger_timer.as_mut().reset(due);
-                    }
-                    false
-                } else {
-                    true
-                }
-            });
-        let lingering = !write_now && !write_buf.is_empty();
         tokio::select! {
             biased;
             result = reader.read_buf(&mut read_buf), if reading => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),
                 Ok(_) => driver.machine.handle_input(&mut read_buf, now()),
             },
-            result = writer.write(&write_buf), if write_now => match result {
+            result = writer.write(&write_buf), if !write_buf.is_empty() => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),
                 Ok(n) => {
                     write_buf.advance(n);
                     driver.wrote(n);
-                    rest = !write_buf.is_empty();
-                    if !rest {
-                        waiting_since = None;
-                    }
                 }
             },
-            // The lingering write is due (the loop's top writes it).
-            () = linger_timer.as_mut(), if lingering => {}
             // A consumer took a delivery (the loop's top hands over more).
             _ = shared.consumer_took.notified(), if stalled.any => {}
             // Everything queued since the last batch: it goes out in one write.
