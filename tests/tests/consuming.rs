@@ -97,7 +97,7 @@ struct Call {
     redelivered: bool,
     /// It carried `x-death`: it came through a broker dead-letter route (a rung).
     dead_lettered: bool,
-    at: Moment,
+    when: Moment,
 }
 
 type Calls = Arc<Mutex<Vec<Call>>>;
@@ -109,7 +109,7 @@ fn record(calls: &Calls, m: &Message<Order>) -> usize {
         id: m.envelope.id.clone(),
         redelivered: m.redelivered,
         dead_lettered: m.envelope.headers.contains_key("x-death"),
-        at: Moment::now(),
+        when: Moment::now(),
     });
     calls.len()
 }
@@ -523,7 +523,7 @@ fn statement_08_short_waits_stay_in_the_consumer_and_long_ones_go_to_the_rungs()
             consumer.close().await.unwrap();
             let calls = calls.lock().unwrap().clone();
             assert_eq!(calls.len(), 6, "{:?}", b.kind);
-            let gaps: Vec<_> = calls.windows(2).map(|w| w[1].at.since(&w[0].at)).collect();
+            let gaps: Vec<_> = calls.windows(2).map(|w| w[1].when.since(&w[0].when)).collect();
             for (gap, expected) in gaps.iter().zip([10, 20, 40, 80, 160]) {
                 let expected = secs(expected, scale);
                 // The broker's TTL and delivery add a little; never less than
@@ -611,9 +611,9 @@ fn statement_09_a_missing_rung_degrades_to_an_in_process_wait_and_is_counted() {
             assert_eq!(calls.len(), 2, "{kind:?}: one try and one retry");
             assert_eq!(calls[1].attempt, 2, "{kind:?}");
             assert!(
-                calls[1].at.at - calls[0].at.at >= delay,
+                calls[1].when.at - calls[0].when.at >= delay,
                 "{kind:?}: the retry still waited the rung's {delay:?} ({:?})",
-                calls[1].at.at - calls[0].at.at
+                calls[1].when.at - calls[0].when.at
             );
             // The wait was not spent in a rung: no rung was there to hold the
             // message (none was declared again), and the retry came back without
