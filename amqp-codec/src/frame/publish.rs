@@ -12,6 +12,7 @@ use super::{
 use crate::error::EncodeError;
 use crate::method::{BasicPublish, Method};
 use crate::properties::BasicProperties;
+use crate::types::same_bytes;
 
 /// Where the body size sits in a content header frame: after the 7-byte
 /// frame head, the class id and the weight.
@@ -291,8 +292,8 @@ impl PublishEncoder {
             && kept.mandatory == mandatory
             && !kept.immediate
             && kept.reserved_1 == 0
-            && kept.routing_key.as_bytes() == routing_key.as_bytes()
-            && kept.exchange.as_bytes() == exchange.as_bytes()
+            && same_bytes(kept.routing_key.as_bytes(), routing_key.as_bytes())
+            && same_bytes(kept.exchange.as_bytes(), exchange.as_bytes())
             && self.header_kept(channel, properties)
     }
 

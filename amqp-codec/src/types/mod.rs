@@ -11,6 +11,7 @@ mod strings;
 mod table;
 mod validate;
 
+pub(crate) use strings::same_bytes;
 pub use strings::{LongString, ShortString};
 pub use table::{
     Decimal, FieldArray, FieldArrayIter, FieldArrayRef, FieldTable, FieldTableIter, FieldTableRef, FieldValue,
