@@ -474,7 +474,8 @@ mod tests {
         let base: Vec<u8> = (0..70u8).map(|i| i.wrapping_mul(37)).collect();
         for n in 0..=base.len() {
             let a = &base[..n];
-            assert!(same_bytes(a, &base[..n].to_vec()), "{n} bytes, equal");
+            let copy = a.to_vec();
+            assert!(same_bytes(a, &copy), "{n} bytes, equal");
             if n > 0 {
                 assert!(!same_bytes(a, &base[..n - 1]), "{n} against {} bytes", n - 1);
             }
@@ -485,7 +486,9 @@ mod tests {
                 assert!(!same_bytes(&b, a), "{n} bytes, differing at {at}, swapped");
             }
         }
-        assert!(ShortString::from("orders") == "orders");
-        assert!(ShortString::from("orders") != "order");
+        let key = ShortString::from("orders");
+        assert!(key == "orders");
+        assert!(key != "order");
+        assert!(key != "orderz");
     }
 }
