@@ -119,7 +119,7 @@ impl Repr {
                 };
                 a == b && [0, 16, INLINE - 16].into_iter().all(|at| word(x, at) == word(y, at))
             }
-            _ => same_bytes(self.as_slice(), other.as_slice()),
+            _ => self.as_slice() == other.as_slice(),
         }
     }
 
@@ -137,14 +137,18 @@ impl Repr {
 /// routing key and exchange against the last message's) are short, and on
 /// an AVX-512 machine glibc's `memcmp` reads a short string with a masked
 /// 32-byte load: under `perf` it took 7% of a confirmed publish's CPU,
-/// more than encoding the message.
+/// more than encoding the message. Past `LIBC_FROM` bytes (a long string's
+/// wide vector loop pays) it is `memcmp` again.
 #[inline]
 pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    const LIBC_FROM: usize = 64;
     let n = a.len();
     if n != b.len() {
         return false;
     }
-    if n >= 8 {
+    if n > LIBC_FROM {
+        a == b
+    } else if n >= 8 {
         let word = |s: &[u8], at: usize| {
             let mut w = [0; 8];
             w.copy_from_slice(&s[at..at + 8]);
