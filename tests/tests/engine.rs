@@ -536,6 +536,51 @@ async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_message_needing_the_whole_publish_buffer_is_not_held_back_by_room_small_publishes_took_ahead() {
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            const BUFFER: usize = 64 * 1024;
+            let conn = b
+                .connect_with(Config {
+                    publish_buffer: BUFFER,
+                    ..b.config()
+                })
+                .await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            // Small publishes take their room a chunk at a time; what is
+            // left of the chunk stays with the connection for the next.
+            let mut confirms = Vec::new();
+            for n in 0..50 {
+                confirms.push(
+                    ch.publish("", &q, false, BasicProperties::default(), format!("small-{n}"))
+                        .await
+                        .unwrap(),
+                );
+            }
+            for confirm in confirms {
+                assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            }
+            // Everything is written: none of that room counts as backlog.
+            assert_eq!(conn.publish_backlog(), 0, "{:?}", b.kind);
+            // This one needs the whole buffer, part of which the small ones'
+            // chunk still holds: it is given back, and the publish goes out.
+            let large = vec![b'L'; BUFFER];
+            let confirm = ch
+                .publish("", &q, false, BasicProperties::default(), &large)
+                .await
+                .unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{:?}", b.kind);
+            assert_eq!(acemq_tests::depth(&ch, &q).await, 51, "{:?}", b.kind);
+            assert_eq!(conn.publish_backlog(), 0, "{:?}", b.kind);
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_with_reject_publish_nacks() {
     acemq_tests::deadline(async {
         for b in brokers().await {

@@ -231,6 +231,19 @@ impl Route<'_> {
     }
 }
 
+/// Where a publish's room in the publish buffer comes from.
+#[derive(Clone, Copy)]
+enum Room {
+    /// The lane's credit, if it holds enough.
+    FromCredit,
+    /// Taken from the publish buffer already, with `spare` more that goes
+    /// to the lane's credit.
+    Taken {
+        /// Taken beyond the message's room.
+        spare: u32,
+    },
+}
+
 /// What [`Channel::publish`] returns: ready at once when the message was
 /// queued as it was called, else a wait for room in the publish buffer.
 pub(crate) enum Publishing<'a> {
@@ -275,16 +288,20 @@ pub struct PublishConfirm {
     /// The confirm line of its channel (one reference count, where a
     /// [`Connection`] handle would cost three).
     line: Arc<Line>,
-    /// Its number on the line.
+    /// Its number on the line; [`SPENT`] once its outcome was taken. (No
+    /// separate flag: 16 bytes, which a queue of confirms moves whole,
+    /// where a flag and its padding made 24 that compilers copy piecemeal.)
     number: u64,
-    /// Its outcome was taken.
-    spent: bool,
 }
+
+/// A [`PublishConfirm`]'s number once its outcome was taken (a line never
+/// numbers that far).
+const SPENT: u64 = u64::MAX;
 
 impl Drop for PublishConfirm {
     #[inline]
     fn drop(&mut self) {
-        if !self.spent {
+        if self.number != SPENT {
             self.line.abandon(self.number);
         }
     }
@@ -307,11 +324,11 @@ impl Future for PublishConfirm {
         let this = &mut *self;
         // Polled again after it returned: the connection's error, as a
         // dropped confirm would give (its outcome was taken).
-        if this.spent {
+        if this.number == SPENT {
             return Poll::Ready(Err(this.line.shared.closed_error()));
         }
         let outcome = std::task::ready!(this.line.poll(this.number, cx));
-        this.spent = true;
+        this.number = SPENT;
         Poll::Ready(outcome)
     }
 }
@@ -639,6 +656,11 @@ impl Channel {
     /// Queues the message now if there is room, else returns the wait for
     /// it. `owned` is `body` as a `Bytes` a waiting publish keeps, when
     /// there is one (else it keeps a copy).
+    ///
+    /// The room comes from the lane's credit (see [`Outgoing::credit`]),
+    /// taken under the lock the publish is queued under anyway; only when
+    /// that runs short does it go to the publish buffer's semaphore, for
+    /// this message's room and a chunk of credit besides.
     fn start_publish(
         &self,
         route: Route<'_>,
@@ -648,9 +670,15 @@ impl Channel {
     ) -> Publishing<'_> {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
-        match shared.try_take_room(room) {
-            Ok(true) => Publishing::Ready(Some(self.queue_publish(route, properties, body, room))),
-            Ok(false) => {
+        if let Some(queued) = self.queue_publish(route, properties, body, room, Room::FromCredit) {
+            return Publishing::Ready(Some(queued));
+        }
+        match shared.try_take_room_and_credit(room) {
+            Ok(Some(spare)) => {
+                let queued = self.queue_publish(route, properties, body, room, Room::Taken { spare });
+                Publishing::Ready(Some(queued.unwrap_or_else(|| Err(shared.closed_error()))))
+            }
+            Ok(None) => {
                 let publish = route.to_method();
                 let properties = match properties {
                     PropertiesRef::Shared(shared) => shared.clone(),
@@ -658,15 +686,35 @@ impl Channel {
                 };
                 let body = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(body));
                 Publishing::Waiting(Box::pin(async move {
+                    // The credit the lane holds goes back first: a message
+                    // that needs the whole buffer must not wait on room
+                    // that no one is using.
+                    let credit = self
+                        .conn
+                        .commands
+                        .send_with(|_, outgoing| std::mem::take(&mut outgoing.credit));
+                    if let Some(credit @ 1..) = credit {
+                        self.conn.shared.room.add_permits(credit as usize);
+                    }
                     self.conn.shared.take_room(room).await?;
-                    self.queue_publish(Route::Method(&publish), PropertiesRef::Shared(&properties), &body, room)
+                    let taken = Room::Taken { spare: 0 };
+                    self.queue_publish(
+                        Route::Method(&publish),
+                        PropertiesRef::Shared(&properties),
+                        &body,
+                        room,
+                        taken,
+                    )
+                    .unwrap_or_else(|| Err(self.conn.shared.closed_error()))
                 }))
             }
             Err(err) => Publishing::Ready(Some(Err(err))),
         }
     }
 
-    /// Encodes a message whose room is taken into the command lane.
+    /// Encodes a message into the command lane, its room taken as `from`
+    /// says. `None` only when the lane's credit is short of `room`
+    /// ([`Room::FromCredit`]): then nothing was queued nor taken.
     #[inline]
     fn queue_publish(
         &self,
@@ -674,18 +722,26 @@ impl Channel {
         properties: PropertiesRef<'_>,
         body: &[u8],
         room: u32,
-    ) -> Result<PublishConfirm, Error> {
+        from: Room,
+    ) -> Option<Result<PublishConfirm, Error>> {
         let shared = &self.conn.shared;
         let frame_max = shared.tuned.get().map_or(FRAME_MIN_SIZE, |tuned| tuned.frame_max);
         let (channel, generation) = (self.id, self.generation);
         let line = &self.state.line;
         let queued = self.conn.commands.send_with(|commands, outgoing| {
+            match from {
+                Room::FromCredit => match outgoing.credit.checked_sub(room) {
+                    Some(left) => outgoing.credit = left,
+                    None => return Err(None),
+                },
+                Room::Taken { spare } => outgoing.credit += spare,
+            }
             let start = outgoing.frames.len();
             let frames = &mut outgoing.frames;
-            match route {
+            let encoded = match route {
                 Route::Method(publish) => outgoing
                     .encoder
-                    .encode(channel, publish, properties, body, frame_max, frames)?,
+                    .encode(channel, publish, properties, body, frame_max, frames),
                 Route::Parts {
                     exchange,
                     routing_key,
@@ -699,7 +755,12 @@ impl Channel {
                     body,
                     frame_max,
                     frames,
-                )?,
+                ),
+            };
+            if let Err(err) = encoded {
+                // Nothing was queued: its room becomes credit for the next.
+                outgoing.credit += room;
+                return Err(Some(err));
             }
             outgoing.records.push(Published {
                 channel,
@@ -713,23 +774,18 @@ impl Channel {
                 _ => commands.push(Command::Publishes(1)),
             }
             // Numbered under the lane's lock, as the driver counts it.
-            Ok::<u64, EncodeError>(line.number())
+            Ok(line.number())
         });
-        let error = match queued {
-            Some(Ok(number)) => {
-                return Ok(PublishConfirm {
-                    line: line.clone(),
-                    number,
-                    spent: false,
-                })
-            }
-            // The driver is gone.
-            None => shared.closed_error(),
-            Some(Err(err)) => Error::Command(crate::proto::CommandError::Encode(err)),
-        };
-        // Nothing was queued: the room goes back.
-        shared.room.add_permits(room as usize);
-        Err(error)
+        match queued {
+            Some(Ok(number)) => Some(Ok(PublishConfirm {
+                line: line.clone(),
+                number,
+            })),
+            Some(Err(None)) => None,
+            Some(Err(Some(err))) => Some(Err(Error::Command(crate::proto::CommandError::Encode(err)))),
+            // The driver is gone (and the room with it).
+            None => Some(Err(shared.closed_error())),
+        }
     }
 
     /// `basic.consume`; deliveries come through the returned [`Consumer`].

@@ -74,6 +74,13 @@ struct SettleLane {
 /// How many commands' room the driver's batch vector keeps between bursts.
 const KEPT_BATCH: usize = 1024;
 
+/// The most room the lane's credit takes from the publish buffer at once
+/// (see [`Outgoing::credit`]): some hundreds of small publishes.
+const CREDIT_CHUNK: u32 = 64 * 1024;
+
+/// Nor more than this part of the whole buffer.
+const CREDIT_PARTS: u32 = 16;
+
 /// What a publish costs in the publish buffer besides its body: roughly the
 /// frames' headers, the method and common properties.
 const PUBLISH_OVERHEAD: usize = 128;
@@ -138,6 +145,17 @@ impl Shared {
         }
     }
 
+    /// [`Shared::try_take_room`] for `room` and, when the buffer has it, a
+    /// chunk of credit for the lane besides: `Some(spare)`, the room taken
+    /// beyond `room`, if `room` was taken; `None` if it is not there now.
+    pub(crate) fn try_take_room_and_credit(&self, room: u32) -> Result<Option<u32>, Error> {
+        let chunk = (self.publish_buffer / CREDIT_PARTS).min(CREDIT_CHUNK);
+        if chunk > room && self.try_take_room(chunk)? {
+            return Ok(Some(chunk - room));
+        }
+        Ok(self.try_take_room(room)?.then_some(0))
+    }
+
     /// A consumer took a delivery from its queue: wakes the driver if it
     /// waits for room.
     pub(crate) fn took_delivery(&self) {
@@ -195,7 +213,8 @@ impl Shared {
 
     /// Bytes of publishes taken from the buffer and not yet written.
     pub(crate) fn publish_backlog(&self) -> usize {
-        (self.publish_buffer as usize).saturating_sub(self.room.available_permits())
+        let credit = self.commands.side(|outgoing| outgoing.credit).unwrap_or(0);
+        (self.publish_buffer as usize).saturating_sub(self.room.available_permits() + credit as usize)
     }
 
     pub(crate) fn closed_error(&self) -> Error {
@@ -497,18 +516,22 @@ pub(crate) async fn run<S>(
     // turn of the loop was put into tokio's timer wheel and taken out again
     // on every turn.
     let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    // The time a read was handled at, which the loop's next turn takes as
+    // its own rather than read the clock again (nothing slept between).
+    let mut read_at: Option<Instant> = None;
     loop {
         driver.settle();
         driver.drain_events();
         let before = write_buf.len();
-        driver.machine.poll_transmit(&mut write_buf, now());
+        let turn_at = read_at.take().unwrap_or_else(now);
+        driver.machine.poll_transmit(&mut write_buf, turn_at);
         driver.transmitted(write_buf.len() - before);
         // A full consumer queue pauses reading until that consumer takes one.
         let stalled = driver.unstall();
         let read = !stalled.pausing || !driver.machine.is_open();
         if read != reading {
             reading = read;
-            driver.machine.pause_input(!reading, now());
+            driver.machine.pause_input(!reading, turn_at);
         }
         if driver.machine.is_closed() {
             // Say close-ok (or close) before hanging up, briefly.
@@ -531,7 +554,11 @@ pub(crate) async fn run<S>(
             biased;
             result = reader.read_buf(&mut read_buf), if reading => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),
-                Ok(_) => driver.machine.handle_input(&mut read_buf, now()),
+                Ok(_) => {
+                    let at = now();
+                    read_at = Some(at);
+                    driver.machine.handle_input(&mut read_buf, at);
+                }
             },
             result = writer.write(&write_buf), if !write_buf.is_empty() => match result {
                 Ok(0) | Err(_) => driver.machine.handle_eof(),

@@ -169,6 +169,13 @@ impl<T, S> std::fmt::Debug for WeakSender<T, S> {
 }
 
 impl<T, S> WeakSender<T, S> {
+    /// Reads the side state under the lane's lock; `None` once the
+    /// receiver is gone.
+    pub(crate) fn side<R>(&self, read: impl FnOnce(&S) -> R) -> Option<R> {
+        let state = self.lane.lock();
+        (!state.receiver_gone).then(|| read(&state.side))
+    }
+
     /// A sender, while some other sender still keeps the lane open.
     pub(crate) fn upgrade(&self) -> Option<Sender<T, S>> {
         let mut state = self.lane.lock();
