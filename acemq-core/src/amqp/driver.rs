@@ -5,8 +5,10 @@
 //! machine's events to them. It makes no protocol decision.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use amqp_codec::{FieldTable, Method, ShortString};
@@ -476,7 +478,9 @@ pub(crate) async fn run<S>(
     // However the task ends (a bug that panics, or a runtime shut down under
     // it), everyone waiting on the connection hears that it is over.
     let _over = Over(shared.clone());
-    let (mut reader, mut writer) = tokio::io::split(stream);
+    // One stream, read and written from this one task: no `split`, whose
+    // halves take a lock on every read and write.
+    let mut stream = std::pin::pin!(stream);
     let mut driver = Driver {
         machine,
         shared,
@@ -511,10 +515,8 @@ pub(crate) async fn run<S>(
     let busy_poll = shared.busy_poll;
     let mut active_at = Instant::now();
     // The machine's next deadline, on one timer kept for the whole
-    // connection and moved as the deadline moves: a later deadline only
-    // extends its expiry (an atomic update), where a timer made for each
-    // turn of the loop was put into tokio's timer wheel and taken out again
-    // on every turn.
+    // connection (a timer made for each turn of the loop was put into
+    // tokio's timer wheel and taken out again on every turn).
     let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
     // The time a read was handled at, which the loop's next turn takes as
     // its own rather than read the clock again (nothing slept between).
@@ -536,64 +538,94 @@ pub(crate) async fn run<S>(
         if driver.machine.is_closed() {
             // Say close-ok (or close) before hanging up, briefly.
             if !write_buf.is_empty() {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer.write_all(&write_buf)).await;
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&write_buf)).await;
             }
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer.shutdown()).await;
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.shutdown()).await;
             break;
         }
         let deadline = driver.machine.poll_timeout().map(tokio::time::Instant::from_std);
         if let Some(at) = deadline {
-            if timer.deadline() != at || timer.is_elapsed() {
+            // Moved only when the deadline comes sooner (or the timer went
+            // off): a heartbeat's deadline moves later on every send and
+            // receive, and a timer left earlier only wakes the loop once,
+            // to find nothing due and set the later one.
+            if at < timer.deadline() || timer.is_elapsed() {
                 timer.as_mut().reset(at);
             }
         }
         if read_buf.capacity() - read_buf.len() < 16 * 1024 {
             read_buf.reserve(64 * 1024);
         }
-        tokio::select! {
-            biased;
-            result = reader.read_buf(&mut read_buf), if reading => match result {
-                Ok(0) | Err(_) => driver.machine.handle_eof(),
-                Ok(_) => {
-                    let at = now();
-                    read_at = Some(at);
-                    driver.machine.handle_input(&mut read_buf, at);
+        // What this turn waits for, polled in this order (the first ready
+        // wins): the socket's input, room to write, a consumer taking a
+        // delivery, new commands, the machine's deadline, and, when busy
+        // polling, a yield to the runtime.
+        let mut took = std::pin::pin!(shared.consumer_took.notified());
+        let mut yielding = std::pin::pin!(tokio::task::yield_now());
+        let busy = !busy_poll.is_zero() && active_at.elapsed() < busy_poll;
+        let turn = std::future::poll_fn(|cx| {
+            if reading {
+                let mut stream = stream.as_mut();
+                if let Poll::Ready(read) = std::pin::pin!(stream.read_buf(&mut read_buf)).poll(cx) {
+                    return Poll::Ready(Turn::Read(read));
                 }
-            },
-            result = writer.write(&write_buf), if !write_buf.is_empty() => match result {
-                Ok(0) | Err(_) => driver.machine.handle_eof(),
-                Ok(n) => {
-                    write_buf.advance(n);
-                    driver.wrote(n);
+            }
+            if !write_buf.is_empty() {
+                if let Poll::Ready(wrote) = stream.as_mut().poll_write(cx, &write_buf) {
+                    return Poll::Ready(Turn::Wrote(wrote));
                 }
-            },
-            // A consumer took a delivery (the loop's top hands over more).
-            _ = shared.consumer_took.notified(), if stalled.any => {}
+            }
+            if stalled.any && took.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::ConsumerTook);
+            }
+            if commands_open {
+                let taken = commands.poll_recv_with(cx, &mut batch, |outgoing| {
+                    std::mem::swap(&mut outgoing.records, &mut records);
+                    std::mem::swap(&mut outgoing.frames, &mut frames);
+                });
+                if let Poll::Ready(more) = taken {
+                    return Poll::Ready(Turn::Commands { more });
+                }
+            }
+            if deadline.is_some() && timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::Deadline);
+            }
+            if busy && yielding.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::Yielded);
+            }
+            Poll::Pending
+        })
+        .await;
+        match turn {
+            Turn::Read(Ok(0) | Err(_)) | Turn::Wrote(Ok(0) | Err(_)) => driver.machine.handle_eof(),
+            Turn::Read(Ok(_)) => {
+                let at = now();
+                read_at = Some(at);
+                driver.machine.handle_input(&mut read_buf, at);
+            }
+            Turn::Wrote(Ok(n)) => {
+                write_buf.advance(n);
+                driver.wrote(n);
+            }
+            // The loop's top hands the consumer more.
+            Turn::ConsumerTook => {}
             // Everything queued since the last batch: it goes out in one write.
-            more = commands.recv_with(&mut batch, |outgoing| {
-                std::mem::swap(&mut outgoing.records, &mut records);
-                std::mem::swap(&mut outgoing.frames, &mut frames);
-            }), if commands_open => {
-                if more {
-                    driver.apply_batch(&mut batch, &mut records, &mut frames);
-                    frames.clear();
-                    // A burst (up to the publish buffer's worth) leaves no
-                    // large vector behind in the lane or here.
-                    batch.shrink_to(KEPT_BATCH);
-                    records.shrink_to(KEPT_BATCH);
-                } else {
-                    commands_open = false;
-                    driver.machine.close();
-                }
+            Turn::Commands { more: true } => {
+                driver.apply_batch(&mut batch, &mut records, &mut frames);
+                frames.clear();
+                // A burst (up to the publish buffer's worth) leaves no
+                // large vector behind in the lane or here.
+                batch.shrink_to(KEPT_BATCH);
+                records.shrink_to(KEPT_BATCH);
             }
-            () = timer.as_mut(), if deadline.is_some() => {
-                driver.machine.handle_timeout(now())
+            Turn::Commands { more: false } => {
+                commands_open = false;
+                driver.machine.close();
             }
-            // Nothing to do, and busy polling: back to the runtime, which
-            // polls the sockets without sleeping and then runs this again.
-            _ = tokio::task::yield_now(), if !busy_poll.is_zero() && active_at.elapsed() < busy_poll => {
-                continue;
-            }
+            Turn::Deadline => driver.machine.handle_timeout(now()),
+            // Nothing to do, and busy polling: the runtime polled the
+            // sockets without sleeping, and this runs again.
+            Turn::Yielded => continue,
         }
         if !busy_poll.is_zero() {
             active_at = Instant::now();
@@ -604,6 +636,22 @@ pub(crate) async fn run<S>(
     driver.fail_everything();
     // Publishers waiting for room hear that the connection is gone.
     driver.shared.room.close();
+}
+
+/// What woke one turn of the driver's loop.
+enum Turn {
+    /// The socket's input (`Ok(0)` at its end).
+    Read(std::io::Result<usize>),
+    /// A write to the socket.
+    Wrote(std::io::Result<usize>),
+    /// A consumer took a delivery from its full queue.
+    ConsumerTook,
+    /// Commands were taken from the lane (`more`), or every sender is gone.
+    Commands { more: bool },
+    /// The machine's deadline passed.
+    Deadline,
+    /// Busy polling yielded to the runtime.
+    Yielded,
 }
 
 /// What a command the machine refused fails with: the connection's error

@@ -254,11 +254,6 @@ impl<T, S> Receiver<T, S> {
     pub(crate) async fn recv(&mut self, batch: &mut Vec<T>) -> bool {
         std::future::poll_fn(|cx| self.poll_recv(cx, batch)).await
     }
-
-    /// [`Receiver::poll_recv_with`] as a future.
-    pub(crate) async fn recv_with(&mut self, batch: &mut Vec<T>, mut take: impl FnMut(&mut S)) -> bool {
-        std::future::poll_fn(|cx| self.poll_recv_with(cx, batch, &mut take)).await
-    }
 }
 
 impl<T, S> Drop for Receiver<T, S> {
