@@ -245,21 +245,37 @@ enum Room {
 }
 
 /// What [`Channel::publish`] returns: ready at once when the message was
-/// queued as it was called, else a wait for room in the publish buffer.
+/// queued (or refused) as it was called, else a wait for room in the
+/// publish buffer.
+///
+/// 24 bytes: the confirm alone, the rare refusal boxed. (Holding the whole
+/// `Result`, 40 bytes whose error puts its fields at odd offsets, it was
+/// copied byte-wise on every publish, and read back stalled.)
 pub(crate) enum Publishing<'a> {
-    /// Queued (or refused) already; taken by the first poll.
-    Ready(Option<Result<PublishConfirm, Error>>),
+    /// Queued already; taken by the first poll.
+    Queued(Option<PublishConfirm>),
+    /// Refused already; taken by the first poll.
+    Refused(Option<Box<Error>>),
     /// Waits for room, then queues the message it holds.
     Waiting(Pin<Box<dyn Future<Output = Result<PublishConfirm, Error>> + Send + 'a>>),
 }
 
 impl Publishing<'_> {
+    /// A publish queued or refused as it was called.
+    #[inline]
+    fn ready(outcome: Result<PublishConfirm, Error>) -> Self {
+        match outcome {
+            Ok(confirm) => Publishing::Queued(Some(confirm)),
+            Err(err) => Publishing::Refused(Some(Box::new(err))),
+        }
+    }
+
     /// The publish's confirm if the message was queued as it was called;
     /// `None` otherwise (refused, or waiting for room: then, as this drops
     /// the wait, nothing is published).
     pub(crate) fn queued(self) -> Option<PublishConfirm> {
         match self {
-            Publishing::Ready(Some(Ok(confirm))) => Some(confirm),
+            Publishing::Queued(confirm) => confirm,
             _ => None,
         }
     }
@@ -273,7 +289,8 @@ impl Future for Publishing<'_> {
         match &mut *self {
             // Polling a future after it returned breaks `Future`'s contract
             // (an `async fn` panics too); it is never a broker's doing.
-            Publishing::Ready(outcome) => Poll::Ready(outcome.take().expect("a publish polled after it returned")),
+            Publishing::Queued(confirm) => Poll::Ready(Ok(confirm.take().expect("a publish polled after it returned"))),
+            Publishing::Refused(err) => Poll::Ready(Err(*err.take().expect("a publish polled after it returned"))),
             Publishing::Waiting(wait) => wait.as_mut().poll(cx),
         }
     }
@@ -610,7 +627,8 @@ impl Channel {
             routing_key,
             mandatory,
         };
-        properties.with_properties(|properties| self.start_publish(route, properties, body.as_slice(), body.as_bytes()))
+        properties
+            .with_properties(|properties| self.start_publish(&route, properties, body.as_slice(), body.as_bytes()))
     }
 
     /// `basic.publish` with every field of the method under your control
@@ -622,7 +640,7 @@ impl Channel {
         body: impl PublishBody,
     ) -> impl Future<Output = Result<PublishConfirm, Error>> + Send + '_ {
         properties.with_properties(|properties| {
-            self.start_publish(Route::Method(&publish), properties, body.as_slice(), body.as_bytes())
+            self.start_publish(&Route::Method(&publish), properties, body.as_slice(), body.as_bytes())
         })
     }
 
@@ -646,7 +664,7 @@ impl Channel {
         body: &Bytes,
     ) -> Publishing<'_> {
         self.start_publish(
-            Route::Method(publish),
+            &Route::Method(publish),
             PropertiesRef::Shared(properties),
             body,
             Some(body),
@@ -663,7 +681,7 @@ impl Channel {
     /// this message's room and a chunk of credit besides.
     fn start_publish(
         &self,
-        route: Route<'_>,
+        route: &Route<'_>,
         properties: PropertiesRef<'_>,
         body: &[u8],
         owned: Option<&Bytes>,
@@ -671,12 +689,12 @@ impl Channel {
         let shared = &self.conn.shared;
         let room = shared.room_for(body.len());
         if let Some(queued) = self.queue_publish(route, properties, body, room, Room::FromCredit) {
-            return Publishing::Ready(Some(queued));
+            return Publishing::ready(queued);
         }
         match shared.try_take_room_and_credit(room) {
             Ok(Some(spare)) => {
                 let queued = self.queue_publish(route, properties, body, room, Room::Taken { spare });
-                Publishing::Ready(Some(queued.unwrap_or_else(|| Err(shared.closed_error()))))
+                Publishing::ready(queued.unwrap_or_else(|| Err(shared.closed_error())))
             }
             Ok(None) => {
                 let publish = route.to_method();
@@ -699,7 +717,7 @@ impl Channel {
                     self.conn.shared.take_room(room).await?;
                     let taken = Room::Taken { spare: 0 };
                     self.queue_publish(
-                        Route::Method(&publish),
+                        &Route::Method(&publish),
                         PropertiesRef::Shared(&properties),
                         &body,
                         room,
@@ -708,7 +726,7 @@ impl Channel {
                     .unwrap_or_else(|| Err(self.conn.shared.closed_error()))
                 }))
             }
-            Err(err) => Publishing::Ready(Some(Err(err))),
+            Err(err) => Publishing::ready(Err(err)),
         }
     }
 
@@ -718,7 +736,7 @@ impl Channel {
     #[inline]
     fn queue_publish(
         &self,
-        route: Route<'_>,
+        route: &Route<'_>,
         properties: PropertiesRef<'_>,
         body: &[u8],
         room: u32,
@@ -738,7 +756,7 @@ impl Channel {
             }
             let start = outgoing.frames.len();
             let frames = &mut outgoing.frames;
-            let encoded = match route {
+            let encoded = match *route {
                 Route::Method(publish) => outgoing
                     .encoder
                     .encode(channel, publish, properties, body, frame_max, frames),
