@@ -704,16 +704,6 @@ impl Channel {
                 };
                 let body = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(body));
                 Publishing::Waiting(Box::pin(async move {
-                    // The credit the lane holds goes back first: a message
-                    // that needs the whole buffer must not wait on room
-                    // that no one is using.
-                    let credit = self
-                        .conn
-                        .commands
-                        .send_with(|_, outgoing| std::mem::take(&mut outgoing.credit));
-                    if let Some(credit @ 1..) = credit {
-                        self.conn.shared.room.add_permits(credit as usize);
-                    }
                     self.conn.shared.take_room(room).await?;
                     let taken = Room::Taken { spare: 0 };
                     self.queue_publish(

@@ -122,6 +122,11 @@ impl Shared {
     /// Takes `room` bytes of the publish buffer, waiting until the driver
     /// has written enough; an error once the connection has ended.
     pub(crate) async fn take_room(&self, room: u32) -> Result<(), Error> {
+        // The credit the lane holds goes back first: a message that needs
+        // the whole buffer must not wait on room that no one is using.
+        if let Some(credit @ 1..) = self.commands.side(|outgoing| std::mem::take(&mut outgoing.credit)) {
+            self.room.add_permits(credit as usize);
+        }
         if !self.try_take_room(room)? {
             // Boxed: the wait for room is the rare path, and a future that
             // holds it inline is as large as the semaphore's, which a

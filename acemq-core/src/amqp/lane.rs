@@ -169,11 +169,11 @@ impl<T, S> std::fmt::Debug for WeakSender<T, S> {
 }
 
 impl<T, S> WeakSender<T, S> {
-    /// Reads the side state under the lane's lock; `None` once the
+    /// Runs `f` on the side state under the lane's lock; `None` once the
     /// receiver is gone.
-    pub(crate) fn side<R>(&self, read: impl FnOnce(&S) -> R) -> Option<R> {
-        let state = self.lane.lock();
-        (!state.receiver_gone).then(|| read(&state.side))
+    pub(crate) fn side<R>(&self, f: impl FnOnce(&mut S) -> R) -> Option<R> {
+        let mut state = self.lane.lock();
+        (!state.receiver_gone).then(|| f(&mut state.side))
     }
 
     /// A sender, while some other sender still keeps the lane open.
