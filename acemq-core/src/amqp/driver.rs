@@ -575,9 +575,17 @@ pub(crate) async fn run<S>(
                     return Poll::Ready(Turn::Read(read));
                 }
             }
-            if !write_buf.is_empty() {
-                if let Poll::Ready(wrote) = stream.as_mut().poll_write(cx, &write_buf) {
-                    return Poll::Ready(Turn::Wrote(wrote));
+            // What the socket takes is written here, within this turn: a
+            // write makes no event and nothing new to transmit, so it needs
+            // no turn of the loop of its own (one less per publish batch).
+            while !write_buf.is_empty() {
+                match stream.as_mut().poll_write(cx, &write_buf) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        write_buf.advance(n);
+                        driver.wrote(n);
+                    }
+                    Poll::Ready(ended) => return Poll::Ready(Turn::Ended(ended.err())),
+                    Poll::Pending => break,
                 }
             }
             if stalled.any && took.as_mut().poll(cx).is_ready() {
@@ -602,15 +610,17 @@ pub(crate) async fn run<S>(
         })
         .await;
         match turn {
-            Turn::Read(Ok(0) | Err(_)) | Turn::Wrote(Ok(0) | Err(_)) => driver.machine.handle_eof(),
+            Turn::Read(Ok(0) | Err(_)) => driver.machine.handle_eof(),
+            Turn::Ended(err) => {
+                if let Some(err) = err {
+                    tracing::debug!(%err, "writing to the socket failed");
+                }
+                driver.machine.handle_eof();
+            }
             Turn::Read(Ok(_)) => {
                 let at = now();
                 read_at = Some(at);
                 driver.machine.handle_input(&mut read_buf, at);
-            }
-            Turn::Wrote(Ok(n)) => {
-                write_buf.advance(n);
-                driver.wrote(n);
             }
             // The loop's top hands the consumer more.
             Turn::ConsumerTook => {}
@@ -647,8 +657,9 @@ pub(crate) async fn run<S>(
 enum Turn {
     /// The socket's input (`Ok(0)` at its end).
     Read(std::io::Result<usize>),
-    /// A write to the socket.
-    Wrote(std::io::Result<usize>),
+    /// A write to the socket found it closed (`None`: it took nothing) or
+    /// failed.
+    Ended(Option<std::io::Error>),
     /// A consumer took a delivery from its full queue.
     ConsumerTook,
     /// Commands were taken from the lane (`more`), or every sender is gone.

@@ -238,7 +238,9 @@ pub enum Event {
     /// and none of them was returned. One ack or nack with `multiple` set
     /// gives one such event per run of consecutive outstanding numbers, so
     /// a confirm costs the application one event per run, not one per
-    /// message. Each publish is confirmed once, by this or by
+    /// message; a run that follows on from the one of the event before it
+    /// (the next ack of the same read, with the same outcome) extends that
+    /// event instead. Each publish is confirmed once, by this or by
     /// [`Event::Confirm`], in ascending order on its channel.
     Confirms {
         /// The channel.
@@ -1316,6 +1318,22 @@ impl Connection {
         let events = &mut self.events;
         let end_run = |events: &mut VecDeque<Event>, run: Option<(u64, u64)>| {
             if let Some((first, last)) = run {
+                // A run that follows on from the last event's, with the
+                // same outcome, extends it: the acks of one read (RabbitMQ
+                // sends several, each `multiple`) then cost the application
+                // one event, not one each.
+                if let Some(Event::Confirms {
+                    channel: c,
+                    last: back,
+                    outcome: o,
+                    ..
+                }) = events.back_mut()
+                {
+                    if *c == channel && *o == outcome && back.checked_add(1) == Some(first) {
+                        *back = last;
+                        return;
+                    }
+                }
                 events.push_back(Event::Confirms {
                     channel,
                     first,

@@ -607,6 +607,70 @@ fn publishes_taken_at_once_are_numbered_and_written_as_one_by_one() {
     ));
 }
 
+/// Acks taken before the events are (the several acks of one read) come as
+/// one event while their runs follow on with one outcome; a nack between
+/// them, or a gap, starts another.
+#[test]
+fn acks_that_follow_on_come_as_one_event_until_the_outcome_changes() {
+    let (mut p, ch) = confirming_peer();
+    let (_, mut frames) = encoded_run(ch, 9);
+    let len = frames.len();
+    p.conn
+        .encoded_publishes(&mut frames, 0)
+        .publish_many(ch, len, 9)
+        .unwrap();
+    p.flush();
+    let ack = |tag, multiple| {
+        Method::from(BasicAck {
+            delivery_tag: tag,
+            multiple,
+        })
+    };
+    let nack = |tag| {
+        Method::from(BasicNack {
+            delivery_tag: tag,
+            multiple: false,
+            requeue: false,
+        })
+    };
+    // 1–2, 3 and 4 follow on; 5 is nacked; 6 follows the nack with an ack;
+    // 8 leaves 7 outstanding, so 7 and then 9 come after it.
+    for method in [
+        ack(2, true),
+        ack(3, false),
+        ack(4, true),
+        nack(5),
+        ack(6, true),
+        ack(8, false),
+        ack(7, false),
+        ack(9, false),
+    ] {
+        p.server(ch, method);
+    }
+    let runs: Vec<(u64, u64, Outcome)> = p
+        .events()
+        .into_iter()
+        .map(|e| match e {
+            Event::Confirms {
+                first, last, outcome, ..
+            } => (first, last, outcome),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (1, 4, Outcome::Ack),
+            (5, 5, Outcome::Nack),
+            (6, 6, Outcome::Ack),
+            (8, 8, Outcome::Ack),
+            (7, 7, Outcome::Ack),
+            (9, 9, Outcome::Ack),
+        ]
+    );
+    assert_eq!(p.conn.unconfirmed(ch), 0);
+}
+
 #[test]
 fn a_whole_run_is_copied_behind_what_waits_to_be_written() {
     let (mut p, ch) = confirming_peer();
