@@ -7,7 +7,10 @@
 //!
 //! RabbitMQ from `ACEMQ_RABBITMQ_URL` (default
 //! `amqp://guest:guest@127.0.0.1:5672/`); `--messages N` (default 200000)
-//! per throughput row, `--samples N` (default 10000, after a warm-up of a
+//! per throughput row, `--slices N` (default 1) to run each throughput row
+//! as N slices of `--messages / N`, the clients of a group taking turns
+//! slice by slice and each client's slices added up (so that the machine's
+//! drift over a group falls on every client alike), `--samples N` (default 10000, after a warm-up of a
 //! tenth as many) per latency row, `--tasks N` (default 256) for
 //! `Publisher::send`, `--only publish|consume|latency` for one group,
 //! `--runtime current|multi` (default `current`).
@@ -103,6 +106,9 @@ const BODY: usize = 256;
 struct Args {
     rounds: usize,
     messages: u64,
+    /// Each throughput row in this many slices, the clients of a group
+    /// taking turns slice by slice (`--slices`).
+    slices: u64,
     samples: usize,
     tasks: u64,
     only: Option<String>,
@@ -115,6 +121,7 @@ impl Args {
         let mut args = Args {
             rounds: 3,
             messages: 200_000,
+            slices: 1,
             samples: 10_000,
             tasks: 256,
             only: None,
@@ -126,6 +133,7 @@ impl Args {
             match flag.as_str() {
                 "--rounds" => args.rounds = number(&value()),
                 "--messages" => args.messages = number(&value()),
+                "--slices" => args.slices = number(&value()),
                 "--samples" => args.samples = number(&value()),
                 "--tasks" => args.tasks = number(&value()),
                 "--only" => {
@@ -144,8 +152,11 @@ impl Args {
                 other => usage(&format!("unknown argument {other}")),
             }
         }
-        if args.rounds == 0 || args.messages == 0 || args.samples == 0 || args.tasks == 0 {
-            usage("--rounds, --messages, --samples and --tasks must be positive");
+        if args.rounds == 0 || args.messages == 0 || args.samples == 0 || args.tasks == 0 || args.slices == 0 {
+            usage("--rounds, --messages, --slices, --samples and --tasks must be positive");
+        }
+        if args.messages % args.slices != 0 {
+            usage("--messages must be a multiple of --slices");
         }
         args
     }
@@ -165,7 +176,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: acemq-peers [--rounds N] [--messages N] [--samples N] [--tasks N] \
-         [--only publish|consume|latency] [--runtime current|multi]"
+         [--slices N] [--only publish|consume|latency] [--runtime current|multi]"
     );
     std::process::exit(2)
 }
@@ -788,13 +799,49 @@ fn rotated(rows: &[Client], by: usize) -> Vec<Client> {
     rows
 }
 
+/// The order a group's rows run in: `slices` turns, each of every client
+/// once, the order turned from round to round and from slice to slice (with
+/// one slice, [`rotated`] by the round). Each item is (slice, client).
+fn slices(rows: &[Client], round: usize, slices: u64) -> Vec<(u64, Client)> {
+    (0..slices)
+        .flat_map(|slice| {
+            rotated(rows, round + slice as usize)
+                .into_iter()
+                .map(move |client| (slice, client))
+        })
+        .collect()
+}
+
+/// Each client's slices of a group added up, in the order the clients
+/// first ran.
+#[derive(Default)]
+struct Sums(Vec<(Client, Figures)>);
+
+impl Sums {
+    fn add(&mut self, client: Client, f: Figures) {
+        match self.0.iter_mut().find(|(c, _)| *c == client) {
+            Some((_, sum)) => {
+                sum.messages += f.messages;
+                sum.wall += f.wall;
+                sum.cpu.total += f.cpu.total;
+                sum.cpu.user_ticks += f.cpu.user_ticks;
+                sum.cpu.system_ticks += f.cpu.system_ticks;
+                sum.cpu.runs += f.cpu.runs;
+            }
+            None => self.0.push((client, f)),
+        }
+    }
+}
+
 async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
     let mut figures = Round::default();
     let queue = clients.queue.as_str();
     let messages = args.messages;
     if args.runs("publish") {
+        let messages = messages / args.slices;
         for (group, props, rows) in PUBLISH_GROUPS {
-            for client in rotated(rows, round) {
+            let mut sums = Sums::default();
+            for (slice, client) in slices(rows, round, args.slices) {
                 let what = format!("{} ({group})", client.name(args.tasks));
                 let properties = props.properties();
                 let f = match client {
@@ -821,15 +868,22 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                     Client::Send => within(&what, publisher_send(&clients.api, queue, messages, args.tasks)).await,
                     Client::ApiConsume | Client::FloorSpinning | Client::EngineBusyPoll => unreachable!(),
                 };
-                clients.check_properties(client, props).await;
+                if slice == 0 {
+                    clients.check_properties(client, props).await;
+                }
                 clients.purge().await;
+                sums.add(client, f);
+            }
+            for (client, f) in sums.0 {
                 progress(round, group, &client.name(args.tasks), &f);
                 figures.rows.push((group, client, f));
             }
         }
     }
     if args.runs("consume") {
-        for client in rotated(&CONSUME_ROWS, round) {
+        let messages = messages / args.slices;
+        let mut sums = Sums::default();
+        for (_, client) in slices(&CONSUME_ROWS, round, args.slices) {
             clients.preload(messages).await;
             let what = format!("{} ({CONSUME_GROUP})", client.name(args.tasks));
             let f = match client {
@@ -847,6 +901,9 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                 _ => unreachable!(),
             };
             clients.purge().await;
+            sums.add(client, f);
+        }
+        for (client, f) in sums.0 {
             progress(round, CONSUME_GROUP, &client.name(args.tasks), &f);
             figures.rows.push((CONSUME_GROUP, client, f));
         }
@@ -929,10 +986,11 @@ fn print_table(rounds: &[Round], args: &Args) {
     );
     println!();
     println!(
-        "{} round(s), {} messages per row, {}-byte bodies, window/prefetch {WINDOW}, {} tokio runtime; \
-         min–max over rounds",
+        "{} round(s), {} messages per row ({} slice(s), the clients taking turns), {}-byte bodies, \
+         window/prefetch {WINDOW}, {} tokio runtime; min–max over rounds",
         rounds.len(),
         args.messages,
+        args.slices,
         BODY,
         if args.multi_thread {
             "multi-thread"
