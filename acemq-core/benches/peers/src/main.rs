@@ -155,7 +155,7 @@ impl Args {
         if args.rounds == 0 || args.messages == 0 || args.samples == 0 || args.tasks == 0 || args.slices == 0 {
             usage("--rounds, --messages, --slices, --samples and --tasks must be positive");
         }
-        if args.messages % args.slices != 0 {
+        if !args.messages.is_multiple_of(args.slices) {
             usage("--messages must be a multiple of --slices");
         }
         args
