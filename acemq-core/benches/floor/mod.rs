@@ -54,6 +54,18 @@ impl std::ops::Sub for Cpu {
     }
 }
 
+impl std::ops::Add for Cpu {
+    type Output = Cpu;
+    fn add(self, other: Cpu) -> Cpu {
+        Cpu {
+            total: self.total + other.total,
+            user_ticks: self.user_ticks + other.user_ticks,
+            system_ticks: self.system_ticks + other.system_ticks,
+            runs: self.runs + other.runs,
+        }
+    }
+}
+
 pub fn cpu_time() -> Cpu {
     // Time on the CPU of every thread and how many times each ran, from
     // /proc/self/task/*/schedstat (run time in ns, wait time, run count).

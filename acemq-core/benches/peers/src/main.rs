@@ -10,10 +10,10 @@
 //! per throughput row, `--slices N` (default 1) to run each throughput row
 //! as N slices of `--messages / N`, the clients of a group taking turns
 //! slice by slice and each client's slices added up (so that the machine's
-//! drift over a group falls on every client alike), `--samples N` (default 10000, after a warm-up of a
-//! tenth as many) per latency row, `--tasks N` (default 256) for
-//! `Publisher::send`, `--only publish|consume|latency` for one group,
-//! `--runtime current|multi` (default `current`).
+//! drift over a group falls on every client alike), `--samples N` (default
+//! 10000, after a warm-up of a tenth as many) per latency row, `--tasks N`
+//! (default 256) for `Publisher::send`, `--only publish|consume|latency`
+//! for one group, `--runtime current|multi` (default `current`).
 //!
 //! Every body is 256 bytes. All clients run in this one process, one after
 //! another, on one current-thread tokio runtime (lapin adds its own I/O
@@ -823,10 +823,7 @@ impl Sums {
             Some((_, sum)) => {
                 sum.messages += f.messages;
                 sum.wall += f.wall;
-                sum.cpu.total += f.cpu.total;
-                sum.cpu.user_ticks += f.cpu.user_ticks;
-                sum.cpu.system_ticks += f.cpu.system_ticks;
-                sum.cpu.runs += f.cpu.runs;
+                sum.cpu = sum.cpu + f.cpu;
             }
             None => self.0.push((client, f)),
         }
@@ -836,9 +833,9 @@ impl Sums {
 async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
     let mut figures = Round::default();
     let queue = clients.queue.as_str();
-    let messages = args.messages;
+    // Messages a slice of a throughput row (the whole row with one slice).
+    let messages = args.messages / args.slices;
     if args.runs("publish") {
-        let messages = messages / args.slices;
         for (group, props, rows) in PUBLISH_GROUPS {
             let mut sums = Sums::default();
             for (slice, client) in slices(rows, round, args.slices) {
@@ -881,7 +878,6 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
         }
     }
     if args.runs("consume") {
-        let messages = messages / args.slices;
         let mut sums = Sums::default();
         for (_, client) in slices(&CONSUME_ROWS, round, args.slices) {
             clients.preload(messages).await;
