@@ -464,7 +464,16 @@ async fn declare_durable(ch: &acemq_core::amqp::Channel, name: &str) {
 
 /// Every scenario of the bench (see `main`).
 async fn scenarios(url: String, messages: u64, benching: bool) {
-    let conn = match Connection::open(&url, Config::default()).await {
+    // `ACEMQ_BENCH_READ_INTERVAL_US=N`: the engine's connection reads at
+    // most every N µs (`Config::read_interval`).
+    let read_interval = std::env::var("ACEMQ_BENCH_READ_INTERVAL_US")
+        .map(|us| std::time::Duration::from_micros(us.parse().expect("ACEMQ_BENCH_READ_INTERVAL_US is a number")))
+        .unwrap_or_default();
+    let config = Config {
+        read_interval,
+        ..Config::default()
+    };
+    let conn = match Connection::open(&url, config).await {
         Ok(conn) => conn,
         Err(err) => {
             let msg = format!("engine bench: no RabbitMQ at {url}: {err} (start one with scripts/rabbitmq.sh start)");

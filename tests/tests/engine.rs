@@ -1156,3 +1156,53 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
         }))
     })
 }
+
+#[tokio::test]
+async fn a_read_interval_carries_the_same_traffic_spaces_reads_and_reads_at_once_after_a_quiet_spell() {
+    const INTERVAL: Duration = Duration::from_millis(200);
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let config = Config {
+                read_interval: INTERVAL,
+                ..b.config()
+            };
+            let conn = b.connect_with(config).await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            publish_numbered_and_confirmed(&ch, &q, 500, b.kind).await;
+            let mut consumer = ch.consume(&q).await.unwrap();
+            for i in 0..500 {
+                let delivery = consumer.next().await.expect("a delivery");
+                assert_eq!(&delivery.body[..], format!("{i}").as_bytes(), "{:?}", b.kind);
+                delivery.ack().unwrap();
+            }
+            consumer.cancel().await.unwrap();
+            let passive = || QueueDeclare {
+                queue: q.as_str().into(),
+                passive: true,
+                ..Default::default()
+            };
+            // Two calls one after the other: the first's reply is read after
+            // it was sent, the second's no sooner than INTERVAL after that.
+            let sent = std::time::Instant::now();
+            ch.queue_declare(passive()).await.unwrap();
+            ch.queue_declare(passive()).await.unwrap();
+            let took = sent.elapsed();
+            assert!(took >= INTERVAL, "{:?}: two calls in {took:?}", b.kind);
+            // After a quiet spell longer than the interval, a reply is read
+            // as soon as it comes.
+            tokio::time::sleep(INTERVAL + Duration::from_millis(100)).await;
+            let sent = std::time::Instant::now();
+            ch.queue_declare(passive()).await.unwrap();
+            let took = sent.elapsed();
+            assert!(
+                took < INTERVAL,
+                "{:?}: one call after a quiet spell in {took:?}",
+                b.kind
+            );
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}

@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     commands: super::lane::WeakSender<Command, Outgoing>,
     /// How long the driver polls before it sleeps ([`super::Config::busy_poll`]).
     busy_poll: Duration,
+    /// The least time between two reads ([`super::Config::read_interval`]).
+    read_interval: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +103,7 @@ impl Shared {
             publish_buffer,
             delivery_buffer: settings.deliveries.max(1),
             busy_poll: settings.busy_poll,
+            read_interval: settings.read_interval,
             lines: Mutex::new(Vec::new()),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
@@ -526,6 +529,11 @@ pub(crate) async fn run<S>(
     // The time a read was handled at, which the loop's next turn takes as
     // its own rather than read the clock again (nothing slept between).
     let mut read_at: Option<Instant> = None;
+    // With a read interval, the socket rests after each read until this
+    // timer goes off (`resting`): its input gathers meanwhile.
+    let read_interval = shared.read_interval;
+    let mut rest = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let mut resting = false;
     loop {
         driver.settle();
         driver.drain_events();
@@ -562,14 +570,18 @@ pub(crate) async fn run<S>(
             read_buf.reserve(64 * 1024);
         }
         // What this turn waits for, polled in this order (the first ready
-        // wins): the socket's input, room to write, a consumer taking a
+        // wins): the socket's input (unless it rests after the last read),
+        // room to write, a consumer taking a
         // delivery, new commands, the machine's deadline, and, when busy
         // polling, a yield to the runtime.
         let mut took = std::pin::pin!(shared.consumer_took.notified());
         let mut yielding = std::pin::pin!(tokio::task::yield_now());
         let busy = !busy_poll.is_zero() && active_at.elapsed() < busy_poll;
         let turn = std::future::poll_fn(|cx| {
-            if reading {
+            if resting && rest.as_mut().poll(cx).is_ready() {
+                resting = false;
+            }
+            if reading && !resting {
                 let mut stream = stream.as_mut();
                 if let Poll::Ready(read) = std::pin::pin!(stream.read_buf(&mut read_buf)).poll(cx) {
                     return Poll::Ready(Turn::Read(read));
@@ -621,6 +633,10 @@ pub(crate) async fn run<S>(
                 let at = now();
                 read_at = Some(at);
                 driver.machine.handle_input(&mut read_buf, at);
+                if !read_interval.is_zero() {
+                    rest.as_mut().reset(tokio::time::Instant::from_std(at + read_interval));
+                    resting = true;
+                }
             }
             // The loop's top hands the consumer more.
             Turn::ConsumerTook => {}
