@@ -272,7 +272,13 @@ enum Client {
     FloorSpinning,
     /// The engine with `Config::busy_poll` set (latency only).
     EngineBusyPoll,
+    /// The engine with `Config::read_interval` set (minimal publish,
+    /// consume, latency): what it saves beside what it costs.
+    EngineReadInterval,
 }
+
+/// The engine's `Config::read_interval` in the rows that set it.
+const READ_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The engine's `Config::busy_poll` in the latency row that sets it.
 const BUSY_POLL: Duration = Duration::from_millis(1);
@@ -291,6 +297,7 @@ impl Client {
             Client::ApiConsume => "acemq consume (JSON, accept)".into(),
             Client::FloorSpinning => "wire floor, reads spinning".into(),
             Client::EngineBusyPoll => format!("acemq engine, busy_poll {} ms", BUSY_POLL.as_millis()),
+            Client::EngineReadInterval => format!("acemq engine, read_interval {} ms", READ_INTERVAL.as_millis()),
         }
     }
 }
@@ -313,6 +320,8 @@ struct Clients {
     engine: Connection,
     /// The engine with [`BUSY_POLL`].
     engine_busy_poll: Connection,
+    /// The engine with [`READ_INTERVAL`].
+    engine_read_interval: Connection,
     api: acemq_core::Conn,
     lapin: lapin::Connection,
     amqprs: amqprs::connection::Connection,
@@ -342,6 +351,16 @@ impl Clients {
         let engine_busy_poll = within("the busy-polling engine's connection", Connection::open(url, busy_poll))
             .await
             .expect("the engine connects");
+        let read_interval = Config {
+            read_interval: READ_INTERVAL,
+            ..Config::default()
+        };
+        let engine_read_interval = within(
+            "the read-interval engine's connection",
+            Connection::open(url, read_interval),
+        )
+        .await
+        .expect("the engine connects");
         let api = within(
             "the API's connection",
             acemq_core::Conn::open(url, acemq_core::Config::default()),
@@ -367,6 +386,7 @@ impl Clients {
             addr,
             engine,
             engine_busy_poll,
+            engine_read_interval,
             api,
             lapin,
             amqprs,
@@ -754,6 +774,7 @@ const PUBLISH_GROUPS: [(&str, Props, &[Client]); 2] = [
             Client::FloorOnTokio,
             Client::Engine,
             Client::EngineShared,
+            Client::EngineReadInterval,
             Client::Lapin,
             Client::Amqprs,
         ],
@@ -773,21 +794,23 @@ const PUBLISH_GROUPS: [(&str, Props, &[Client]); 2] = [
     ),
 ];
 const CONSUME_GROUP: &str = "consume with ack, envelope + JSON";
-const CONSUME_ROWS: [Client; 6] = [
+const CONSUME_ROWS: [Client; 7] = [
     Client::Floor,
     Client::FloorOnTokio,
     Client::Engine,
+    Client::EngineReadInterval,
     Client::Lapin,
     Client::Amqprs,
     Client::ApiConsume,
 ];
-const LATENCY_ROWS: [Client; 6] = [
+const LATENCY_ROWS: [Client; 7] = [
     Client::Floor,
     Client::Engine,
     Client::Lapin,
     Client::Amqprs,
     Client::FloorSpinning,
     Client::EngineBusyPoll,
+    Client::EngineReadInterval,
 ];
 
 /// `rows` turned by `by`: each round starts with another client, so that no
@@ -852,6 +875,10 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                             .unwrap_or_else(|err| panic!("{what}: {err}"))
                     }
                     Client::Engine => within(&what, engine_publish(&clients.engine, queue, messages, properties)).await,
+                    Client::EngineReadInterval => {
+                        let conn = &clients.engine_read_interval;
+                        within(&what, engine_publish(conn, queue, messages, properties)).await
+                    }
                     Client::EngineShared => {
                         // Borrowed: the publish neither clones nor drops the `Arc`.
                         let shared = std::sync::Arc::new(properties);
@@ -891,6 +918,9 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                         .unwrap_or_else(|err| panic!("{what}: {err}"))
                 }
                 Client::Engine => within(&what, engine_consume(&clients.engine, queue, messages)).await,
+                Client::EngineReadInterval => {
+                    within(&what, engine_consume(&clients.engine_read_interval, queue, messages)).await
+                }
                 Client::Lapin => within(&what, peers::lapin_consume(&clients.lapin, queue, messages)).await,
                 Client::Amqprs => within(&what, peers::amqprs_consume(&clients.amqprs, queue, messages)).await,
                 Client::ApiConsume => within(&what, api_consume(&clients.api, queue, messages)).await,
@@ -917,6 +947,9 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                 Client::Engine => within(&what, engine_latency(&clients.engine, queue, warmup, samples)).await,
                 Client::EngineBusyPoll => {
                     within(&what, engine_latency(&clients.engine_busy_poll, queue, warmup, samples)).await
+                }
+                Client::EngineReadInterval => {
+                    within(&what, engine_latency(&clients.engine_read_interval, queue, warmup, samples)).await
                 }
                 Client::Lapin => within(&what, peers::lapin_latency(&clients.lapin, queue, warmup, samples)).await,
                 Client::Amqprs => within(&what, peers::amqprs_latency(&clients.amqprs, queue, warmup, samples)).await,
@@ -1108,6 +1141,13 @@ fn print_targets(rounds: &[Round], args: &Args) {
             ratio(group, Client::Engine, Client::FloorOnTokio, cpu_per_message),
             &|v| v <= 1.15,
         );
+        // `Config::read_interval`, opt-in: the same bound, and below what
+        // it costs in latency.
+        target(
+            format!("engine, read_interval, {label}: CPU/msg ≤ 1.15× floor"),
+            ratio(group, Client::EngineReadInterval, Client::Floor, cpu_per_message),
+            &|v| v <= 1.15,
+        );
         if label == "publish" {
             target(
                 "engine publish, properties shared: CPU/msg ≤ 1.15× floor".to_string(),
@@ -1115,15 +1155,14 @@ fn print_targets(rounds: &[Round], args: &Args) {
                 &|v| v <= 1.15,
             );
         }
-        for peer in [Client::Lapin, Client::Amqprs] {
-            target(
-                format!(
-                    "engine {label}: msg/s ahead of {} (engine/peer > 1)",
-                    peer.name(args.tasks)
-                ),
-                ratio(group, Client::Engine, peer, rate),
-                &|v| v > 1.0,
-            );
+        for (engine, who) in [(Client::Engine, "engine"), (Client::EngineReadInterval, "engine, read_interval,")] {
+            for peer in [Client::Lapin, Client::Amqprs] {
+                target(
+                    format!("{who} {label}: msg/s ahead of {} (engine/peer > 1)", peer.name(args.tasks)),
+                    ratio(group, engine, peer, rate),
+                    &|v| v > 1.0,
+                );
+            }
         }
     }
     for client in [Client::BeginSend, Client::Send] {
@@ -1175,6 +1214,39 @@ fn print_targets(rounds: &[Round], args: &Args) {
             median(&values),
             format!("({})", range(&values, 2)),
             values.len()
+        );
+    }
+    print_read_interval_cost(rounds);
+}
+
+/// What `Config::read_interval` costs in latency, beside the engine's
+/// (its gain is in the targets above): per-round ratios, median (min–max).
+fn print_read_interval_cost(rounds: &[Round]) {
+    let mut printed_header = false;
+    for (p, label) in [(50, "p50"), (99, "p99")] {
+        let values: Vec<f64> = rounds
+            .iter()
+            .filter_map(|r| {
+                let of = |c: Client| r.latency.iter().find(|(x, _)| *x == c).map(|(_, l)| l.percentile(p));
+                Some(micros(of(Client::EngineReadInterval)?) / micros(of(Client::Engine)?))
+            })
+            .collect();
+        if values.is_empty() {
+            continue;
+        }
+        if !printed_header {
+            println!();
+            println!(
+                "what read_interval {} ms costs (not a target): per-round ratios, median (min–max)",
+                READ_INTERVAL.as_millis()
+            );
+            printed_header = true;
+        }
+        println!(
+            "{:<66} {:>5.2} {:>13}",
+            format!("engine, read_interval: latency {label} × the engine's"),
+            median(&values),
+            format!("({})", range(&values, 2)),
         );
     }
 }
