@@ -1102,6 +1102,27 @@ fn thread_cpu() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// On a new channel of `conn`: `count` numbered messages published to a
+/// new queue and confirmed, then consumed in order and acked; the channel,
+/// the queue's name and the consumer, still open.
+async fn carry_numbered(
+    conn: &Connection,
+    count: u32,
+    kind: Kind,
+) -> (acemq_core::amqp::Channel, String, acemq_core::amqp::Consumer) {
+    let ch = conn.channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let q = exclusive_queue(&ch).await;
+    publish_numbered_and_confirmed(&ch, &q, count, kind).await;
+    let mut consumer = ch.consume(&q).await.unwrap();
+    for i in 0..count {
+        let delivery = consumer.next().await.expect("a delivery");
+        assert_eq!(&delivery.body[..], format!("{i}").as_bytes(), "{kind:?}");
+        delivery.ack().unwrap();
+    }
+    (ch, q, consumer)
+}
+
 #[test]
 fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_and_stops_when_idle() {
     const BUSY_POLL: Duration = Duration::from_millis(400);
@@ -1119,16 +1140,7 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
                     ..b.config()
                 };
                 let conn = b.connect_with(config).await;
-                let ch = conn.channel().await.unwrap();
-                ch.confirm_select().await.unwrap();
-                let q = exclusive_queue(&ch).await;
-                publish_numbered_and_confirmed(&ch, &q, 100, b.kind).await;
-                let mut consumer = ch.consume(&q).await.unwrap();
-                for i in 0..100 {
-                    let delivery = consumer.next().await.expect("a delivery");
-                    assert_eq!(&delivery.body[..], format!("{i}").as_bytes(), "{:?}", b.kind);
-                    delivery.ack().unwrap();
-                }
+                let (_ch, _q, consumer) = carry_numbered(&conn, 100, b.kind).await;
                 // The driver polls for BUSY_POLL after the last traffic: a
                 // sleep of a quarter of it keeps the thread busy.
                 let (cpu, wall) = (thread_cpu(), std::time::Instant::now());
@@ -1167,16 +1179,7 @@ async fn a_read_interval_carries_the_same_traffic_spaces_reads_and_reads_at_once
                 ..b.config()
             };
             let conn = b.connect_with(config).await;
-            let ch = conn.channel().await.unwrap();
-            ch.confirm_select().await.unwrap();
-            let q = exclusive_queue(&ch).await;
-            publish_numbered_and_confirmed(&ch, &q, 500, b.kind).await;
-            let mut consumer = ch.consume(&q).await.unwrap();
-            for i in 0..500 {
-                let delivery = consumer.next().await.expect("a delivery");
-                assert_eq!(&delivery.body[..], format!("{i}").as_bytes(), "{:?}", b.kind);
-                delivery.ack().unwrap();
-            }
+            let (ch, q, consumer) = carry_numbered(&conn, 500, b.kind).await;
             consumer.cancel().await.unwrap();
             let passive = || QueueDeclare {
                 queue: q.as_str().into(),

@@ -571,9 +571,8 @@ pub(crate) async fn run<S>(
         }
         // What this turn waits for, polled in this order (the first ready
         // wins): the socket's input (unless it rests after the last read),
-        // room to write, a consumer taking a
-        // delivery, new commands, the machine's deadline, and, when busy
-        // polling, a yield to the runtime.
+        // room to write, a consumer taking a delivery, new commands, the
+        // machine's deadline, and, when busy polling, a yield to the runtime.
         let mut took = std::pin::pin!(shared.consumer_took.notified());
         let mut yielding = std::pin::pin!(tokio::task::yield_now());
         let busy = !busy_poll.is_zero() && active_at.elapsed() < busy_poll;
