@@ -395,6 +395,16 @@ impl Clients {
         }
     }
 
+    /// The connection of an engine row: the engine's, or the one opened
+    /// with its setting.
+    fn engine(&self, client: Client) -> &Connection {
+        match client {
+            Client::EngineBusyPoll => &self.engine_busy_poll,
+            Client::EngineReadInterval => &self.engine_read_interval,
+            _ => &self.engine,
+        }
+    }
+
     async fn purge(&self) {
         let purge = QueuePurge {
             queue: self.queue.as_str().into(),
@@ -762,6 +772,14 @@ impl Round {
             .find(|(g, c, _)| *g == group && *c == client)
             .map(|(_, _, f)| f)
     }
+
+    /// `client`'s latency at percentile `p`, if it ran.
+    fn latency(&self, client: Client, p: usize) -> Option<Duration> {
+        self.latency
+            .iter()
+            .find(|(c, _)| *c == client)
+            .map(|(_, l)| l.percentile(p))
+    }
 }
 
 /// The throughput groups: (name, properties, rows).
@@ -874,10 +892,12 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                             .await
                             .unwrap_or_else(|err| panic!("{what}: {err}"))
                     }
-                    Client::Engine => within(&what, engine_publish(&clients.engine, queue, messages, properties)).await,
-                    Client::EngineReadInterval => {
-                        let conn = &clients.engine_read_interval;
-                        within(&what, engine_publish(conn, queue, messages, properties)).await
+                    Client::Engine | Client::EngineReadInterval => {
+                        within(
+                            &what,
+                            engine_publish(clients.engine(client), queue, messages, properties),
+                        )
+                        .await
                     }
                     Client::EngineShared => {
                         // Borrowed: the publish neither clones nor drops the `Arc`.
@@ -917,9 +937,8 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                         .await
                         .unwrap_or_else(|err| panic!("{what}: {err}"))
                 }
-                Client::Engine => within(&what, engine_consume(&clients.engine, queue, messages)).await,
-                Client::EngineReadInterval => {
-                    within(&what, engine_consume(&clients.engine_read_interval, queue, messages)).await
+                Client::Engine | Client::EngineReadInterval => {
+                    within(&what, engine_consume(clients.engine(client), queue, messages)).await
                 }
                 Client::Lapin => within(&what, peers::lapin_consume(&clients.lapin, queue, messages)).await,
                 Client::Amqprs => within(&what, peers::amqprs_consume(&clients.amqprs, queue, messages)).await,
@@ -944,12 +963,8 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                     floor_latency(&clients.addr, queue, warmup, samples, spin)
                         .unwrap_or_else(|err| panic!("{what}: {err}"))
                 }
-                Client::Engine => within(&what, engine_latency(&clients.engine, queue, warmup, samples)).await,
-                Client::EngineBusyPoll => {
-                    within(&what, engine_latency(&clients.engine_busy_poll, queue, warmup, samples)).await
-                }
-                Client::EngineReadInterval => {
-                    within(&what, engine_latency(&clients.engine_read_interval, queue, warmup, samples)).await
+                Client::Engine | Client::EngineBusyPoll | Client::EngineReadInterval => {
+                    within(&what, engine_latency(clients.engine(client), queue, warmup, samples)).await
                 }
                 Client::Lapin => within(&what, peers::lapin_latency(&clients.lapin, queue, warmup, samples)).await,
                 Client::Amqprs => within(&what, peers::amqprs_latency(&clients.amqprs, queue, warmup, samples)).await,
@@ -1155,10 +1170,16 @@ fn print_targets(rounds: &[Round], args: &Args) {
                 &|v| v <= 1.15,
             );
         }
-        for (engine, who) in [(Client::Engine, "engine"), (Client::EngineReadInterval, "engine, read_interval,")] {
+        for (engine, who) in [
+            (Client::Engine, "engine"),
+            (Client::EngineReadInterval, "engine, read_interval,"),
+        ] {
             for peer in [Client::Lapin, Client::Amqprs] {
                 target(
-                    format!("{who} {label}: msg/s ahead of {} (engine/peer > 1)", peer.name(args.tasks)),
+                    format!(
+                        "{who} {label}: msg/s ahead of {} (engine/peer > 1)",
+                        peer.name(args.tasks)
+                    ),
                     ratio(group, engine, peer, rate),
                     &|v| v > 1.0,
                 );
@@ -1190,10 +1211,7 @@ fn print_targets(rounds: &[Round], args: &Args) {
             for peer in [Client::Lapin, Client::Amqprs] {
                 let values: Vec<f64> = rounds
                     .iter()
-                    .filter_map(|r| {
-                        let of = |c: Client| r.latency.iter().find(|(x, _)| *x == c).map(|(_, l)| l.percentile(p));
-                        Some(micros(of(engine)?) / micros(of(peer)?))
-                    })
+                    .filter_map(|r| Some(micros(r.latency(engine, p)?) / micros(r.latency(peer, p)?)))
                     .collect();
                 target(
                     format!(
@@ -1227,8 +1245,7 @@ fn print_read_interval_cost(rounds: &[Round]) {
         let values: Vec<f64> = rounds
             .iter()
             .filter_map(|r| {
-                let of = |c: Client| r.latency.iter().find(|(x, _)| *x == c).map(|(_, l)| l.percentile(p));
-                Some(micros(of(Client::EngineReadInterval)?) / micros(of(Client::Engine)?))
+                Some(micros(r.latency(Client::EngineReadInterval, p)?) / micros(r.latency(Client::Engine, p)?))
             })
             .collect();
         if values.is_empty() {
