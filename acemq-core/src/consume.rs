@@ -17,7 +17,6 @@ use std::time::{Duration, SystemTime};
 use amqp_codec::{
     BasicConsume, BasicProperties, BasicPropertiesRef, BasicPublish, FieldTable, FieldValue, ShortString,
 };
-use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -30,11 +29,13 @@ use crate::codec::{Codec, Json};
 use crate::conn::Conn;
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    SOURCE_QUEUE_HEADER,
 };
 use crate::error::Error;
 use crate::hop::Destination;
 use crate::recovery::{lock, ConsumerRecord};
 use crate::retry::{rung_name, Decision, RetryPolicy};
+use crate::set_aside::{publish_held, OnNoRoute};
 use crate::topology::{self, DLX};
 
 /// The longest `x-acemq-error` written: a huge error must not push a message
@@ -443,8 +444,9 @@ where
         let name = match &result {
             Ok(name) => *name,
             Err(err) => {
-                // The library publish failed (blocked, connection trouble):
-                // nothing is lost, the broker redelivers it.
+                // A held publish gives up only when the consumer closes or
+                // the delivery's connection is gone (see `set_aside.rs`), so
+                // this is no hot loop: nothing is lost, the broker has it.
                 tracing::error!(%err, "could not settle the message; returning it to the broker");
                 let _ = settle_sent(&delivery, delivery.nack(true));
                 "requeued"
@@ -673,19 +675,34 @@ async fn retry<T, F, C>(
         }
         Decision::WaitInProcess(wait) => {
             wait_unless_closing(shared, wait).await;
-            republish(shared, &shared.queue, next(), delivery.body.clone(), &id).await?;
+            republish(shared, delivery, &shared.queue, next(), &id, OnNoRoute::Wait).await?;
             settle_sent(delivery, delivery.ack())?;
             Ok("retried")
         }
         Decision::WaitInBroker(wait) => {
             let rung = rung_name(&shared.queue, wait);
-            match republish(shared, &rung, next(), delivery.body.clone(), &id).await {
+            // A missing rung is declared again for the messages after this
+            // one; this one spends its wait in the process.
+            let again = topology::rung_declarations(&shared.queue, &shared.policy)
+                .into_iter()
+                .filter(|d| matches!(d, crate::declaration::Declaration::Queue { name, .. } if *name == rung))
+                .collect::<Vec<_>>();
+            match republish(
+                shared,
+                delivery,
+                &rung,
+                next(),
+                &id,
+                OnNoRoute::DeclareAndReturn(&again),
+            )
+            .await
+            {
                 Ok(()) => {}
                 Err(Error::Unroutable { .. }) => {
                     metrics::counter!(crate::metrics_names::RUNG_MISSING_TOTAL).increment(1);
                     tracing::warn!(%rung, ?wait, "the rung queue is missing; waiting in the process instead");
                     wait_unless_closing(shared, wait).await;
-                    republish(shared, &shared.queue, next(), delivery.body.clone(), &id).await?;
+                    republish(shared, delivery, &shared.queue, next(), &id, OnNoRoute::Wait).await?;
                 }
                 Err(other) => return Err(other),
             }
@@ -769,13 +786,15 @@ fn bounded(text: &str) -> String {
 }
 
 /// Republishes to `routing_key` on the default exchange (mandatory, on the
-/// always-confirmed library channel).
+/// always-confirmed library channel), holding the delivery until the broker
+/// has the copy (see [`crate::set_aside`]).
 async fn republish<T, F, C>(
     shared: &Shared<T, F, C>,
+    delivery: &Delivery,
     routing_key: &str,
     properties: BasicProperties,
-    body: Bytes,
     message_id: &str,
+    on_no_route: OnNoRoute<'_>,
 ) -> Result<(), Error> {
     let publish = BasicPublish {
         exchange: ShortString::new(),
@@ -783,15 +802,24 @@ async fn republish<T, F, C>(
         mandatory: true,
         ..Default::default()
     };
-    shared
-        .conn
-        .publish_library(publish, properties, body, message_id)
-        .await
-        .map(|_| ())
+    let body = delivery.body.clone();
+    publish_held(
+        &shared.conn,
+        delivery,
+        &shared.shutdown,
+        publish,
+        properties,
+        body,
+        message_id,
+        on_no_route,
+    )
+    .await
 }
 
 /// Sets a message aside in `{queue}.{suffix}` (`dlq` or `parked`) through
-/// `acemq.dlx`, with the reason in `x-acemq-error`.
+/// `acemq.dlx`, with the reason in `x-acemq-error` and the queue in
+/// `x-acemq-source-queue`; a set-aside queue deleted since the consumer
+/// started is declared again.
 async fn set_aside<T, F, C>(
     shared: &Shared<T, F, C>,
     delivery: &Delivery,
@@ -800,7 +828,11 @@ async fn set_aside<T, F, C>(
     reason: &str,
 ) -> Result<(), Error> {
     let attempt = Envelope::read_from(properties).attempt;
-    let props = hop_properties(properties, delivery, attempt, Some(reason));
+    let mut props = hop_properties(properties, delivery, attempt, Some(reason));
+    props
+        .headers
+        .get_or_insert_with(FieldTable::new)
+        .insert(SOURCE_QUEUE_HEADER, FieldValue::from(shared.queue.as_str()));
     let message_id = props.message_id.as_ref().map(|m| m.to_string()).unwrap_or_default();
     let publish = BasicPublish {
         exchange: DLX.into(),
@@ -808,10 +840,17 @@ async fn set_aside<T, F, C>(
         mandatory: true,
         ..Default::default()
     };
+    let again = topology::set_aside_queue_declarations(&shared.queue, &[suffix]);
     tracing::info!(queue = %shared.queue, %message_id, suffix, reason = %bounded(reason), "setting a message aside");
-    shared
-        .conn
-        .publish_library(publish, props, delivery.body.clone(), &message_id)
-        .await
-        .map(|_| ())
+    publish_held(
+        &shared.conn,
+        delivery,
+        &shared.shutdown,
+        publish,
+        props,
+        delivery.body.clone(),
+        &message_id,
+        OnNoRoute::Declare(&again),
+    )
+    .await
 }

@@ -21,6 +21,9 @@ pub const REPLAYED_HEADER: &str = "x-acemq-replayed";
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-acemq-original-exchange";
 /// Header: the routing key a set-aside message was first published with (`S`).
 pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
+/// Header: the queue a set-aside message was consumed from, written by the
+/// consumer that set it aside (`S`); where a replay sends it by default.
+pub const SOURCE_QUEUE_HEADER: &str = "x-acemq-source-queue";
 
 /// What travels with every message besides its payload.
 #[derive(Debug, Clone, PartialEq)]

@@ -56,6 +56,7 @@ mod recovery;
 pub mod replay;
 pub mod retry;
 pub mod schedule;
+mod set_aside;
 mod text;
 mod time;
 pub mod topology;

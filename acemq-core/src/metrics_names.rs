@@ -6,6 +6,10 @@ pub const PUBLISH_TOTAL: &str = "acemq_publish_total";
 pub const HANDLED_TOTAL: &str = "acemq_handled_total";
 /// `acemq_rung_missing_total`
 pub const RUNG_MISSING_TOTAL: &str = "acemq_rung_missing_total";
+/// `acemq_set_aside_failed_total{reason=no_route|nacked|blocked|connection|too_large|other}`:
+/// each failed publish of a delivery the consumer holds (a set-aside to
+/// `.dlq` or `.parked`, a retry, a rung hop), every one tried again.
+pub const SET_ASIDE_FAILED_TOTAL: &str = "acemq_set_aside_failed_total";
 /// `acemq_recovery_total{event=lost|retrying|recovered|gave_up|queue_renamed|blocked|unblocked|settlement_dropped}`:
 /// every [`crate::RecoveryEvent`] by its label, and each settlement of a
 /// delivery from a dead connection that was dropped instead of sent.

@@ -17,12 +17,18 @@ pub const DLX: &str = "acemq.dlx";
 /// `acemq.dlx`, `{queue}.dlq` and `{queue}.parked` with their bindings: what
 /// both `Topology::dead_letters` and a starting consumer declare.
 pub(crate) fn set_aside_declarations(queue: &str) -> Vec<Declaration> {
+    set_aside_queue_declarations(queue, &["dlq", "parked"])
+}
+
+/// `acemq.dlx` and `{queue}.{suffix}` for each of `suffixes`, each bound to
+/// it under its own name (as [`set_aside_declarations`] declares them).
+pub(crate) fn set_aside_queue_declarations(queue: &str, suffixes: &[&str]) -> Vec<Declaration> {
     let mut out = vec![Declaration::Exchange {
         name: DLX.into(),
         kind: "direct".into(),
         durable: true,
     }];
-    for suffix in ["dlq", "parked"] {
+    for suffix in suffixes {
         let name = format!("{queue}.{suffix}");
         out.push(Declaration::Queue {
             name: name.clone(),
