@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_core::hops::{Pipeline, RoutingSlip};
+use acemq_core::hops::{Pipeline, RoutingSlip, SlipAllowList};
 use acemq_core::schedule::Scheduler;
 use acemq_core::{consume, Ack, Config, Conn, Envelope, Error, Message, Topology};
 use serde::{Deserialize, Serialize};
@@ -61,7 +61,12 @@ async fn main() -> Result<(), Error> {
         .send(&"book,pen,lamp".to_string())
         .await?;
 
-    // 2. A routing slip: two steps, then a completion queue.
+    // 2. A routing slip: two steps, then a completion queue. Its consumers
+    //    follow slips only to the steps they are told to allow.
+    let slip = RoutingSlip::new()
+        .to_queue("example.slip.check")
+        .to_queue("example.slip.reserve")
+        .completion("", "example.slip.done");
     let mut slip_consumers = Vec::new();
     for step in ["example.slip.check", "example.slip.reserve", "example.slip.done"] {
         Topology::new().queue(step).dead_letters(step).declare(&conn).await?;
@@ -76,13 +81,10 @@ async fn main() -> Result<(), Error> {
                 }
                 std::future::ready(Ack::accept())
             })
+            .routing_slips(SlipAllowList::new().slip(&slip))
             .await?,
         );
     }
-    let slip = RoutingSlip::new()
-        .to_queue("example.slip.check")
-        .to_queue("example.slip.reserve")
-        .completion("", "example.slip.done");
     slip.send(&conn, Envelope::new(), &Order { id: 2, items: 1 }).await?;
 
     // 3. A scheduled message: two seconds in the broker's delay ladder,

@@ -33,6 +33,7 @@ use crate::envelope::{
 };
 use crate::error::Error;
 use crate::hop::Destination;
+use crate::hops::SlipDestinations;
 use crate::recovery::{lock, ConsumerRecord};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::set_aside::{publish_held, OnNoRoute};
@@ -144,6 +145,7 @@ where
         drain_timeout: Duration::from_secs(20),
         arguments: FieldTable::new(),
         then: None,
+        slips: None,
         codec: Json,
         _payload: PhantomData,
     }
@@ -160,11 +162,25 @@ pub struct ConsumerBuilder<T, F, C> {
     drain_timeout: Duration,
     arguments: FieldTable,
     then: Option<Destination>,
+    slips: Option<Arc<dyn SlipDestinations>>,
     codec: C,
     _payload: PhantomData<fn() -> T>,
 }
 
 impl<T, F, C> ConsumerBuilder<T, F, C> {
+    /// Follows routing slips ([`crate::hops::RoutingSlip`]): an accepted
+    /// message (or its `Ack::then` output) goes on to the next step of its
+    /// slip, if `allow` accepts that step's exchange and routing key; a step
+    /// it refuses is a fatal error of the message (set aside in `.dlq` with
+    /// the reason). Without this, a consumer never publishes where a
+    /// message's headers say: a message with a slip is handled and acked
+    /// like any other, its slip header ignored (left as it is, not
+    /// followed), since whoever published it wrote the slip.
+    pub fn routing_slips(mut self, allow: impl SlipDestinations) -> Self {
+        self.slips = Some(Arc::new(allow));
+        self
+    }
+
     /// Where the outputs of [`Ack::then`] go: `publisher`'s exchange and
     /// routing key (and its persistence). Each is a library hop (mandatory,
     /// confirmed), with a message-id derived from the input's and the hop's
@@ -231,6 +247,7 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
             drain_timeout: self.drain_timeout,
             arguments: self.arguments,
             then: self.then,
+            slips: self.slips,
             codec,
             _payload: PhantomData,
         }
@@ -295,6 +312,7 @@ where
             record: record.clone(),
             stream,
             then: self.then,
+            slips: self.slips,
             inline: inline_waker(),
             _payload: PhantomData,
         });
@@ -325,6 +343,8 @@ struct Shared<T, F, C> {
     stream: bool,
     /// Where `Ack::then` outputs go.
     then: Option<Destination>,
+    /// The routing slip steps it follows; `None`: slips are not followed.
+    slips: Option<Arc<dyn SlipDestinations>>,
     /// Set on a current-thread runtime: each delivery's work is first
     /// polled in the consumer's loop (see `spawn_delivery`).
     inline: Option<std::task::Waker>,
@@ -499,7 +519,7 @@ where
     let facts = RetryFacts {
         attempt: envelope.attempt,
         first_seen: envelope.first_seen,
-        slip: crate::hop::has_slip_in(&envelope.headers),
+        slip: shared.slips.is_some() && crate::hop::has_slip_in(&envelope.headers),
     };
     let payload: T = match shared.codec.decode(&delivery.body) {
         Ok(payload) => payload,
@@ -635,7 +655,14 @@ async fn forward<T, F, C>(
         Some(Ok(output)) => Some(output),
         None => None,
     };
-    let hop = match crate::hop::next_hop(properties, &id_of(delivery, properties), shared.then.as_ref(), output) {
+    let slips = shared.slips.as_deref();
+    let hop = match crate::hop::next_hop(
+        properties,
+        &id_of(delivery, properties),
+        shared.then.as_ref(),
+        output,
+        slips,
+    ) {
         Ok(Some(hop)) => hop,
         // The last step of a slip, and no output to send on.
         Ok(None) => {

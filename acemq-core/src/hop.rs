@@ -68,17 +68,21 @@ pub(crate) struct Hop {
 /// Where an accepted message goes next: the next step of its slip (with
 /// `output` if the handler gave one), or `output` to the consumer's
 /// `.then` destination. `None` at the end of a slip with nothing to send.
+///
+/// The slip is read only when `slips` is given (the consumer opted in), and
+/// a step `slips` does not allow is a fatal error of the message.
 pub(crate) fn next_hop(
     properties: &BasicProperties,
     input_id: &str,
     then: Option<&Destination>,
     output: Option<(Bytes, String)>,
+    slips: Option<&dyn crate::hops::SlipDestinations>,
 ) -> Result<Option<Hop>, crate::ack::Fatal> {
     let (body, content_type) = match output {
         Some((body, content_type)) => (Some(body), Some(content_type)),
         None => (None, None),
     };
-    if let Some((steps, at)) = slip_of(properties) {
+    if let Some(((steps, at), allow)) = slips.and_then(|allow| Some((slip_of(properties)?, allow))) {
         let next = at + 1;
         let Some(step) = steps.0.get(next) else {
             return Ok(None);
@@ -95,6 +99,12 @@ pub(crate) fn next_hop(
                 "routing slip step {next} has no exchange and routing-key"
             )));
         };
+        if !allow.allows(&exchange, &routing_key) {
+            return Err(crate::fatal(format!(
+                "routing slip step {next} names exchange {exchange:?} with key {routing_key:?}, \
+                 which this consumer's routing_slips do not allow"
+            )));
+        }
         return Ok(Some(Hop {
             destination: Destination {
                 exchange,

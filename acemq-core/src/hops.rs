@@ -31,7 +31,10 @@ use crate::topology::Topology;
 
 /// An ordered list of destinations a message visits, one step at a time:
 /// when a step's handler accepts it (or gives an `Ack::then` output), the
-/// consumer forwards it to the next step, then acks. The completion
+/// consumer forwards it to the next step, then acks. Only consumers built
+/// with [`crate::ConsumerBuilder::routing_slips`] forward, and only to the
+/// destinations they allow ([`SlipDestinations`]); any other consumer
+/// handles a message with a slip as an ordinary one. The completion
 /// destination, if any, is the last step. A message dead-lettered mid-slip
 /// keeps its slip, so a replay resumes it at the step that failed.
 ///
@@ -120,6 +123,102 @@ impl RoutingSlip {
         conn.publish_library(publish, properties, Bytes::from(body), &envelope.id)
             .await?;
         Ok(envelope.id)
+    }
+}
+
+/// Which routing slip destinations a consumer forwards to: given to
+/// [`crate::ConsumerBuilder::routing_slips`]. A slip is written by whoever
+/// published the message, so a consumer follows one only when built to, and
+/// only to the destinations this accepts; a step it refuses is a fatal error
+/// of that message, which goes to the dead letters with the reason.
+///
+/// A closure over `(exchange, routing_key)` is one; [`SlipAllowList`] is a
+/// list of them.
+///
+/// ```no_run
+/// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
+/// use acemq_core::{consume, hops::SlipAllowList, Ack, Message};
+/// let check = consume(&conn, "orders.check", |_: Message<serde_json::Value>| async { Ack::accept() })
+///     .routing_slips(SlipAllowList::new().queue("orders.reserve").exchange("billing"))
+///     .await?;
+/// let any_orders_queue = consume(&conn, "orders.reserve", |_: Message<serde_json::Value>| async { Ack::accept() })
+///     .routing_slips(|exchange: &str, key: &str| exchange.is_empty() && key.starts_with("orders."))
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub trait SlipDestinations: Send + Sync + 'static {
+    /// Whether a slip may send a message to `exchange` with `routing_key`
+    /// (the default exchange is `""`, its key the queue's name).
+    fn allows(&self, exchange: &str, routing_key: &str) -> bool;
+}
+
+impl<F> SlipDestinations for F
+where
+    F: Fn(&str, &str) -> bool + Send + Sync + 'static,
+{
+    fn allows(&self, exchange: &str, routing_key: &str) -> bool {
+        self(exchange, routing_key)
+    }
+}
+
+/// The destinations a consumer's routing slips may name, listed: queues
+/// (through the default exchange), exchanges with any key, or an exchange
+/// with one key. Empty, it allows nothing.
+///
+/// ```
+/// use acemq_core::hops::{SlipAllowList, SlipDestinations};
+/// let allow = SlipAllowList::new().queue("orders.reserve").destination("billing", "invoice");
+/// assert!(allow.allows("", "orders.reserve"));
+/// assert!(allow.allows("billing", "invoice"));
+/// assert!(!allow.allows("billing", "refund"));
+/// assert!(!allow.allows("", "payments"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlipAllowList {
+    /// `(exchange, None)` is any key of that exchange.
+    destinations: Vec<(String, Option<String>)>,
+}
+
+impl SlipAllowList {
+    /// Allows nothing yet.
+    pub fn new() -> Self {
+        SlipAllowList::default()
+    }
+
+    /// A queue, through the default exchange.
+    pub fn queue(self, queue: &str) -> Self {
+        self.destination("", queue)
+    }
+
+    /// `exchange` with exactly `routing_key`.
+    pub fn destination(mut self, exchange: &str, routing_key: &str) -> Self {
+        self.destinations
+            .push((exchange.to_string(), Some(routing_key.to_string())));
+        self
+    }
+
+    /// `exchange` with any routing key (not the default exchange: that
+    /// would be every queue; list those with [`SlipAllowList::queue`]).
+    pub fn exchange(mut self, exchange: &str) -> Self {
+        if !exchange.is_empty() {
+            self.destinations.push((exchange.to_string(), None));
+        }
+        self
+    }
+
+    /// Each step of `slip` (e.g. the slip the consumers of a service send).
+    pub fn slip(self, slip: &RoutingSlip) -> Self {
+        slip.steps
+            .iter()
+            .fold(self, |allow, (exchange, key)| allow.destination(exchange, key))
+    }
+}
+
+impl SlipDestinations for SlipAllowList {
+    fn allows(&self, exchange: &str, routing_key: &str) -> bool {
+        self.destinations
+            .iter()
+            .any(|(x, key)| x == exchange && key.as_deref().map_or(true, |k| k == routing_key))
     }
 }
 

@@ -444,6 +444,8 @@ impl Step {
                 };
                 std::future::ready(verdict)
             })
+            // The test's own queues: every step and completion of its slips.
+            .routing_slips(|exchange: &str, key: &str| exchange.is_empty() && key.starts_with("acemq-test."))
             .await
             .unwrap(),
         );
@@ -587,6 +589,108 @@ async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_betw
             first.consumer.take().unwrap().close().await.unwrap();
             second.consumer.take().unwrap().close().await.unwrap();
             completion.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await;
+}
+
+/// Publishes `Order { id }` straight into `queue` with a slip written by
+/// the producer itself: step 0 is `queue`, step 1 `next`.
+async fn publish_with_forged_slip(conn: &Conn, queue: &str, next: &str, id: u32) {
+    let slip = RoutingSlip::new().to_queue(queue).to_queue(next);
+    let mut headers = amqp_codec::FieldTable::new();
+    let mut steps = Vec::new();
+    for key in [queue, next] {
+        let mut step = amqp_codec::FieldTable::new();
+        step.push("exchange", FieldValue::from(""));
+        step.push("routing-key", FieldValue::from(key));
+        steps.push(FieldValue::Table(step));
+    }
+    assert_eq!(slip.len(), steps.len());
+    headers.insert(ROUTING_SLIP_HEADER, FieldValue::Array(amqp_codec::FieldArray(steps)));
+    headers.insert(ROUTING_SLIP_STEP_HEADER, FieldValue::I32(0));
+    let ch = conn.publishing_connection().channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let props = amqp_codec::BasicProperties {
+        message_id: Some(format!("forged-{id}").as_str().into()),
+        headers: Some(headers),
+        ..Default::default()
+    };
+    let body = serde_json::to_vec(&Order { id }).unwrap();
+    ch.publish("", queue, true, props, body).await.unwrap().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slip_a_producer_wrote_is_not_followed_by_a_consumer_that_did_not_opt_in() {
+    deadline(async {
+        let _serial = chaos::serial().await;
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let (consumer, seen) = recorder::<Order>(&conn, &unique("noslip")).await;
+            let target = unique("noslip.target");
+            Topology::new().queue(&target).declare(&conn).await.unwrap();
+            publish_with_forged_slip(&conn, consumer.queue(), &target, 11).await;
+            let got = wait_for(&seen, 1, "the message, handled").await;
+            assert_eq!(got[0].payload, Order { id: 11 });
+            // Handled and acked as an ordinary message; the slip is left in
+            // its headers, not followed.
+            assert!(
+                got[0].envelope.headers.contains_key(ROUTING_SLIP_HEADER),
+                "{:?}",
+                b.kind
+            );
+            wait_depth(&conn, consumer.queue(), 0).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let ch = conn.consuming_connection().channel().await.unwrap();
+            assert_eq!(depth(&ch, &target).await, 0, "{:?}: nothing was forwarded", b.kind);
+            assert_eq!(
+                depth(&ch, &format!("{}.dlq", consumer.queue())).await,
+                0,
+                "{:?}",
+                b.kind
+            );
+            consumer.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slip_step_outside_the_allow_list_is_refused_and_set_aside_with_the_reason() {
+    deadline(async {
+        let _serial = chaos::serial().await;
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let queue = unique("allow");
+            let (allowed, forbidden) = (unique("allow.ok"), unique("allow.no"));
+            for q in [&queue, &allowed, &forbidden] {
+                Topology::new().queue(q).dead_letters(q).declare(&conn).await.unwrap();
+            }
+            let consumer = consume(&conn, &queue, |_: Message<Order>| async { Ack::accept() })
+                .routing_slips(acemq_core::hops::SlipAllowList::new().queue(&allowed))
+                .await
+                .unwrap();
+            // A step it allows is followed...
+            publish_with_forged_slip(&conn, &queue, &allowed, 1).await;
+            wait_depth(&conn, &allowed, 1).await;
+            // ...one it does not is a fatal error of that message.
+            publish_with_forged_slip(&conn, &queue, &forbidden, 2).await;
+            let dlq = format!("{queue}.dlq");
+            wait_depth(&conn, &dlq, 1).await;
+            let dead = conn.peek(&dlq, 1).await.unwrap();
+            let error = dead[0].error.clone().unwrap_or_default();
+            assert!(
+                error.contains(&format!("{forbidden:?}")) && error.contains("do not allow"),
+                "{:?}: {error}",
+                b.kind
+            );
+            assert_eq!(dead[0].envelope.attempt, 1, "{:?}: set aside at once", b.kind);
+            let ch = conn.consuming_connection().channel().await.unwrap();
+            assert_eq!(depth(&ch, &forbidden).await, 0, "{:?}: nothing reached it", b.kind);
+            assert_eq!(depth(&ch, &allowed).await, 1, "{:?}", b.kind);
+            consumer.close().await.unwrap();
             conn.close().await.unwrap();
         }
     })
