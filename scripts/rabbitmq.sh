@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# A private RabbitMQ node for acemq's tests.
+# A private RabbitMQ node for acemq's tests: RabbitMQ 3.10 (the machine's
+# Debian bookworm package) or RabbitMQ 4.0 (Debian trixie's package, in a
+# root of its own under target/).
+#
+# Which version: ACEMQ_RABBITMQ_VERSION=3.10|4.0 (default 3.10), or the same
+# word before the command (`scripts/rabbitmq.sh 4.0 start`). Every command
+# below except `cluster` works on both; the two nodes run side by side.
 #
 #   scripts/rabbitmq.sh start          start (or reuse) the node, print its URLs
 #   scripts/rabbitmq.sh stop           stop it
@@ -38,7 +44,29 @@
 # $ROOT/target/rabbitmq/, the node is called acemq-test@localhost, and it
 # listens on 127.0.0.1 only.
 #
+# RabbitMQ 4.0 (version 4.0): Debian trixie's rabbitmq-server (4.0.5, Erlang
+# 27), installed on first use by `debootstrap --variant=minbase
+# --include=rabbitmq-server trixie ROOT MIRROR` into ROOT
+# ($ROOT/target/trixie-root unless ACEMQ_RABBITMQ4_ROOT says otherwise;
+# debootstrap is installed with apt-get when missing). MIRROR is read at run
+# time from the machine's own apt sources (the first non-security `URIs:` of
+# /etc/apt/sources.list.d/*.sources, else the first non-security `deb` line
+# of /etc/apt/sources.list). A complete root is reused; one that is not
+# (debootstrap did not finish) is removed and made again. The node runs as
+# the root's own `rabbitmq` user under `chroot ROOT`, with ROOT/proc mounted
+# (once; `stop` unmounts it when this script mounted it and nothing else runs
+# in ROOT). Its files live inside ROOT, in ROOT/srv/acemq
+# (ACEMQ_RABBITMQ4_DIR, a path inside ROOT, moves them), the node is called
+# acemq4-test@localhost, it listens on 127.0.0.1 only and allows guest
+# there, and it serves TLS with a copy of the 3.10 node's certificates when
+# that node has made them (its own, made the same way, otherwise; `env`
+# names the copy). Needs root. Its `env` prints ACEMQ_RABBITMQ4_URL,
+# ACEMQ_RABBITMQ4_TLS_URL, ACEMQ_RABBITMQ4_CA, ACEMQ_RABBITMQ4_CLIENT_CERT,
+# ACEMQ_RABBITMQ4_CLIENT_KEY, and the variables below that find the node
+# again (ACEMQ_RABBITMQ4_PORT, _TLS_PORT, _NODENAME, _ROOT, _DIR).
+#
 # Environment (all optional):
+#   ACEMQ_RABBITMQ_VERSION     3.10 or 4.0          (default 3.10)
 #   ACEMQ_RABBITMQ_PORT        AMQP port            (default 5672)
 #   ACEMQ_RABBITMQ_TLS_PORT    AMQPS port           (default 5671)
 #   ACEMQ_RABBITMQ_DIST_PORT   Erlang distribution  (default: first free port from 25682)
@@ -49,6 +77,14 @@
 #   ACEMQ_RABBITMQ_EPMD_PORT   use a private epmd on this port
 #   ACEMQ_RABBITMQ_CLUSTER_PORTS  the cluster's three AMQP ports (default "5701 5702 5703")
 #   ACEMQ_RABBITMQ_CLUSTER_DIR    the cluster's directory (default $ROOT/target/rabbitmq-cluster)
+# and for the 4.0 node (the 3.10 node's variables above do not apply to it):
+#   ACEMQ_RABBITMQ4_PORT       AMQP port            (default 5674)
+#   ACEMQ_RABBITMQ4_TLS_PORT   AMQPS port           (default 5675)
+#   ACEMQ_RABBITMQ4_DIST_PORT  Erlang distribution  (default 25674 when free, else the first free from 25682)
+#   ACEMQ_RABBITMQ4_NODENAME   node name            (default acemq4-test@localhost)
+#   ACEMQ_RABBITMQ4_ROOT       the trixie root      (default $ROOT/target/trixie-root)
+#   ACEMQ_RABBITMQ4_DIR        data directory, as seen inside the root (default /srv/acemq)
+#   ACEMQ_RABBITMQ_START_TIMEOUT, ACEMQ_RABBITMQ_KEEP_DATA and ACEMQ_RABBITMQ_EPMD_PORT as above
 #
 # `start` reuses a node that is already running with the same name and ports
 # (TLS files are then left as they are); otherwise it regenerates the TLS
@@ -66,12 +102,42 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="${ACEMQ_RABBITMQ_DIR:-$ROOT/target/rabbitmq}"
-PORT="${ACEMQ_RABBITMQ_PORT:-5672}"
-TLS_PORT="${ACEMQ_RABBITMQ_TLS_PORT:-5671}"
-NODENAME="${ACEMQ_RABBITMQ_NODENAME:-acemq-test@localhost}"
+
+log() { printf 'rabbitmq.sh: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+VERSION="${ACEMQ_RABBITMQ_VERSION:-3.10}"
+case "${1:-}" in 3.10 | 4.0) VERSION="$1"; shift ;; esac
+case "$VERSION" in
+    3.10 | 4.0) ;;
+    *) die "ACEMQ_RABBITMQ_VERSION must be 3.10 or 4.0, not '$VERSION'" ;;
+esac
+
 START_TIMEOUT="${ACEMQ_RABBITMQ_START_TIMEOUT:-120}"
 RMQ_BIN=/usr/lib/rabbitmq/bin
+if [ "$VERSION" = 4.0 ]; then
+    # R4: the trixie root (absolute). DIR is the node's directory as this
+    # script sees it, NODE_DIR the same directory as the node sees it.
+    R4="$(realpath -m "${ACEMQ_RABBITMQ4_ROOT:-$ROOT/target/trixie-root}")"
+    NODE_DIR="${ACEMQ_RABBITMQ4_DIR:-/srv/acemq}"
+    case "$NODE_DIR" in /?*) ;; *) die "ACEMQ_RABBITMQ4_DIR must be an absolute path inside the root, not '$NODE_DIR'" ;; esac
+    NODE_DIR="${NODE_DIR%/}"
+    DIR="$R4$NODE_DIR"
+    PORT="${ACEMQ_RABBITMQ4_PORT:-5674}"
+    TLS_PORT="${ACEMQ_RABBITMQ4_TLS_PORT:-5675}"
+    NODENAME="${ACEMQ_RABBITMQ4_NODENAME:-acemq4-test@localhost}"
+    WANT_DIST_PORT="${ACEMQ_RABBITMQ4_DIST_PORT:-}"
+    # The 3.10 node's certificates, copied when they are there.
+    TLS_FROM="${ACEMQ_RABBITMQ_DIR:-$ROOT/target/rabbitmq}/tls"
+else
+    R4=""
+    DIR="${ACEMQ_RABBITMQ_DIR:-$ROOT/target/rabbitmq}"
+    NODE_DIR="$DIR"
+    PORT="${ACEMQ_RABBITMQ_PORT:-5672}"
+    TLS_PORT="${ACEMQ_RABBITMQ_TLS_PORT:-5671}"
+    NODENAME="${ACEMQ_RABBITMQ_NODENAME:-acemq-test@localhost}"
+    WANT_DIST_PORT="${ACEMQ_RABBITMQ_DIST_PORT:-}"
+fi
 
 CLUSTER_DIR="${ACEMQ_RABBITMQ_CLUSTER_DIR:-$ROOT/target/rabbitmq-cluster}"
 read -r -a CLUSTER_PORTS <<<"${ACEMQ_RABBITMQ_CLUSTER_PORTS:-5701 5702 5703}"
@@ -91,8 +157,9 @@ set_paths() {
 }
 set_paths
 
-log() { printf 'rabbitmq.sh: %s\n' "$*" >&2; }
-die() { log "$*"; exit 1; }
+# in_node PATH: PATH (a file under $DIR) as the node sees it (the same path
+# for 3.10; inside the root for 4.0).
+in_node() { printf '%s' "$NODE_DIR${1#"$DIR"}"; }
 
 # ---------------------------------------------------------------- install ---
 
@@ -101,6 +168,7 @@ as_root_or_die() {
 }
 
 ensure_installed() {
+    if [ "$VERSION" = 4.0 ]; then ensure_root4; return; fi
     local need=()
     command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
     command -v openssl >/dev/null 2>&1 || need+=(openssl)
@@ -115,6 +183,101 @@ ensure_installed() {
     [ -x "$RMQ_BIN/rabbitmq-server" ] || die "rabbitmq-server installed but $RMQ_BIN/rabbitmq-server not found"
 }
 
+# The mirror of the machine's own apt sources (never written anywhere): the
+# first URI of a deb822 stanza that is not a security one, else the first
+# such `deb` line of the one-line format.
+apt_mirror() {
+    local m="" f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        m="$(awk -v RS= -F '\n' '{
+            uri = ""; suites = ""; types = ""
+            for (i = 1; i <= NF; i++) {
+                if ($i ~ /^URIs:/) { uri = $i; sub(/^URIs:[ \t]*/, "", uri); split(uri, a, /[ \t]+/); uri = a[1] }
+                if ($i ~ /^Suites:/) suites = $i
+                if ($i ~ /^Types:/) types = $i
+            }
+            if (uri != "" && types ~ /(^|[ \t])deb([ \t]|$)/ && suites !~ /security/ && uri !~ /security/) { print uri; exit }
+        }' "$f")"
+        [ -z "$m" ] || break
+    done
+    if [ -z "$m" ] && [ -f /etc/apt/sources.list ]; then
+        m="$(awk '$1 == "deb" && $0 !~ /security/ {
+            for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { print $i; exit }
+        }' /etc/apt/sources.list)"
+    fi
+    [ -n "$m" ] || die "no Debian mirror in the machine's apt sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list)"
+    printf '%s\n' "$m"
+}
+
+# proc_mounted: ROOT/proc is a mount point.
+proc_mounted() { awk -v m="$R4/proc" '$2 == m { f = 1 } END { exit !f }' /proc/mounts; }
+
+# root4_complete: debootstrap finished in $R4 (it removes its own
+# $R4/debootstrap directory last) and the root has RabbitMQ and its user.
+root4_complete() {
+    [ -d "$R4" ] && [ ! -e "$R4/debootstrap" ] && [ -f "$R4/etc/passwd" ] \
+        && grep -q '^rabbitmq:' "$R4/etc/passwd" \
+        && chroot "$R4" test -x "$RMQ_BIN/rabbitmq-server" -a -x "$RMQ_BIN/rabbitmqctl" 2>/dev/null
+}
+
+# ensure_root4: the trixie root with rabbitmq-server, made on first use.
+ensure_root4() {
+    [ "$(id -u)" = 0 ] || die "RabbitMQ 4.0 runs under chroot, which needs root"
+    command -v openssl >/dev/null 2>&1 || { as_root_or_die openssl openssl; apt_install openssl; }
+    root4_complete && return 0
+    command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+    local mirror t0 dlog="$R4.debootstrap.log"
+    mirror="$(apt_mirror)"
+    if [ -e "$R4" ]; then
+        log "$R4 is not a complete root; making it again"
+        if proc_mounted; then umount "$R4/proc" || die "cannot unmount $R4/proc (a node still runs there?)"; fi
+        rm -rf --one-file-system "$R4"
+    fi
+    mkdir -p "$(dirname "$R4")"
+    t0=$(date +%s%N)
+    log "installing Debian trixie's rabbitmq-server into $R4 with debootstrap (log: $dlog)"
+    if ! debootstrap --variant=minbase --include=rabbitmq-server trixie "$R4" "$mirror" >"$dlog" 2>&1; then
+        tail -n 40 "$dlog" >&2 || true
+        die "debootstrap of trixie into $R4 failed"
+    fi
+    root4_complete || die "debootstrap finished but $R4 has no rabbitmq-server"
+    log "trixie root with $(chroot "$R4" dpkg-query -W -f '${Package} ${Version}' rabbitmq-server) ready in $(since "$t0")"
+}
+
+apt_install() {
+    log "installing $* with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y --no-install-recommends "$@"
+}
+
+# ensure_proc: /proc mounted inside the root (once); the marker says this
+# script mounted it, so that `stop` may unmount it.
+ensure_proc() {
+    [ "$VERSION" = 4.0 ] || return 0
+    proc_mounted && return 0
+    mount -t proc proc "$R4/proc" || die "cannot mount /proc inside $R4"
+    : >"$R4/.acemq-proc-mounted"
+}
+
+# release_proc: unmount what ensure_proc mounted once no process but epmd
+# (which may have been started from inside the root) runs in the root.
+release_proc() {
+    [ "$VERSION" = 4.0 ] && [ -f "$R4/.acemq-proc-mounted" ] || return 0
+    local p
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/root" 2>/dev/null)" = "$R4" ] || continue
+        [ "$(cat "$p/comm" 2>/dev/null)" = epmd ] && continue
+        return 0
+    done
+    if proc_mounted && ! umount "$R4/proc"; then
+        log "could not unmount $R4/proc; leaving it mounted"
+        return 0
+    fi
+    rm -f "$R4/.acemq-proc-mounted"
+}
+
 # ------------------------------------------------------------ run-as user ---
 
 # Decided only once rabbitmq-server is installed (`start` installs it first):
@@ -126,6 +289,16 @@ RUN_USER=""
 # user is an error; otherwise no user means no installed node to talk to.
 pick_run_user() {
     RUN_USER=""
+    if [ "$VERSION" = 4.0 ]; then
+        # The root's own rabbitmq user, by number (chroot --userspec).
+        if [ "$(id -u)" != 0 ]; then
+            [ "${1:-}" != strict ] || die "RabbitMQ 4.0 runs under chroot, which needs root"
+            return 0
+        fi
+        RUN_USER="$(awk -F: '$1 == "rabbitmq" { print $3 ":" $4 }' "$R4/etc/passwd" 2>/dev/null || true)"
+        if [ -z "$RUN_USER" ] && [ "${1:-}" = strict ]; then die "$R4 has no rabbitmq user (run start first)"; fi
+        return 0
+    fi
     [ "$(id -u)" = 0 ] || return 0
     if id -u rabbitmq >/dev/null 2>&1; then
         RUN_USER=rabbitmq
@@ -169,10 +342,11 @@ amqp_answers() {
 # TAKEN (ports given to nodes that do not listen yet). ACEMQ_RABBITMQ_DIST_PORT
 # is the single node's; cluster nodes always pick.
 pick_dist_port() {
-    if [ -n "${ACEMQ_RABBITMQ_DIST_PORT:-}" ] && [ -z "$CLUSTER_NODE" ]; then
-        echo "$ACEMQ_RABBITMQ_DIST_PORT"; return
+    if [ -n "$WANT_DIST_PORT" ] && [ -z "$CLUSTER_NODE" ]; then
+        echo "$WANT_DIST_PORT"; return
     fi
     local p
+    if [ "$VERSION" = 4.0 ] && ! port_in_use 25674 && ! port_in_use 35674; then echo 25674; return; fi
     for p in $(seq 25682 25781); do
         case " $* " in *" $p "*) continue ;; esac
         if ! port_in_use "$p" && ! port_in_use "$((p + 10000))"; then echo "$p"; return; fi
@@ -185,7 +359,7 @@ pick_dist_port() {
 node_env() {
     local dist="${DIST_PORT:-25682}"
     printf '%s\n' \
-        "HOME=$HOME_DIR" \
+        "HOME=$(in_node "$HOME_DIR")" \
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
         "LANG=C.UTF-8" \
         "LC_ALL=C.UTF-8" \
@@ -194,26 +368,30 @@ node_env() {
         "RABBITMQ_NODE_IP_ADDRESS=127.0.0.1" \
         "RABBITMQ_NODE_PORT=$PORT" \
         "RABBITMQ_DIST_PORT=$dist" \
-        "RABBITMQ_MNESIA_BASE=$DIR/mnesia" \
-        "RABBITMQ_LOG_BASE=$LOG_DIR" \
-        "RABBITMQ_CONFIG_FILE=$CONF" \
-        "RABBITMQ_ADVANCED_CONFIG_FILE=$DIR/advanced.config" \
-        "RABBITMQ_CONF_ENV_FILE=$ENV_CONF" \
-        "RABBITMQ_PID_FILE=$PIDFILE" \
-        "RABBITMQ_ENABLED_PLUGINS_FILE=$PLUGINS_FILE" \
+        "RABBITMQ_MNESIA_BASE=$NODE_DIR/mnesia" \
+        "RABBITMQ_LOG_BASE=$(in_node "$LOG_DIR")" \
+        "RABBITMQ_CONFIG_FILE=$(in_node "$CONF")" \
+        "RABBITMQ_ADVANCED_CONFIG_FILE=$NODE_DIR/advanced.config" \
+        "RABBITMQ_CONF_ENV_FILE=$(in_node "$ENV_CONF")" \
+        "RABBITMQ_PID_FILE=$(in_node "$PIDFILE")" \
+        "RABBITMQ_ENABLED_PLUGINS_FILE=$(in_node "$PLUGINS_FILE")" \
         "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}" \
         "ERL_EPMD_ADDRESS=127.0.0.1" \
-        "ERL_CRASH_DUMP=$LOG_DIR/erl_crash.dump"
+        "ERL_CRASH_DUMP=$(in_node "$LOG_DIR")/erl_crash.dump"
 }
 
 # run_as CMD ARGS...: run a RabbitMQ script from $RMQ_BIN with node_env, as the
-# rabbitmq user when we are root.
+# rabbitmq user when we are root (for 4.0: the root's rabbitmq user, under
+# chroot, in its directory inside the root).
 run_as() {
     local cmd="$1"; shift
     local envv=()
     mapfile -t envv < <(node_env)
     if [ -n "${ACEMQ_RABBITMQ_EPMD_PORT:-}" ]; then envv+=("ERL_EPMD_PORT=$ACEMQ_RABBITMQ_EPMD_PORT"); fi
-    if [ -n "$RUN_USER" ]; then
+    if [ "$VERSION" = 4.0 ]; then
+        [ -n "$RUN_USER" ] || die "$R4 has no rabbitmq user (run start first)"
+        chroot --userspec="$RUN_USER" "$R4" /usr/bin/env -i -C "$NODE_DIR" "${envv[@]}" "$RMQ_BIN/$cmd" "$@"
+    elif [ -n "$RUN_USER" ]; then
         (cd "$DIR" && runuser -u "$RUN_USER" -- env -i "${envv[@]}" "$RMQ_BIN/$cmd" "$@")
     else
         (cd "$DIR" && env -i "${envv[@]}" "$RMQ_BIN/$cmd" "$@")
@@ -242,9 +420,12 @@ node_pids() {
         if [ -n "$p" ] && grep -q beam "/proc/$p/cmdline" 2>/dev/null; then seeds="$p"; fi
     fi
     for f in $(grep -lzxF "RABBITMQ_NODENAME=$NODENAME" /proc/[0-9]*/environ 2>/dev/null \
-        | xargs -r grep -lzxF "RABBITMQ_MNESIA_BASE=$DIR/mnesia" 2>/dev/null); do
+        | xargs -r grep -lzxF "RABBITMQ_MNESIA_BASE=$NODE_DIR/mnesia" 2>/dev/null); do
         p="${f#/proc/}"
-        seeds="$seeds ${p%/environ}"
+        p="${p%/environ}"
+        # A 4.0 node's paths are inside its root: the process must run there.
+        if [ -n "$R4" ] && [ "$(readlink "/proc/$p/root" 2>/dev/null)" != "$R4" ]; then continue; fi
+        seeds="$seeds $p"
     done
     ps -eo pid=,ppid=,stat=,comm= | awk -v seeds="$seeds" -v self="$$" '
         BEGIN { n = split(seeds, s, " "); for (i = 1; i <= n; i++) want[s[i]] = 1 }
@@ -351,9 +532,9 @@ write_config() {
 # Generated by scripts/rabbitmq.sh; rewritten on every start.
 listeners.tcp.default = 127.0.0.1:$PORT
 listeners.ssl.default = 127.0.0.1:$TLS_PORT
-ssl_options.cacertfile = $TLS_DIR/ca.pem
-ssl_options.certfile = $TLS_DIR/server.pem
-ssl_options.keyfile = $TLS_DIR/server.key
+ssl_options.cacertfile = $(in_node "$TLS_DIR")/ca.pem
+ssl_options.certfile = $(in_node "$TLS_DIR")/server.pem
+ssl_options.keyfile = $(in_node "$TLS_DIR")/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
 # SASL EXTERNAL (rabbitmq_auth_mechanism_ssl): the client certificate's CN
@@ -365,6 +546,9 @@ ssl_cert_login_from = common_name
 log.file.level = info
 log.console = false
 EOF
+        # RabbitMQ 4.0: guest may log in over the loopback only (the default;
+        # said here so that the node is what the header promises).
+        if [ "$VERSION" = 4.0 ]; then echo 'loopback_users.guest = true' >>"$CONF"; fi
         # Only the EXTERNAL mechanism's plugin (the file holds an Erlang term).
         echo '[rabbitmq_auth_mechanism_ssl].' >"$PLUGINS_FILE"
     else
@@ -407,7 +591,9 @@ ensure_cookie() {
 }
 
 fix_owner() {
-    if [ -n "$RUN_USER" ]; then
+    if [ "$VERSION" = 4.0 ]; then
+        chroot "$R4" chown -R rabbitmq:rabbitmq "$NODE_DIR" || die "cannot give $NODE_DIR to the root's rabbitmq user"
+    elif [ -n "$RUN_USER" ]; then
         chown -R "$RUN_USER:$RUN_USER" "$DIR"
         # The data directory is under the repository, which root owns: the
         # rabbitmq user must at least be able to traverse down to it.
@@ -435,7 +621,7 @@ print_logs() {
 # start failed: show why, and do not leave a half-started node behind.
 start_failed() {
     print_logs
-    ctl -q -t 15 stop "$PIDFILE" >/dev/null 2>&1 || true
+    ctl -q -t 15 stop "$(in_node "$PIDFILE")" >/dev/null 2>&1 || true
     kill_stale
     die "$1"
 }
@@ -524,9 +710,16 @@ cmd_start() {
     mkdir -p "$DIR" "$LOG_DIR" "$DIR/mnesia"
     rm -f "$PIDFILE" "$LOG_DIR"/*.log
     ensure_cookie
-    write_tls
+    if [ "$VERSION" = 4.0 ] && [ -s "$TLS_FROM/ca.pem" ] && [ -s "$TLS_FROM/server.key" ]; then
+        # The same certificates as the 3.10 node: one CA trusts both.
+        rm -rf "$TLS_DIR"
+        cp -a "$TLS_FROM" "$TLS_DIR"
+    else
+        write_tls
+    fi
     write_config
     fix_owner
+    ensure_proc
     boot_node
     # The user the client certificate logs in as with SASL EXTERNAL.
     ctl -q add_user acemq-client "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >>"$STARTUP_LOG" 2>&1 || true
@@ -555,12 +748,13 @@ cmd_stop() {
     # A paused node cannot stop.
     signal_node CONT || true
     if node_up; then
-        ctl -q stop "$PIDFILE" >/dev/null || ctl -q stop >/dev/null || true
+        ctl -q stop "$(in_node "$PIDFILE")" >/dev/null || ctl -q stop >/dev/null || true
         log "stopped $NODENAME"
     else
         log "node $NODENAME is not running"
     fi
     kill_stale
+    release_proc
 }
 
 cmd_status() {
@@ -575,6 +769,19 @@ cmd_status() {
 
 cmd_env() {
     load_state
+    if [ "$VERSION" = 4.0 ]; then
+        echo "ACEMQ_RABBITMQ4_URL=amqp://guest:guest@127.0.0.1:$PORT/"
+        echo "ACEMQ_RABBITMQ4_TLS_URL=amqps://guest:guest@localhost:$TLS_PORT/"
+        echo "ACEMQ_RABBITMQ4_CA=$TLS_DIR/ca.pem"
+        echo "ACEMQ_RABBITMQ4_CLIENT_CERT=$TLS_DIR/client.pem"
+        echo "ACEMQ_RABBITMQ4_CLIENT_KEY=$TLS_DIR/client.key"
+        echo "ACEMQ_RABBITMQ4_PORT=$PORT"
+        echo "ACEMQ_RABBITMQ4_TLS_PORT=$TLS_PORT"
+        echo "ACEMQ_RABBITMQ4_NODENAME=$NODENAME"
+        echo "ACEMQ_RABBITMQ4_ROOT=$R4"
+        echo "ACEMQ_RABBITMQ4_DIR=$NODE_DIR"
+        return 0
+    fi
     echo "ACEMQ_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$PORT/"
     echo "ACEMQ_RABBITMQ_TLS_URL=amqps://guest:guest@localhost:$TLS_PORT/"
     echo "ACEMQ_RABBITMQ_CA=$TLS_DIR/ca.pem"
@@ -630,6 +837,7 @@ cmd_restart() {
     ensure_cookie
     write_config
     fix_owner
+    ensure_proc
     boot_node
     log "restarted $NODENAME on its data in $(since "$t0")"
     print_urls
@@ -805,6 +1013,7 @@ cmd_cluster_start() {
 }
 
 cmd_cluster() {
+    [ "$VERSION" = 3.10 ] || die "the cluster is RabbitMQ 3.10 only"
     local sub="${1:-}"
     shift || true
     case "$sub" in
@@ -837,5 +1046,5 @@ case "${1:-}" in
     pause) cmd_pause ;;
     resume) cmd_resume ;;
     cluster) shift; cmd_cluster "$@" ;;
-    *) echo "usage: $0 start|stop|status|env|ctl ARGS...|kill|restart|pause|resume|cluster ..." >&2; exit 2 ;;
+    *) echo "usage: $0 [3.10|4.0] start|stop|status|env|ctl ARGS...|kill|restart|pause|resume|cluster ..." >&2; exit 2 ;;
 esac

@@ -1,11 +1,14 @@
 //! Breaking the real RabbitMQ node on purpose, for recovery tests.
 //!
-//! Every helper acts on the node `scripts/rabbitmq.sh` manages, which the
-//! child script finds through the same `ACEMQ_RABBITMQ_PORT`, `_NODENAME` and
-//! `_DIR` variables it reads by hand (the default is the private node
-//! `scripts/test.sh` starts). The first helper called checks that this node
-//! is the one the harness connects to (`ACEMQ_RABBITMQ_URL`), and panics if
-//! not: a test must never kill one node while it talks to another.
+//! Every helper takes the [`RabbitVersion`] of the broker under test and
+//! acts on that version's node as `scripts/rabbitmq.sh` manages it (run
+//! with `ACEMQ_RABBITMQ_VERSION` set to it), which the child script finds
+//! through the same `ACEMQ_RABBITMQ_PORT`, `_NODENAME` and `_DIR` variables
+//! (`ACEMQ_RABBITMQ4_*` for 4.0) it reads by hand (the default is the
+//! private node `scripts/test.sh` starts). The first helper called for a
+//! version checks that this node is the one the harness connects to
+//! (`ACEMQ_RABBITMQ_URL`, `ACEMQ_RABBITMQ4_URL`), and panics if not: a test
+//! must never kill one node while it talks to another.
 //!
 //! Disruptive tests hold [`serial`] so they never overlap within one test
 //! binary; a test that ends (or panics) with the node killed, paused or its
@@ -28,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::waiting_for;
+use crate::{waiting_for, RabbitVersion};
 
 /// How long `scripts/rabbitmq.sh restart` may take (its own boot timeout is
 /// 120 s by default).
@@ -72,20 +75,36 @@ pub async fn serial() -> Serial {
     }
 }
 
-/// What the helpers broke and nobody repaired yet; [`Serial`] repairs it.
-#[derive(Debug, Default)]
-struct Damage {
+/// What the helpers broke on one node and nobody repaired yet.
+#[derive(Debug, Default, Clone, Copy)]
+struct NodeDamage {
     killed: bool,
     paused: bool,
     app_stopped: bool,
+}
+
+/// What the helpers broke and nobody repaired yet (each version's node,
+/// the cluster's nodes); [`Serial`] repairs it.
+#[derive(Debug, Default)]
+struct Damage {
+    node: [NodeDamage; 2],
     cluster_killed: [bool; 3],
 }
 
+impl Damage {
+    fn of(&mut self, version: RabbitVersion) -> &mut NodeDamage {
+        &mut self.node[version.index()]
+    }
+}
+
 fn damage() -> std::sync::MutexGuard<'static, Damage> {
-    static DAMAGE: Mutex<Damage> = Mutex::new(Damage {
+    const WHOLE: NodeDamage = NodeDamage {
         killed: false,
         paused: false,
         app_stopped: false,
+    };
+    static DAMAGE: Mutex<Damage> = Mutex::new(Damage {
+        node: [WHOLE; 2],
         cluster_killed: [false; 3],
     });
     DAMAGE.lock().unwrap_or_else(|p| p.into_inner())
@@ -93,28 +112,32 @@ fn damage() -> std::sync::MutexGuard<'static, Damage> {
 
 impl Drop for Serial {
     fn drop(&mut self) {
-        let mut d = std::mem::take(&mut *damage());
-        let repair = |what: &str, args: &[&str], timeout: Duration| {
-            eprintln!("chaos::serial: the test left the broker with {what}; repairing it");
+        let d = std::mem::take(&mut *damage());
+        let repair = |version: RabbitVersion, what: &str, args: &[&str], timeout: Duration| {
+            eprintln!("chaos::serial: the test left {version} with {what}; repairing it");
             let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            if let Err(e) = run_script(&args, timeout) {
-                eprintln!("\n!!!! chaos::serial could not repair {what}: {e} !!!!\n");
+            if let Err(e) = run_script(version, &args, timeout) {
+                eprintln!("\n!!!! chaos::serial could not repair {what} on {version}: {e} !!!!\n");
             }
         };
-        if d.paused && !d.killed {
-            repair("the node paused", &["resume"], SIGNAL_TIMEOUT);
-        }
-        if d.killed {
-            repair("the node killed", &["restart"], RESTART_TIMEOUT);
-            d.app_stopped = false;
-        }
-        if d.app_stopped {
-            repair("the app stopped", &["ctl", "start_app"], CTL_TIMEOUT);
+        for version in RabbitVersion::ALL {
+            let mut n = d.node[version.index()];
+            if n.paused && !n.killed {
+                repair(version, "the node paused", &["resume"], SIGNAL_TIMEOUT);
+            }
+            if n.killed {
+                repair(version, "the node killed", &["restart"], RESTART_TIMEOUT);
+                n.app_stopped = false;
+            }
+            if n.app_stopped {
+                repair(version, "the app stopped", &["ctl", "start_app"], CTL_TIMEOUT);
+            }
         }
         for (i, killed) in d.cluster_killed.iter().enumerate() {
             if *killed {
                 let n = (i + 1).to_string();
                 repair(
+                    RabbitVersion::V3_10,
                     &format!("cluster node {n} killed"),
                     &["cluster", "restart", &n],
                     RESTART_TIMEOUT,
@@ -126,27 +149,30 @@ impl Drop for Serial {
 
 // ------------------------------------------------------------ the node ---
 
-/// The AMQP URL (plain TCP) of the node the helpers act on, when it runs.
-/// When it does not: under `CI=true` a panic (the suite must have started
-/// it); elsewhere `None` after a loud message, and the caller skips.
-pub async fn rabbitmq_url() -> Option<String> {
-    let url = crate::rabbit_env().map(|(tcp, _, _)| tcp);
-    match url {
-        Some(url) if amqp_answers(&host_port(&url)).await => {
-            node();
-            Some(url)
-        }
-        _ if crate::in_ci() => {
-            panic!("RabbitMQ is not running under CI=true: scripts/test.sh must start it (scripts/rabbitmq.sh start)")
-        }
-        _ => {
-            eprintln!(
-                "\n!!!! SKIPPING a chaos test: no RabbitMQ node found. Start one with `scripts/rabbitmq.sh start` \
-                 or run `scripts/test.sh`. !!!!\n"
-            );
-            None
+/// The AMQP URL (plain TCP) of every RabbitMQ node the helpers can act on,
+/// with its version, oldest first. A version whose node does not run: under
+/// `CI=true` a panic when the suite must have started it; elsewhere it is
+/// left out after a loud message, and the caller skips it.
+pub async fn rabbitmq_nodes() -> Vec<(RabbitVersion, String)> {
+    let mut out = Vec::new();
+    for version in RabbitVersion::ALL {
+        match crate::rabbit_env(version).map(|env| env.url) {
+            Some(url) if amqp_answers(&host_port(&url)).await => {
+                node(version);
+                out.push((version, url));
+            }
+            _ if crate::required(version) => panic!(
+                "{version} is not running under CI=true: scripts/test.sh must start it (scripts/rabbitmq.sh {} start)",
+                version.as_str()
+            ),
+            _ => eprintln!(
+                "\n!!!! SKIPPING a chaos test on {version}: no node found. Start one with \
+                 `scripts/rabbitmq.sh {} start` or run `scripts/test.sh`. !!!!\n",
+                version.as_str()
+            ),
         }
     }
+    out
 }
 
 /// The node both the harness and `scripts/rabbitmq.sh` talk to.
@@ -155,26 +181,36 @@ struct Node {
     amqp: String,
 }
 
-/// The node, checked once: `scripts/rabbitmq.sh env` (what the helpers act
-/// on) must name the port the harness connects to.
-fn node() -> &'static Node {
-    static NODE: OnceLock<Node> = OnceLock::new();
-    NODE.get_or_init(|| {
-        let harness = crate::rabbit_env().map(|(tcp, _, _)| tcp).unwrap_or_else(|| {
-            panic!("chaos: the harness finds no RabbitMQ (ACEMQ_RABBITMQ_URL is not set and there is no default node)")
+/// The node of `version`, checked once: `scripts/rabbitmq.sh env` (what the
+/// helpers act on) must name the port the harness connects to.
+fn node(version: RabbitVersion) -> &'static Node {
+    static NODES: [OnceLock<Node>; 2] = [OnceLock::new(), OnceLock::new()];
+    NODES[version.index()].get_or_init(|| {
+        let (url_var, vars) = match version {
+            RabbitVersion::V3_10 => (
+                "ACEMQ_RABBITMQ_URL",
+                "ACEMQ_RABBITMQ_PORT, ACEMQ_RABBITMQ_NODENAME and ACEMQ_RABBITMQ_DIR",
+            ),
+            RabbitVersion::V4_0 => (
+                "ACEMQ_RABBITMQ4_URL",
+                "ACEMQ_RABBITMQ4_PORT, ACEMQ_RABBITMQ4_NODENAME, ACEMQ_RABBITMQ4_ROOT and ACEMQ_RABBITMQ4_DIR",
+            ),
+        };
+        let harness = crate::rabbit_env(version).map(|env| env.url).unwrap_or_else(|| {
+            panic!("chaos: the harness finds no {version} ({url_var} is not set and there is no default node)")
         });
-        let env = run_script(&["env".to_string()], SIGNAL_TIMEOUT).unwrap_or_else(|e| panic!("chaos: {e}"));
+        let env = run_script(version, &["env".to_string()], SIGNAL_TIMEOUT).unwrap_or_else(|e| panic!("chaos: {e}"));
         let script = env
             .lines()
-            .find_map(|l| l.strip_prefix("ACEMQ_RABBITMQ_URL="))
-            .unwrap_or_else(|| panic!("chaos: `scripts/rabbitmq.sh env` printed no ACEMQ_RABBITMQ_URL:\n{env}"));
+            .find_map(|l| l.strip_prefix(&format!("{url_var}=")))
+            .unwrap_or_else(|| panic!("chaos: `scripts/rabbitmq.sh {version} env` printed no {url_var}:\n{env}"));
         let (ours, theirs) = (host_port(&harness), host_port(script));
         assert_eq!(
             port_of(&ours),
             port_of(&theirs),
-            "chaos: the tests connect to {harness} but scripts/rabbitmq.sh would act on the node at {script}; \
-             export the node's ACEMQ_RABBITMQ_PORT, ACEMQ_RABBITMQ_NODENAME and ACEMQ_RABBITMQ_DIR along with \
-             the URLs `scripts/rabbitmq.sh env` prints"
+            "chaos: the tests connect to {version} at {harness} but scripts/rabbitmq.sh would act on the node at \
+             {script}; export the node's {vars} along with the URLs `scripts/rabbitmq.sh {} env` prints",
+            version.as_str()
         );
         Node { amqp: ours }
     })
@@ -218,13 +254,15 @@ fn root() -> PathBuf {
     crate::root()
 }
 
-/// Runs `scripts/rabbitmq.sh ARGS` (blocking), killing it (and its process
-/// group) after `timeout`. The child inherits this process's environment,
-/// so `ACEMQ_RABBITMQ_*` choose the node. Returns stdout, or what failed.
-fn run_script(args: &[String], timeout: Duration) -> Result<String, String> {
+/// Runs `scripts/rabbitmq.sh ARGS` (blocking) for RabbitMQ `version`,
+/// killing it (and its process group) after `timeout`. The child inherits
+/// this process's environment, so `ACEMQ_RABBITMQ_*` (`ACEMQ_RABBITMQ4_*`)
+/// choose the node. Returns stdout, or what failed.
+fn run_script(version: RabbitVersion, args: &[String], timeout: Duration) -> Result<String, String> {
     use std::os::unix::process::CommandExt;
-    let what = format!("scripts/rabbitmq.sh {}", args.join(" "));
+    let what = format!("scripts/rabbitmq.sh {} {}", version.as_str(), args.join(" "));
     let mut child = Command::new(root().join("scripts/rabbitmq.sh"))
+        .env("ACEMQ_RABBITMQ_VERSION", version.as_str())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -271,24 +309,25 @@ fn run_script(args: &[String], timeout: Duration) -> Result<String, String> {
 
 /// [`run_script`] off the async threads, under a deadline label; panics on
 /// failure.
-async fn script(args: &[&str], timeout: Duration) -> String {
-    node();
+async fn script(version: RabbitVersion, args: &[&str], timeout: Duration) -> String {
+    node(version);
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let what = format!("scripts/rabbitmq.sh {}", args.join(" "));
+    let what = format!("scripts/rabbitmq.sh {} {}", version.as_str(), args.join(" "));
     let _label = waiting_for(what.clone());
-    match tokio::task::spawn_blocking(move || run_script(&args, timeout)).await {
+    match tokio::task::spawn_blocking(move || run_script(version, &args, timeout)).await {
         Ok(Ok(stdout)) => stdout,
         Ok(Err(e)) => panic!("chaos: {e}"),
         Err(e) => panic!("chaos: {what}: {e}"),
     }
 }
 
-/// `rabbitmqctl ARGS` against the node (through `scripts/rabbitmq.sh ctl`,
-/// as [`crate::rabbitmqctl`] does), with a deadline; returns its stdout.
-pub async fn ctl(args: &[&str]) -> String {
+/// `rabbitmqctl ARGS` against the node of `version` (through
+/// `scripts/rabbitmq.sh ctl`, as [`crate::rabbitmqctl`] does), with a
+/// deadline; returns its stdout.
+pub async fn ctl(version: RabbitVersion, args: &[&str]) -> String {
     let mut all = vec!["ctl"];
     all.extend_from_slice(args);
-    script(&all, CTL_TIMEOUT).await
+    script(version, &all, CTL_TIMEOUT).await
 }
 
 /// Runs `action` (a script command that brings a node back) and probes
@@ -334,96 +373,97 @@ async fn back_up(addr: &str, action: impl std::future::Future<Output = String>) 
 
 // --------------------------------------------------------------- helpers ---
 
-/// Closes every client connection of the node from the broker's side
-/// (`rabbitmqctl close_all_connections --global`): each gets
+/// Closes every client connection of the node of `version` from the
+/// broker's side (`rabbitmqctl close_all_connections --global`): each gets
 /// `connection.close` 320 CONNECTION_FORCED with `reason` in its text.
-pub async fn close_all_connections(reason: &str) {
-    ctl(&["close_all_connections", "--global", reason]).await;
+pub async fn close_all_connections(version: RabbitVersion, reason: &str) {
+    ctl(version, &["close_all_connections", "--global", reason]).await;
 }
 
-/// Stops the RabbitMQ application (`rabbitmqctl stop_app`): the Erlang VM
-/// keeps running, every connection is closed and the AMQP port stops
-/// accepting. [`start_app`] undoes it.
-pub async fn stop_app() {
-    damage().app_stopped = true;
-    ctl(&["stop_app"]).await;
+/// Stops the RabbitMQ application of `version`'s node (`rabbitmqctl
+/// stop_app`): the Erlang VM keeps running, every connection is closed and
+/// the AMQP port stops accepting. [`start_app`] undoes it.
+pub async fn stop_app(version: RabbitVersion) {
+    damage().of(version).app_stopped = true;
+    ctl(version, &["stop_app"]).await;
 }
 
 /// Starts the application again (`rabbitmqctl start_app`); returns the
 /// instant the AMQP port first answered again.
-pub async fn start_app() -> Instant {
-    let at = back_up(&node().amqp, ctl(&["start_app"])).await;
-    damage().app_stopped = false;
+pub async fn start_app(version: RabbitVersion) -> Instant {
+    let at = back_up(&node(version).amqp, ctl(version, &["start_app"])).await;
+    damage().of(version).app_stopped = false;
     at
 }
 
-/// `kill -9` of the node's Erlang VM and every other process of it (never
-/// epmd); its data stays (`scripts/rabbitmq.sh kill`). Returns once the
-/// processes are gone and the AMQP port is closed. [`restart`] brings it back.
+/// `kill -9` of the Erlang VM of `version`'s node and every other process
+/// of it (never epmd); its data stays (`scripts/rabbitmq.sh kill`). Returns
+/// once the processes are gone and the AMQP port is closed. [`restart`]
+/// brings it back.
 ///
 /// First it flushes the broker's metadata log ([`sync_metadata`]), so every
 /// declaration the test saw confirmed survives the crash, as persistent
 /// messages the broker confirmed do. [`kill_unsynced`] does not.
-pub async fn kill() {
-    if !damage().paused {
-        sync_metadata().await;
+pub async fn kill(version: RabbitVersion) {
+    if !damage().of(version).paused {
+        sync_metadata(version).await;
     }
-    kill_unsynced().await;
+    kill_unsynced(version).await;
 }
 
 /// [`kill`] without flushing the metadata log first: exactly a crash. On
 /// RabbitMQ 3.x, whose metadata lives in Mnesia, a queue, exchange or binding
 /// declared a few milliseconds before may then be gone after [`restart`]
 /// (Mnesia appends its transaction log asynchronously).
-pub async fn kill_unsynced() {
-    damage().killed = true;
-    script(&["kill"], SIGNAL_TIMEOUT).await;
+pub async fn kill_unsynced(version: RabbitVersion) {
+    damage().of(version).killed = true;
+    script(version, &["kill"], SIGNAL_TIMEOUT).await;
     // A paused VM dies as well.
-    damage().paused = false;
+    damage().of(version).paused = false;
 }
 
-/// Makes the node write every metadata change it has acknowledged (queue,
-/// exchange and binding declarations, in Mnesia on RabbitMQ 3.x) to disk:
-/// `rabbitmqctl eval 'catch mnesia:sync_log().'`. Harmless where there is
-/// nothing to sync.
-pub async fn sync_metadata() {
-    ctl(&["eval", "catch mnesia:sync_log()."]).await;
+/// Makes the node of `version` write every metadata change it has
+/// acknowledged (queue, exchange and binding declarations, in Mnesia on
+/// RabbitMQ 3.x and, unless Khepri is enabled, 4.0) to disk: `rabbitmqctl
+/// eval 'catch mnesia:sync_log().'`. Harmless where there is nothing to sync.
+pub async fn sync_metadata(version: RabbitVersion) {
+    ctl(version, &["eval", "catch mnesia:sync_log()."]).await;
 }
 
-/// Boots the node again on its own data (`scripts/rabbitmq.sh restart`:
-/// durable queues and persistent messages survive, the TLS files stay);
-/// returns the instant its AMQP port first answered.
-pub async fn restart() -> Instant {
-    let at = back_up(&node().amqp, script(&["restart"], RESTART_TIMEOUT)).await;
-    let mut d = damage();
-    (d.killed, d.paused, d.app_stopped) = (false, false, false);
+/// Boots the node of `version` again on its own data
+/// (`scripts/rabbitmq.sh restart`: durable queues and persistent messages
+/// survive, the TLS files stay); returns the instant its AMQP port first
+/// answered.
+pub async fn restart(version: RabbitVersion) -> Instant {
+    let at = back_up(&node(version).amqp, script(version, &["restart"], RESTART_TIMEOUT)).await;
+    *damage().of(version) = NodeDamage::default();
     at
 }
 
 /// [`kill`], `down_for` with no broker at all, then [`restart`]; returns the
 /// instant the AMQP port first answered again.
-pub async fn kill_and_restart(down_for: Duration) -> Instant {
-    kill().await;
+pub async fn kill_and_restart(version: RabbitVersion, down_for: Duration) -> Instant {
+    kill(version).await;
     {
-        let _label = waiting_for(format!("chaos::kill_and_restart: {down_for:?} with the node down"));
+        let _label = waiting_for(format!("chaos::kill_and_restart: {down_for:?} with {version} down"));
         tokio::time::sleep(down_for).await;
     }
-    restart().await
+    restart(version).await
 }
 
-/// SIGSTOP of every process of the node except epmd
+/// SIGSTOP of every process of `version`'s node except epmd
 /// (`scripts/rabbitmq.sh pause`): the broker goes silent, its sockets stay
 /// open (the kernel still accepts and buffers). [`resume`] undoes it.
-pub async fn pause() {
-    damage().paused = true;
-    script(&["pause"], SIGNAL_TIMEOUT).await;
+pub async fn pause(version: RabbitVersion) {
+    damage().of(version).paused = true;
+    script(version, &["pause"], SIGNAL_TIMEOUT).await;
 }
 
 /// SIGCONT of the paused node (`scripts/rabbitmq.sh resume`); it answers
 /// what was sent meanwhile.
-pub async fn resume() {
-    script(&["resume"], SIGNAL_TIMEOUT).await;
-    damage().paused = false;
+pub async fn resume(version: RabbitVersion) {
+    script(version, &["resume"], SIGNAL_TIMEOUT).await;
+    damage().of(version).paused = false;
 }
 
 /// The cluster's URL (`ACEMQ_RABBITMQ_CLUSTER_URL`, which
@@ -463,13 +503,15 @@ pub fn cluster_node(n: usize) -> String {
 pub async fn cluster_kill(n: usize) {
     assert!((1..=3).contains(&n), "chaos: cluster nodes are 1..=3, not {n}");
     let arg = n.to_string();
+    let v = RabbitVersion::V3_10;
     script(
+        v,
         &["cluster", "ctl", &arg, "eval", "catch mnesia:sync_log()."],
         CTL_TIMEOUT,
     )
     .await;
     damage().cluster_killed[n - 1] = true;
-    script(&["cluster", "kill", &arg], SIGNAL_TIMEOUT).await;
+    script(v, &["cluster", "kill", &arg], SIGNAL_TIMEOUT).await;
 }
 
 /// Boots cluster node `n` again on its data (it rejoins the cluster);
@@ -479,7 +521,7 @@ pub async fn cluster_restart(n: usize) -> Instant {
     let n_str = n.to_string();
     let at = back_up(
         &cluster_node(n),
-        script(&["cluster", "restart", &n_str], RESTART_TIMEOUT),
+        script(RabbitVersion::V3_10, &["cluster", "restart", &n_str], RESTART_TIMEOUT),
     )
     .await;
     damage().cluster_killed[n - 1] = false;

@@ -2,11 +2,14 @@
 //! against, and what a test may do to them.
 //!
 //! Brokers: acemq-memory (a fresh in-process broker for every scenario, so
-//! scenarios never see each other's faults), and RabbitMQ over TCP and over
-//! TLS (the private node started by `scripts/rabbitmq.sh`, found through the
-//! `ACEMQ_RABBITMQ_*` variables that `scripts/test.sh` exports). Under
-//! `CI=true` a RabbitMQ that is not there is a failure; elsewhere the
-//! RabbitMQ runs are skipped with a loud message.
+//! scenarios never see each other's faults), and two RabbitMQ releases,
+//! each over TCP and over TLS: 3.10 (the private node started by
+//! `scripts/rabbitmq.sh`, found through the `ACEMQ_RABBITMQ_*` variables
+//! that `scripts/test.sh` exports) and 4.0 (the node of
+//! `scripts/rabbitmq.sh 4.0`, found through `ACEMQ_RABBITMQ4_*`). Every
+//! broker's [`Kind`] names its version, so a failure does. Under `CI=true` a
+//! RabbitMQ that is not there is a failure; elsewhere the RabbitMQ runs are
+//! skipped with a loud message.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -32,10 +35,79 @@ pub mod db;
 pub enum Kind {
     /// acemq-memory, in process.
     Memory,
-    /// RabbitMQ over plain TCP.
+    /// RabbitMQ 3.10 over plain TCP.
     RabbitTcp,
-    /// RabbitMQ over TLS with the CA generated for the run.
+    /// RabbitMQ 3.10 over TLS with the CA generated for the run.
     RabbitTls,
+    /// RabbitMQ 4.0 over plain TCP.
+    Rabbit4Tcp,
+    /// RabbitMQ 4.0 over TLS with the CA generated for the run.
+    Rabbit4Tls,
+}
+
+impl Kind {
+    /// The RabbitMQ release, or `None` for acemq-memory.
+    pub fn version(self) -> Option<RabbitVersion> {
+        match self {
+            Kind::Memory => None,
+            Kind::RabbitTcp | Kind::RabbitTls => Some(RabbitVersion::V3_10),
+            Kind::Rabbit4Tcp | Kind::Rabbit4Tls => Some(RabbitVersion::V4_0),
+        }
+    }
+
+    /// Whether this is RabbitMQ over TLS (either version).
+    pub fn is_tls(self) -> bool {
+        matches!(self, Kind::RabbitTls | Kind::Rabbit4Tls)
+    }
+
+    /// Whether this is RabbitMQ over plain TCP (either version).
+    pub fn is_rabbit_tcp(self) -> bool {
+        matches!(self, Kind::RabbitTcp | Kind::Rabbit4Tcp)
+    }
+
+    /// RabbitMQ `version` over TCP, or over TLS.
+    pub fn rabbit(version: RabbitVersion, tls: bool) -> Kind {
+        match (version, tls) {
+            (RabbitVersion::V3_10, false) => Kind::RabbitTcp,
+            (RabbitVersion::V3_10, true) => Kind::RabbitTls,
+            (RabbitVersion::V4_0, false) => Kind::Rabbit4Tcp,
+            (RabbitVersion::V4_0, true) => Kind::Rabbit4Tls,
+        }
+    }
+}
+
+/// A RabbitMQ release line the suite runs against. Where the two behave
+/// differently a test asserts each one's own behaviour, branching on
+/// [`Broker::version`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RabbitVersion {
+    /// RabbitMQ 3.10 (Debian bookworm's 3.10.8).
+    V3_10,
+    /// RabbitMQ 4.0 (Debian trixie's 4.0.5).
+    V4_0,
+}
+
+impl RabbitVersion {
+    /// Both, oldest first.
+    pub const ALL: [RabbitVersion; 2] = [RabbitVersion::V3_10, RabbitVersion::V4_0];
+
+    /// The version as `scripts/rabbitmq.sh` takes it (`ACEMQ_RABBITMQ_VERSION`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RabbitVersion::V3_10 => "3.10",
+            RabbitVersion::V4_0 => "4.0",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for RabbitVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RabbitMQ {}", self.as_str())
+    }
 }
 
 /// A broker a scenario can run against.
@@ -66,7 +138,11 @@ impl IntoIterator for Brokers {
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter().map(|mut b| {
-            b.on = Some(Arc::new(waiting_for(format!("the scenario on {:?}", b.kind))));
+            let on = match b.version() {
+                Some(v) => format!("the scenario on {:?} ({v})", b.kind),
+                None => format!("the scenario on {:?}", b.kind),
+            };
+            b.on = Some(Arc::new(waiting_for(on)));
             b
         })
     }
@@ -80,25 +156,58 @@ fn in_ci() -> bool {
     std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
 }
 
-/// The RabbitMQ settings from the environment `scripts/test.sh` exports, or
-/// from the node's files when it runs under the default layout.
-fn rabbit_env() -> Option<(String, String, PathBuf)> {
-    let tcp = std::env::var("ACEMQ_RABBITMQ_URL").ok();
-    let tls = std::env::var("ACEMQ_RABBITMQ_TLS_URL").ok();
-    let ca = std::env::var("ACEMQ_RABBITMQ_CA").ok().map(PathBuf::from);
+/// Whether a missing RabbitMQ 4.0 node fails a run under `CI=true` (as a
+/// missing 3.10 node does).
+const REQUIRE_4_0_IN_CI: bool = false;
+
+/// Where one RabbitMQ node is, from the environment `scripts/test.sh`
+/// exports or from the node's files under the default layout.
+#[derive(Debug, Clone)]
+pub struct RabbitEnv {
+    /// Which release.
+    pub version: RabbitVersion,
+    /// Its AMQP URL (plain TCP).
+    pub url: String,
+    /// Its AMQPS URL and the CA that trusts it, when it serves TLS.
+    pub tls: Option<(String, PathBuf)>,
+}
+
+/// The settings of RabbitMQ `version`: `ACEMQ_RABBITMQ_URL`,
+/// `ACEMQ_RABBITMQ_TLS_URL` and `ACEMQ_RABBITMQ_CA` for 3.10,
+/// `ACEMQ_RABBITMQ4_URL`, `ACEMQ_RABBITMQ4_TLS_URL` and `ACEMQ_RABBITMQ4_CA`
+/// for 4.0 (whose TLS may be absent), else the default node's files.
+pub fn rabbit_env(version: RabbitVersion) -> Option<RabbitEnv> {
+    let (prefix, default_ca, tcp_port, tls_port) = match version {
+        RabbitVersion::V3_10 => ("ACEMQ_RABBITMQ", "target/rabbitmq/tls/ca.pem", 5672, 5671),
+        RabbitVersion::V4_0 => ("ACEMQ_RABBITMQ4", "target/trixie-root/srv/acemq/tls/ca.pem", 5674, 5675),
+    };
+    let var = |name: &str| std::env::var(format!("{prefix}_{name}")).ok();
+    let (tcp, tls, ca) = (var("URL"), var("TLS_URL"), var("CA").map(PathBuf::from));
     match (tcp, tls, ca) {
-        (Some(tcp), Some(tls), Some(ca)) => Some((tcp, tls, ca)),
+        (Some(url), Some(tls), Some(ca)) => Some(RabbitEnv {
+            version,
+            url,
+            tls: Some((tls, ca)),
+        }),
+        (Some(url), _, _) if version == RabbitVersion::V4_0 => Some(RabbitEnv {
+            version,
+            url,
+            tls: None,
+        }),
         _ => {
-            let ca = root().join("target/rabbitmq/tls/ca.pem");
-            ca.exists().then(|| {
-                (
-                    "amqp://guest:guest@127.0.0.1:5672/".to_string(),
-                    "amqps://guest:guest@localhost:5671/".to_string(),
-                    ca,
-                )
+            let ca = root().join(default_ca);
+            ca.exists().then(|| RabbitEnv {
+                version,
+                url: format!("amqp://guest:guest@127.0.0.1:{tcp_port}/"),
+                tls: Some((format!("amqps://guest:guest@localhost:{tls_port}/"), ca)),
             })
         }
     }
+}
+
+/// Whether a run without RabbitMQ `version` is a failure (`CI=true`).
+fn required(version: RabbitVersion) -> bool {
+    in_ci() && (version == RabbitVersion::V3_10 || REQUIRE_4_0_IN_CI)
 }
 
 /// Every broker to run scenarios against. Panics under `CI=true` when
@@ -113,35 +222,47 @@ pub async fn brokers() -> Brokers {
         memory: Some(acemq_memory::Broker::named(&name)),
         on: None,
     }];
-    match rabbit_env() {
-        Some((tcp, tls_url, ca)) if reachable(&tcp).await => {
-            let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
-            let tls = TlsConfig::new().with_root_pem(&pem).expect("the generated CA parses");
-            let tls_dir = ca.parent().map(PathBuf::from);
-            out.push(Broker {
-                kind: Kind::RabbitTcp,
-                url: tcp,
-                tls: tls.clone(),
-                tls_dir: tls_dir.clone(),
-                memory: None,
-                on: None,
-            });
-            out.push(Broker {
-                kind: Kind::RabbitTls,
-                url: tls_url,
-                tls,
-                tls_dir,
-                memory: None,
-                on: None,
-            });
+    for version in RabbitVersion::ALL {
+        match rabbit_env(version) {
+            Some(env) if reachable(&env.url).await => {
+                let (tls, tls_dir) = match &env.tls {
+                    Some((_, ca)) => {
+                        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
+                        let tls = TlsConfig::new().with_root_pem(&pem).expect("the generated CA parses");
+                        (tls, ca.parent().map(PathBuf::from))
+                    }
+                    None => (TlsConfig::new(), None),
+                };
+                out.push(Broker {
+                    kind: Kind::rabbit(version, false),
+                    url: env.url,
+                    tls: tls.clone(),
+                    tls_dir: tls_dir.clone(),
+                    memory: None,
+                    on: None,
+                });
+                if let Some((tls_url, _)) = env.tls {
+                    out.push(Broker {
+                        kind: Kind::rabbit(version, true),
+                        url: tls_url,
+                        tls,
+                        tls_dir,
+                        memory: None,
+                        on: None,
+                    });
+                }
+            }
+            _ if required(version) => panic!(
+                "{version} is not running under CI=true: scripts/test.sh must start it \
+                 (scripts/rabbitmq.sh {} start)",
+                version.as_str()
+            ),
+            _ => eprintln!(
+                "\n!!!! SKIPPING the {version} runs: no broker found. Start one with \
+                 `scripts/rabbitmq.sh {} start` or run `scripts/test.sh`. !!!!\n",
+                version.as_str()
+            ),
         }
-        _ if in_ci() => {
-            panic!("RabbitMQ is not running under CI=true: scripts/test.sh must start it (scripts/rabbitmq.sh start)")
-        }
-        _ => eprintln!(
-            "\n!!!! SKIPPING the RabbitMQ runs: no broker found. Start one with `scripts/rabbitmq.sh start` \
-             or run `scripts/test.sh`. !!!!\n"
-        ),
     }
     Brokers(out)
 }
@@ -196,14 +317,26 @@ impl Broker {
             .unwrap_or_else(|e| panic!("connecting to {:?} at {}: {e}", self.kind, self.url))
     }
 
-    /// Whether this is RabbitMQ.
+    /// Whether this is RabbitMQ (either version).
     pub fn is_rabbitmq(&self) -> bool {
-        matches!(self.kind, Kind::RabbitTcp | Kind::RabbitTls)
+        self.kind.version().is_some()
     }
 
-    /// Runs `rabbitmqctl` against the test node; returns its stdout.
+    /// The RabbitMQ release this broker is, or `None` for acemq-memory.
+    pub fn version(&self) -> Option<RabbitVersion> {
+        self.kind.version()
+    }
+
+    /// The RabbitMQ release this broker is; panics on acemq-memory (for
+    /// code that acts on the RabbitMQ node, such as [`chaos`]).
+    pub fn rabbit(&self) -> RabbitVersion {
+        self.version()
+            .unwrap_or_else(|| panic!("{:?} is not RabbitMQ", self.kind))
+    }
+
+    /// Runs `rabbitmqctl` against this broker's node; returns its stdout.
     pub fn rabbitmqctl(&self, args: &[&str]) -> String {
-        rabbitmqctl(args)
+        rabbitmqctl(self.rabbit(), args)
     }
 
     /// Closes the connection whose `connection_name` is `name` from the
@@ -215,13 +348,13 @@ impl Broker {
             memory.faults().close_all("closed by the acemq test suite");
             return;
         }
-        let listing = rabbitmqctl(&["list_connections", "pid", "client_properties"]);
+        let listing = self.rabbitmqctl(&["list_connections", "pid", "client_properties"]);
         let line = listing
             .lines()
             .find(|l| l.contains(name))
             .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"));
         let pid = line.split_whitespace().next().expect("a pid column");
-        rabbitmqctl(&["close_connection", pid, "closed by the acemq test suite"]);
+        self.rabbitmqctl(&["close_connection", pid, "closed by the acemq test suite"]);
     }
 
     /// Raises (or clears) a memory alarm: RabbitMQ blocks publishing connections.
@@ -230,20 +363,22 @@ impl Broker {
             memory.faults().set_memory_alarm(on);
             return;
         }
-        rabbitmqctl(&["set_vm_memory_high_watermark", if on { "0" } else { "0.4" }]);
+        self.rabbitmqctl(&["set_vm_memory_high_watermark", if on { "0" } else { "0.4" }]);
     }
 }
 
-/// Runs `rabbitmqctl` through `scripts/rabbitmq.sh ctl`.
-pub fn rabbitmqctl(args: &[&str]) -> String {
+/// Runs `rabbitmqctl` against the node of RabbitMQ `version` through
+/// `scripts/rabbitmq.sh ctl`.
+pub fn rabbitmqctl(version: RabbitVersion, args: &[&str]) -> String {
     let out = Command::new(root().join("scripts/rabbitmq.sh"))
+        .env("ACEMQ_RABBITMQ_VERSION", version.as_str())
         .arg("ctl")
         .args(args)
         .output()
         .expect("scripts/rabbitmq.sh runs");
     assert!(
         out.status.success(),
-        "rabbitmqctl {args:?} failed: {}{}",
+        "rabbitmqctl {args:?} on {version} failed: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

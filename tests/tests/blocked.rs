@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
-use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker, Kind};
+use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker};
 use amqp_codec::{BasicProperties, QueueDeclare};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -340,7 +340,7 @@ fn unacked(b: &Broker, queue: &str) -> u64 {
     if let Some(memory) = &b.memory {
         return memory.queue_info("/", queue).map_or(0, |q| q.unacked);
     }
-    let listing = acemq_tests::rabbitmqctl(&["list_queues", "name", "messages_unacknowledged"]);
+    let listing = b.rabbitmqctl(&["list_queues", "name", "messages_unacknowledged"]);
     listing
         .lines()
         .filter_map(|l| l.split_once('\t'))
@@ -488,7 +488,7 @@ async fn a_publisher_that_never_awaits_its_confirms_is_held_back_while_the_broke
             // the connection (seen here: all 80 MiB taken by the broker,
             // 15 MiB of it still in its socket's receive queue), so there
             // only the buffer's own bound above can be checked.
-            if kind != Kind::RabbitTls {
+            if !kind.is_tls() {
                 assert!(held < TOTAL, "{kind:?}: the publisher was never held back");
                 // Past the buffer, only what the sockets' own buffers took.
                 assert!(

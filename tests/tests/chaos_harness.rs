@@ -1,5 +1,6 @@
-//! The chaos helpers do what they say, against the real RabbitMQ node the
-//! harness finds (`ACEMQ_RABBITMQ_URL`, or the default private node): forced
+//! The chaos helpers do what they say, against every real RabbitMQ node the
+//! harness finds (3.10 and 4.0: `ACEMQ_RABBITMQ_URL`,
+//! `ACEMQ_RABBITMQ4_URL`, or the default private nodes): forced
 //! closes, a stopped app, kill -9 and restart on the node's data, a paused
 //! VM, and the in-test proxy's cuts and blackholes; the cluster too when
 //! `ACEMQ_RABBITMQ_CLUSTER_URL` is set. Only the low-level `Connection` API
@@ -62,21 +63,22 @@ fn delete(queue: &str) -> QueueDelete {
 async fn close_all_connections_closes_every_connection_from_the_broker() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
-        let (a, b) = (open(&url).await, open(&url).await);
-        let _ch = a.channel().await.unwrap();
-        chaos::close_all_connections("closed by chaos_harness").await;
-        for conn in [&a, &b] {
-            match closed(conn, "close_all_connections").await {
-                CloseReason::ByServer(r) => {
-                    assert_eq!(r.reply_code(), ReplyCode::ConnectionForced, "{}", r.text);
-                    assert!(r.text.contains("closed by chaos_harness"), "{}", r.text);
+        for (v, url) in chaos::rabbitmq_nodes().await {
+            let (a, b) = (open(&url).await, open(&url).await);
+            let _ch = a.channel().await.unwrap();
+            chaos::close_all_connections(v, "closed by chaos_harness").await;
+            for conn in [&a, &b] {
+                match closed(conn, "close_all_connections").await {
+                    CloseReason::ByServer(r) => {
+                        assert_eq!(r.reply_code(), ReplyCode::ConnectionForced, "{}", r.text);
+                        assert!(r.text.contains("closed by chaos_harness"), "{}", r.text);
+                    }
+                    other => panic!("close_all_connections: {other:?}"),
                 }
-                other => panic!("close_all_connections: {other:?}"),
             }
+            // The broker itself is fine.
+            open(&url).await.close().await.unwrap();
         }
-        // The broker itself is fine.
-        open(&url).await.close().await.unwrap();
     })
     .await
 }
@@ -85,29 +87,30 @@ async fn close_all_connections_closes_every_connection_from_the_broker() {
 async fn stop_app_closes_the_port_and_start_app_reopens_it() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
-        let addr = host_port(&url);
-        let conn = open(&url).await;
-        chaos::stop_app().await;
-        let reason = closed(&conn, "stop_app").await;
-        assert!(
-            matches!(reason, CloseReason::ByServer(_) | CloseReason::ConnectionLost),
-            "stop_app: {reason:?}"
-        );
-        assert!(
-            !chaos::amqp_answers(&addr).await,
-            "the AMQP port answers after stop_app"
-        );
-        assert!(
-            Connection::open(&url, config()).await.is_err(),
-            "a connection opened after stop_app"
-        );
+        for (v, url) in chaos::rabbitmq_nodes().await {
+            let addr = host_port(&url);
+            let conn = open(&url).await;
+            chaos::stop_app(v).await;
+            let reason = closed(&conn, "stop_app").await;
+            assert!(
+                matches!(reason, CloseReason::ByServer(_) | CloseReason::ConnectionLost),
+                "stop_app: {reason:?}"
+            );
+            assert!(
+                !chaos::amqp_answers(&addr).await,
+                "the AMQP port answers after stop_app"
+            );
+            assert!(
+                Connection::open(&url, config()).await.is_err(),
+                "a connection opened after stop_app"
+            );
 
-        let before = Instant::now();
-        let at = chaos::start_app().await;
-        assert!(before <= at && at <= Instant::now());
-        assert!(chaos::amqp_answers(&addr).await);
-        open(&url).await.close().await.unwrap();
+            let before = Instant::now();
+            let at = chaos::start_app(v).await;
+            assert!(before <= at && at <= Instant::now());
+            assert!(chaos::amqp_answers(&addr).await);
+            open(&url).await.close().await.unwrap();
+        }
     })
     .await
 }
@@ -116,48 +119,49 @@ async fn stop_app_closes_the_port_and_start_app_reopens_it() {
 async fn kill_and_restart_keeps_durable_queues_persistent_messages_and_tls() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
-        // The TLS broker's settings, read before the kill: the restarted node
-        // must still present the same certificates.
-        let tls = brokers().await.into_iter().find(|b| b.kind == Kind::RabbitTls);
-        let queue = unique("chaos.survives");
-        let conn = open(&url).await;
-        let ch = conn.channel().await.unwrap();
-        ch.confirm_select().await.unwrap();
-        ch.queue_declare(durable(&queue)).await.unwrap();
-        let persistent = BasicProperties {
-            delivery_mode: Some(2),
-            ..Default::default()
-        };
-        let confirm = ch
-            .publish("", &queue, true, persistent, Bytes::from_static(b"survives"))
-            .await
-            .unwrap();
-        assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+        for (v, url) in chaos::rabbitmq_nodes().await {
+            // The TLS broker's settings, read before the kill: the restarted node
+            // must still present the same certificates.
+            let tls = brokers().await.into_iter().find(|b| b.kind == Kind::rabbit(v, true));
+            let queue = unique("chaos.survives");
+            let conn = open(&url).await;
+            let ch = conn.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            ch.queue_declare(durable(&queue)).await.unwrap();
+            let persistent = BasicProperties {
+                delivery_mode: Some(2),
+                ..Default::default()
+            };
+            let confirm = ch
+                .publish("", &queue, true, persistent, Bytes::from_static(b"survives"))
+                .await
+                .unwrap();
+            assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
 
-        let before = Instant::now();
-        let down_for = Duration::from_secs(1);
-        let at = chaos::kill_and_restart(down_for).await;
-        assert!(
-            at >= before + down_for && at <= Instant::now(),
-            "{:?} after the kill",
-            at - before
-        );
-        eprintln!(
-            "kill_and_restart: the node answered again {:?} after the kill",
-            at - before
-        );
-        assert_eq!(closed(&conn, "kill -9").await, CloseReason::ConnectionLost);
+            let before = Instant::now();
+            let down_for = Duration::from_secs(1);
+            let at = chaos::kill_and_restart(v, down_for).await;
+            assert!(
+                at >= before + down_for && at <= Instant::now(),
+                "{:?} after the kill",
+                at - before
+            );
+            eprintln!(
+                "kill_and_restart: the node answered again {:?} after the kill",
+                at - before
+            );
+            assert_eq!(closed(&conn, "kill -9").await, CloseReason::ConnectionLost);
 
-        let conn = open(&url).await;
-        let ch = conn.channel().await.unwrap();
-        assert_eq!(depth(&ch, &queue).await, 1, "the persistent message survived");
-        let got = ch.basic_get(&queue, true).await.unwrap().expect("the message");
-        assert_eq!(got.body, Bytes::from_static(b"survives"));
-        ch.queue_delete(delete(&queue)).await.unwrap();
-        conn.close().await.unwrap();
-        if let Some(tls) = tls {
-            tls.connect().await.close().await.unwrap();
+            let conn = open(&url).await;
+            let ch = conn.channel().await.unwrap();
+            assert_eq!(depth(&ch, &queue).await, 1, "the persistent message survived");
+            let got = ch.basic_get(&queue, true).await.unwrap().expect("the message");
+            assert_eq!(got.body, Bytes::from_static(b"survives"));
+            ch.queue_delete(delete(&queue)).await.unwrap();
+            conn.close().await.unwrap();
+            if let Some(tls) = tls {
+                tls.connect().await.close().await.unwrap();
+            }
         }
     })
     .await
@@ -167,23 +171,24 @@ async fn kill_and_restart_keeps_durable_queues_persistent_messages_and_tls() {
 async fn kill_leaves_nothing_listening_and_restart_right_after_brings_it_back() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
-        let addr = host_port(&url);
-        let conn = open(&url).await;
-        chaos::kill().await;
-        assert!(
-            tokio::net::TcpStream::connect(&addr).await.is_err(),
-            "something still listens on {addr} after kill"
-        );
-        assert_eq!(closed(&conn, "kill -9").await, CloseReason::ConnectionLost);
-        let before = Instant::now();
-        let at = chaos::restart().await;
-        assert!(before <= at && at <= Instant::now());
-        eprintln!("restart: the node answered {:?} after restart began", at - before);
-        let conn = open(&url).await;
-        let ch = conn.channel().await.unwrap();
-        assert!(!ch.queue_declare(exclusive()).await.unwrap().unwrap().queue.is_empty());
-        conn.close().await.unwrap();
+        for (v, url) in chaos::rabbitmq_nodes().await {
+            let addr = host_port(&url);
+            let conn = open(&url).await;
+            chaos::kill(v).await;
+            assert!(
+                tokio::net::TcpStream::connect(&addr).await.is_err(),
+                "something still listens on {addr} after kill"
+            );
+            assert_eq!(closed(&conn, "kill -9").await, CloseReason::ConnectionLost);
+            let before = Instant::now();
+            let at = chaos::restart(v).await;
+            assert!(before <= at && at <= Instant::now());
+            eprintln!("restart: the node answered {:?} after restart began", at - before);
+            let conn = open(&url).await;
+            let ch = conn.channel().await.unwrap();
+            assert!(!ch.queue_declare(exclusive()).await.unwrap().unwrap().queue.is_empty());
+            conn.close().await.unwrap();
+        }
     })
     .await
 }
@@ -192,38 +197,39 @@ async fn kill_leaves_nothing_listening_and_restart_right_after_brings_it_back() 
 async fn pause_silences_the_broker_and_resume_makes_it_answer() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
-        let addr = host_port(&url);
-        // RabbitMQ's heartbeat (60 s) is far longer than the pause: only the
-        // broker's silence is measured here.
-        let conn = open(&url).await;
-        let ch = conn.channel().await.unwrap();
-        chaos::pause().await;
-        let declare = ch.queue_declare(exclusive());
-        tokio::pin!(declare);
-        assert!(
-            tokio::time::timeout(Duration::from_secs(2), &mut declare)
-                .await
-                .is_err(),
-            "a paused broker answered queue.declare"
-        );
-        assert!(!conn.is_closed(), "{:?}", conn.close_reason());
-        // Its sockets stay open: TCP connects, AMQP gets no answer.
-        assert!(tokio::net::TcpStream::connect(&addr).await.is_ok());
-        assert!(!chaos::amqp_answers(&addr).await);
+        for (v, url) in chaos::rabbitmq_nodes().await {
+            let addr = host_port(&url);
+            // RabbitMQ's heartbeat (60 s) is far longer than the pause: only the
+            // broker's silence is measured here.
+            let conn = open(&url).await;
+            let ch = conn.channel().await.unwrap();
+            chaos::pause(v).await;
+            let declare = ch.queue_declare(exclusive());
+            tokio::pin!(declare);
+            assert!(
+                tokio::time::timeout(Duration::from_secs(2), &mut declare)
+                    .await
+                    .is_err(),
+                "a paused broker answered queue.declare"
+            );
+            assert!(!conn.is_closed(), "{:?}", conn.close_reason());
+            // Its sockets stay open: TCP connects, AMQP gets no answer.
+            assert!(tokio::net::TcpStream::connect(&addr).await.is_ok());
+            assert!(!chaos::amqp_answers(&addr).await);
 
-        chaos::resume().await;
-        let ok = step(
-            "queue.declare-ok after resume",
-            tokio::time::timeout(Duration::from_secs(20), declare),
-        )
-        .await
-        .expect("no answer to queue.declare 20 s after resume")
-        .unwrap()
-        .unwrap();
-        assert!(!ok.queue.is_empty());
-        assert!(chaos::amqp_answers(&addr).await);
-        conn.close().await.unwrap();
+            chaos::resume(v).await;
+            let ok = step(
+                "queue.declare-ok after resume",
+                tokio::time::timeout(Duration::from_secs(20), declare),
+            )
+            .await
+            .expect("no answer to queue.declare 20 s after resume")
+            .unwrap()
+            .unwrap();
+            assert!(!ok.queue.is_empty());
+            assert!(chaos::amqp_answers(&addr).await);
+            conn.close().await.unwrap();
+        }
     })
     .await
 }
@@ -232,7 +238,10 @@ async fn pause_silences_the_broker_and_resume_makes_it_answer() {
 async fn proxy_cut_all_ends_connections_and_keeps_accepting() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
+        // The proxy is the same in front of either version: the first will do.
+        let Some((_, url)) = chaos::rabbitmq_nodes().await.into_iter().next() else {
+            return;
+        };
         let proxy = Proxy::start(host_port(&url)).await;
         let through = proxy.url_for(&url);
         let conn = open(&through).await;
@@ -257,7 +266,10 @@ async fn proxy_cut_all_ends_connections_and_keeps_accepting() {
 async fn proxy_blackhole_stops_replies_and_lifting_it_restores_them() {
     deadline(async {
         let _serial = chaos::serial().await;
-        let Some(url) = chaos::rabbitmq_url().await else { return };
+        // The proxy is the same in front of either version: the first will do.
+        let Some((_, url)) = chaos::rabbitmq_nodes().await.into_iter().next() else {
+            return;
+        };
         let proxy = Proxy::start(host_port(&url)).await;
         let proxy_addr = format!("127.0.0.1:{}", proxy.port());
         let conn = open(&proxy.url_for(&url)).await;

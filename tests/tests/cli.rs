@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, Topology};
-use acemq_tests::{brokers, depth, step, unique, Kind};
+use acemq_tests::{brokers, depth, step, unique, RabbitVersion};
 use amqp_codec::{ExchangeDelete, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete, QueueUnbind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -235,14 +235,21 @@ async fn targets() -> Vec<Target> {
         _server: Some(server),
     }];
     for b in brokers().await {
-        if b.kind == Kind::RabbitTcp {
-            step("the CLI's RabbitMQ user", tokio::task::spawn_blocking(rabbit_user))
-                .await
-                .unwrap();
+        if b.kind.is_rabbit_tcp() {
+            let version = b.rabbit();
+            step(
+                format!("the CLI's user on {version}"),
+                tokio::task::spawn_blocking(move || rabbit_user(version)),
+            )
+            .await
+            .unwrap();
             let parsed: acemq_core::amqp::AmqpUrl = b.url.parse().unwrap();
             let (host, port) = &parsed.hosts[0];
             out.push(Target {
-                kind: "RabbitMQ",
+                kind: match version {
+                    RabbitVersion::V3_10 => "RabbitMQ 3.10",
+                    RabbitVersion::V4_0 => "RabbitMQ 4.0",
+                },
                 url: b.url.clone(),
                 cli_url: format!("amqp://{RABBIT_USER}:{RABBIT_PASSWORD}@{host}:{port}/"),
                 secret: Some(RABBIT_PASSWORD),
@@ -253,12 +260,14 @@ async fn targets() -> Vec<Target> {
     out
 }
 
-/// Creates (once) the RabbitMQ user the CLI runs as, with all permissions on `/`.
-fn rabbit_user() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
+/// Creates (once per version) the RabbitMQ user the CLI runs as, with all
+/// permissions on `/`.
+fn rabbit_user(version: RabbitVersion) {
+    static DONE: [OnceLock<()>; 2] = [OnceLock::new(), OnceLock::new()];
+    DONE[version as usize].get_or_init(|| {
         let ctl = |args: &[&str]| {
             Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq.sh"))
+                .env("ACEMQ_RABBITMQ_VERSION", version.as_str())
                 .arg("ctl")
                 .args(args)
                 .stdout(Stdio::null())

@@ -962,7 +962,7 @@ fn the_wire_contract_arguments_are_what_the_broker_stores() {
                     assert_eq!(args(&format!("{q}.parked")), "");
                     assert_eq!(args(&format!("{q}.retry.40s")), expect_rung);
                 }
-                None if b.kind == Kind::RabbitTcp => {
+                None if b.kind.is_rabbit_tcp() => {
                     let listing = b.rabbitmqctl(&["list_queues", "name", "arguments"]);
                     let line = |name: &str| -> String {
                         listing

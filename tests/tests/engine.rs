@@ -827,7 +827,7 @@ async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_verifies_the_server_certificate_and_its_name() {
     acemq_tests::deadline(async {
-        for b in brokers().await.into_iter().filter(|b| b.kind == Kind::RabbitTls) {
+        for b in brokers().await.into_iter().filter(|b| b.kind.is_tls()) {
             // Trusted through the generated CA (the other tests connect this way too).
             let conn = b.connect().await;
             conn.close().await.unwrap();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use acemq_core::envelope::{hop_id, ERROR_HEADER};
 use acemq_core::hops::{Pipeline, RoutingSlip, ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, ReplayOptions, RetryPolicy, Topology};
-use acemq_tests::{brokers, chaos, deadline, depth, unique, Broker, Kind};
+use acemq_tests::{brokers, chaos, deadline, depth, unique, Broker};
 use amqp_codec::{FieldValue, QueueDeclare};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -163,7 +163,7 @@ async fn statement_24_then_publishes_the_output_confirmed_with_a_derived_id_caus
 async fn statement_24_a_redelivered_input_yields_the_same_output_id_and_a_deduping_handler_sees_one() {
     deadline(async {
         let _serial = chaos::serial().await;
-        for b in brokers().await.into_iter().filter(|b| b.kind != Kind::RabbitTls) {
+        for b in brokers().await.into_iter().filter(|b| !b.kind.is_tls()) {
             let config = Config {
                 recovery_delay: Duration::from_millis(50),
                 recovery_delay_max: Duration::from_millis(400),
@@ -242,7 +242,7 @@ async fn statement_24_a_redelivered_input_yields_the_same_output_id_and_a_dedupi
 async fn force_close_all(b: &Broker) {
     match &b.memory {
         Some(memory) => memory.faults().close_all("the acemq hops suite"),
-        None => chaos::close_all_connections("the acemq hops suite").await,
+        None => chaos::close_all_connections(b.rabbit(), "the acemq hops suite").await,
     }
 }
 
@@ -547,7 +547,7 @@ async fn statement_25_a_message_dead_lettered_mid_slip_keeps_its_slip_and_a_repl
 async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_between_steps() {
     deadline(async {
         let _serial = chaos::serial().await;
-        for b in brokers().await.into_iter().filter(|b| b.kind != Kind::RabbitTls) {
+        for b in brokers().await.into_iter().filter(|b| !b.kind.is_tls()) {
             let config = Config {
                 recovery_delay: Duration::from_millis(100),
                 recovery_delay_max: Duration::from_secs(1),
@@ -578,8 +578,8 @@ async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_betw
                     // declaration can come back without a leader for a
                     // minute (see statement 17's restart test): let them settle.
                     tokio::time::sleep(Duration::from_secs(3)).await;
-                    chaos::kill().await;
-                    chaos::restart().await;
+                    chaos::kill(b.rabbit()).await;
+                    chaos::restart(b.rabbit()).await;
                 }
             }
             second.start(&conn, &log).await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use acemq_core::{consume, Ack, Config, Conn, Error, Message, RecoveryEvent, Topology};
 use acemq_tests::chaos::{self, Proxy};
-use acemq_tests::{brokers, deadline, depth, unique, Broker, Kind};
+use acemq_tests::{brokers, deadline, depth, unique, Broker};
 use amqp_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
@@ -67,7 +67,7 @@ impl Events {
 async fn force_close_all(b: &Broker) {
     match &b.memory {
         Some(memory) => memory.faults().close_all("closed by the acemq recovery suite"),
-        None => chaos::close_all_connections("closed by the acemq recovery suite").await,
+        None => chaos::close_all_connections(b.rabbit(), "closed by the acemq recovery suite").await,
     }
 }
 
@@ -92,11 +92,7 @@ async fn proxied(b: &Broker) -> (Proxy, String) {
 /// The brokers for scenarios that break the broker: acemq-memory, and
 /// RabbitMQ over TCP (TLS recovery is covered by statement 17).
 async fn breakable() -> Vec<Broker> {
-    brokers()
-        .await
-        .into_iter()
-        .filter(|b| b.kind != Kind::RabbitTls)
-        .collect()
+    brokers().await.into_iter().filter(|b| !b.kind.is_tls()).collect()
 }
 
 /// A consumer handler that sends every payload it accepts to `tx`.
@@ -231,8 +227,8 @@ async fn statement_17_recovers_from_a_broker_restart() {
                     // minute (RabbitMQ 3.10.8 here: "leader call - leader not
                     // known" until the consume times out): let it settle.
                     tokio::time::sleep(Duration::from_secs(3)).await;
-                    chaos::kill().await;
-                    chaos::restart().await;
+                    chaos::kill(b.rabbit()).await;
+                    chaos::restart(b.rabbit()).await;
                 }
             }
             events.recovered(2).await;
@@ -247,8 +243,8 @@ async fn statement_17_recovers_from_a_broker_restart() {
             }
             if b.is_rabbitmq() {
                 // The same, with the application stopped and started.
-                chaos::stop_app().await;
-                chaos::start_app().await;
+                chaos::stop_app(b.rabbit()).await;
+                chaos::start_app(b.rabbit()).await;
                 events.recovered(4).await;
                 publisher.send(&3).await.unwrap();
                 next_with(&mut rx, 3, "a message after start_app").await;
@@ -753,7 +749,7 @@ async fn statement_22_a_broker_that_goes_silent_is_detected_within_two_heartbeat
             let silent_at = Instant::now();
             match &proxy {
                 Some(proxy) => proxy.blackhole(true),
-                None => chaos::pause().await,
+                None => chaos::pause(b.rabbit()).await,
             }
             events
                 .wait("both connections lost", Duration::from_secs(20), |e| {
@@ -768,7 +764,7 @@ async fn statement_22_a_broker_that_goes_silent_is_detected_within_two_heartbeat
             let lost: Vec<RecoveryEvent> = events.all().into_iter().filter(|e| e.label() == "lost").collect();
             match &proxy {
                 Some(proxy) => proxy.blackhole(false),
-                None => chaos::resume().await,
+                None => chaos::resume(b.rabbit()).await,
             }
             // Two intervals, plus the time the pause itself took to land.
             assert!(

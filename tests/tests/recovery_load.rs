@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_core::{consume, Ack, Config, Message, RecoveryEvent, Topology};
-use acemq_tests::{chaos, deadline, unique, Kind};
+use acemq_tests::{chaos, deadline, unique};
 use std::time::Instant;
 
 const MESSAGES: u64 = 20_000;
@@ -66,79 +66,95 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
     deadline(async {
         let _serial = chaos::serial().await;
         let brokers: Vec<_> = acemq_tests::brokers().await.into_iter().collect();
-        let Some(b) = brokers.into_iter().find(|b| b.kind == Kind::RabbitTcp) else {
+        let rabbits: Vec<_> = brokers.into_iter().filter(|b| b.kind.is_rabbit_tcp()).collect();
+        if rabbits.is_empty() {
             eprintln!("\n!!!! SKIPPING the recovery load test: it needs RabbitMQ !!!!\n");
             return;
-        };
-        let events: Arc<Mutex<Vec<(Instant, RecoveryEvent)>>> = Arc::default();
-        let config = Config {
-            on_recovery: Some({
-                let events = events.clone();
-                Arc::new(move |e| events.lock().unwrap().push((Instant::now(), e)))
-            }),
-            recovery_delay: Duration::from_millis(100),
-            recovery_delay_max: Duration::from_secs(1),
-            publish_timeout: Duration::from_secs(120),
-            ..Config::default()
-        };
-        let conn = b.conn_with(config).await;
-        let queue = unique("load");
-        Topology::new().queue(&queue).declare(&conn).await.unwrap();
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let handler = {
-            let seen = seen.clone();
-            move |m: Message<u64>| {
-                let mut s = seen.lock().unwrap();
-                s.deliveries += 1;
-                s.unique.insert(m.payload);
-                s.at.push(Instant::now());
-                std::future::ready(Ack::accept())
-            }
-        };
-        let consumer = consume(&conn, &queue, handler).prefetch(500).await.unwrap();
-        // A freshly declared quorum queue killed at once can come back
-        // without a leader for a minute (see statement 17's restart test).
-        tokio::time::sleep(Duration::from_secs(3)).await;
-
-        let publisher = conn.publisher::<u64>("", &queue).mandatory();
-        let mut window = std::collections::VecDeque::new();
-        let mut confirmed = BTreeSet::new();
-        let mut failed = Vec::new();
-        let mut back_up = Vec::new();
-        let mut chaos_task: Option<tokio::task::JoinHandle<Vec<Instant>>> = None;
-        let started = Instant::now();
-        for n in 0..MESSAGES {
-            // The faults, while sends are in flight: a kill at a quarter,
-            // a forced close at half, a kill at three quarters.
-            let fault = match n {
-                n if n == MESSAGES / 4 => Some("kill"),
-                n if n == MESSAGES / 2 => Some("close"),
-                n if n == MESSAGES * 3 / 4 => Some("kill"),
-                _ => None,
+        }
+        for b in rabbits {
+            let v = b.rabbit();
+            let events: Arc<Mutex<Vec<(Instant, RecoveryEvent)>>> = Arc::default();
+            let config = Config {
+                on_recovery: Some({
+                    let events = events.clone();
+                    Arc::new(move |e| events.lock().unwrap().push((Instant::now(), e)))
+                }),
+                recovery_delay: Duration::from_millis(100),
+                recovery_delay_max: Duration::from_secs(1),
+                publish_timeout: Duration::from_secs(120),
+                ..Config::default()
             };
-            if let Some(fault) = fault {
-                if let Some(task) = chaos_task.take() {
-                    back_up.extend(task.await.unwrap());
+            let conn = b.conn_with(config).await;
+            let queue = unique("load");
+            Topology::new().queue(&queue).declare(&conn).await.unwrap();
+            let seen: Arc<Mutex<Seen>> = Arc::default();
+            let handler = {
+                let seen = seen.clone();
+                move |m: Message<u64>| {
+                    let mut s = seen.lock().unwrap();
+                    s.deliveries += 1;
+                    s.unique.insert(m.payload);
+                    s.at.push(Instant::now());
+                    std::future::ready(Ack::accept())
                 }
-                // Each fault is to hit both connections: the one not
-                // blocked by the sends may still be redialling (its backoff
-                // has jitter) after the other is back.
-                both_connections_up(&events).await;
-                // The fault lands now, with a window of sends in flight;
-                // the restart runs beside the sends, which wait for it.
-                if fault == "kill" {
-                    chaos::kill().await;
-                    chaos_task = Some(tokio::spawn(async {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        vec![chaos::restart().await]
-                    }));
-                } else {
-                    chaos::close_all_connections("the acemq load test").await;
-                    back_up.push(Instant::now());
+            };
+            let consumer = consume(&conn, &queue, handler).prefetch(500).await.unwrap();
+            // A freshly declared quorum queue killed at once can come back
+            // without a leader for a minute (see statement 17's restart test).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+
+            let publisher = conn.publisher::<u64>("", &queue).mandatory();
+            let mut window = std::collections::VecDeque::new();
+            let mut confirmed = BTreeSet::new();
+            let mut failed = Vec::new();
+            let mut back_up = Vec::new();
+            let mut chaos_task: Option<tokio::task::JoinHandle<Vec<Instant>>> = None;
+            let started = Instant::now();
+            for n in 0..MESSAGES {
+                // The faults, while sends are in flight: a kill at a quarter,
+                // a forced close at half, a kill at three quarters.
+                let fault = match n {
+                    n if n == MESSAGES / 4 => Some("kill"),
+                    n if n == MESSAGES / 2 => Some("close"),
+                    n if n == MESSAGES * 3 / 4 => Some("kill"),
+                    _ => None,
+                };
+                if let Some(fault) = fault {
+                    if let Some(task) = chaos_task.take() {
+                        back_up.extend(task.await.unwrap());
+                    }
+                    // Each fault is to hit both connections: the one not
+                    // blocked by the sends may still be redialling (its backoff
+                    // has jitter) after the other is back.
+                    both_connections_up(&events).await;
+                    // The fault lands now, with a window of sends in flight;
+                    // the restart runs beside the sends, which wait for it.
+                    if fault == "kill" {
+                        chaos::kill(v).await;
+                        chaos_task = Some(tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            vec![chaos::restart(v).await]
+                        }));
+                    } else {
+                        chaos::close_all_connections(v, "the acemq load test").await;
+                        back_up.push(Instant::now());
+                    }
+                }
+                if window.len() == WINDOW {
+                    let (id, pending): (u64, acemq_core::PendingSend) = window.pop_front().unwrap();
+                    match pending.await {
+                        Ok(()) => {
+                            confirmed.insert(id);
+                        }
+                        Err(e) => failed.push((id, e.to_string())),
+                    }
+                }
+                match publisher.begin_send(&n).await {
+                    Ok(pending) => window.push_back((n, pending)),
+                    Err(e) => failed.push((n, e.to_string())),
                 }
             }
-            if window.len() == WINDOW {
-                let (id, pending): (u64, acemq_core::PendingSend) = window.pop_front().unwrap();
+            for (id, pending) in window {
                 match pending.await {
                     Ok(()) => {
                         confirmed.insert(id);
@@ -146,83 +162,78 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
                     Err(e) => failed.push((id, e.to_string())),
                 }
             }
-            match publisher.begin_send(&n).await {
-                Ok(pending) => window.push_back((n, pending)),
-                Err(e) => failed.push((n, e.to_string())),
+            if let Some(task) = chaos_task.take() {
+                back_up.extend(task.await.unwrap());
             }
-        }
-        for (id, pending) in window {
-            match pending.await {
-                Ok(()) => {
-                    confirmed.insert(id);
-                }
-                Err(e) => failed.push((id, e.to_string())),
-            }
-        }
-        if let Some(task) = chaos_task.take() {
-            back_up.extend(task.await.unwrap());
-        }
-        let published_in = started.elapsed();
+            let published_in = started.elapsed();
 
-        // Everything confirmed must come through.
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            let missing = confirmed.difference(&seen.lock().unwrap().unique).count();
-            if missing == 0 || Instant::now() > until {
-                break;
+            // Everything confirmed must come through.
+            let until = Instant::now() + Duration::from_secs(120);
+            loop {
+                let missing = confirmed.difference(&seen.lock().unwrap().unique).count();
+                if missing == 0 || Instant::now() > until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let s = std::mem::take(&mut *seen.lock().unwrap());
-        let lost: Vec<u64> = confirmed.difference(&s.unique).copied().take(20).collect();
-        let lost_count = confirmed.difference(&s.unique).count();
-        let duplicates = s.deliveries - s.unique.len() as u64;
-        let resumes: Vec<Duration> = back_up
-            .iter()
-            .map(|up| {
-                s.at.iter()
-                    .find(|at| *at >= up)
-                    .map(|at| at.duration_since(*up))
-                    .unwrap_or(Duration::MAX)
-            })
-            .collect();
-        let log = events.lock().unwrap().clone();
-        println!("recovery load test, {MESSAGES} confirmed sends into a quorum queue, window {WINDOW}:");
-        println!(
-            "  published in {published_in:?}; confirmed {}, failed {}",
-            confirmed.len(),
-            failed.len()
-        );
-        for (id, e) in failed.iter().take(5) {
-            println!("    failed {id}: {e}");
-        }
-        println!("  lost: {lost_count} {lost:?}");
-        println!(
-            "  duplicates: {duplicates} (deliveries {}, unique {})",
-            s.deliveries,
-            s.unique.len()
-        );
-        println!("  time to resume after each fault (broker accepting -> first delivery): {resumes:?}");
-        println!("  events:");
-        for (at, e) in &log {
-            println!("    +{:>8.3}s {e}", at.duration_since(started).as_secs_f64());
-        }
-        assert_eq!(lost_count, 0, "confirmed sends never consumed: {lost:?}");
-        assert!(failed.is_empty(), "sends failed: {:?}", &failed[..failed.len().min(5)]);
-        assert_eq!(resumes.len(), 3, "three faults");
-        assert!(
-            resumes.iter().all(|r| *r < Duration::from_secs(60)),
-            "the consumer resumed: {resumes:?}"
-        );
-        for label in ["lost", "retrying", "recovered"] {
-            assert!(
-                log.iter().filter(|(_, e)| e.label() == label).count() >= 6,
-                "{label} for both connections at each fault: {log:?}"
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let s = std::mem::take(&mut *seen.lock().unwrap());
+            let lost: Vec<u64> = confirmed.difference(&s.unique).copied().take(20).collect();
+            let lost_count = confirmed.difference(&s.unique).count();
+            let duplicates = s.deliveries - s.unique.len() as u64;
+            let resumes: Vec<Duration> = back_up
+                .iter()
+                .map(|up| {
+                    s.at.iter()
+                        .find(|at| *at >= up)
+                        .map(|at| at.duration_since(*up))
+                        .unwrap_or(Duration::MAX)
+                })
+                .collect();
+            let log = events.lock().unwrap().clone();
+            println!(
+                "recovery load test on {:?} ({v}), {MESSAGES} confirmed sends into a quorum queue, window {WINDOW}:",
+                b.kind
             );
+            println!(
+                "  published in {published_in:?}; confirmed {}, failed {}",
+                confirmed.len(),
+                failed.len()
+            );
+            for (id, e) in failed.iter().take(5) {
+                println!("    failed {id}: {e}");
+            }
+            println!("  lost: {lost_count} {lost:?}");
+            println!(
+                "  duplicates: {duplicates} (deliveries {}, unique {})",
+                s.deliveries,
+                s.unique.len()
+            );
+            println!("  time to resume after each fault (broker accepting -> first delivery): {resumes:?}");
+            println!("  events:");
+            for (at, e) in &log {
+                println!("    +{:>8.3}s {e}", at.duration_since(started).as_secs_f64());
+            }
+            assert_eq!(lost_count, 0, "{v}: confirmed sends never consumed: {lost:?}");
+            assert!(
+                failed.is_empty(),
+                "{v}: sends failed: {:?}",
+                &failed[..failed.len().min(5)]
+            );
+            assert_eq!(resumes.len(), 3, "{v}: three faults");
+            assert!(
+                resumes.iter().all(|r| *r < Duration::from_secs(60)),
+                "{v}: the consumer resumed: {resumes:?}"
+            );
+            for label in ["lost", "retrying", "recovered"] {
+                assert!(
+                    log.iter().filter(|(_, e)| e.label() == label).count() >= 6,
+                    "{v}: {label} for both connections at each fault: {log:?}"
+                );
+            }
+            consumer.close().await.unwrap();
+            conn.close().await.unwrap();
         }
-        consumer.close().await.unwrap();
-        conn.close().await.unwrap();
     })
     .await;
 }

@@ -43,7 +43,7 @@ where
     acemq_tests::deadline_blocking(|| {
         let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
         for b in all {
-            if b.kind == Kind::RabbitTls && !tls {
+            if b.kind.is_tls() && !tls {
                 continue;
             }
             let recorder = metrics_util::debugging::DebuggingRecorder::new();
