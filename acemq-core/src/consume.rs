@@ -407,15 +407,40 @@ fn stream_offset(delivery: &Delivery) -> Option<i64> {
     properties.headers?.get("x-stream-offset")?.as_i64()
 }
 
-/// Broker redeliveries of this copy: quorum `x-delivery-count` when present,
-/// else one if `redelivered`; `headers` are those the envelope kept (every
-/// one it does not manage).
-fn redeliveries(headers: &FieldTable, redelivered: bool) -> u32 {
-    let count = headers.get("x-delivery-count").and_then(FieldValue::as_i64);
-    match count {
-        Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
-        None => u32::from(redelivered),
+/// The broker's count of a quorum queue's redeliveries.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// The attempt a delivery is, from the attempt written on the message
+/// (`written`, `x-acemq-attempt`: 1 on first publish) and what the broker
+/// says of this copy. The rule, so that the attempt rises by exactly one
+/// per handler call and per broker redelivery:
+///
+/// - Every republish the library makes (an in-process or rung retry, a
+///   set-aside, a recovery's cut-short wait) writes the attempt of the call
+///   it follows plus one, and never carries `x-delivery-count`: the copy it
+///   makes is new to the broker, which has counted nothing of it.
+/// - A copy the broker has not delivered before (`redelivered` false) adds
+///   nothing, whatever `x-delivery-count` it carries: a count on such a
+///   copy was written by whoever published it (another client republishing
+///   a quorum delivery, or an older acemq), not by this queue.
+/// - A copy delivered before adds the broker's count of its redeliveries:
+///   a quorum queue's `x-delivery-count` (each return, nack or reject with
+///   requeue, and each redelivery after a lost channel counts once; on
+///   RabbitMQ 3.10 and 4.0 alike), or one when there is none (a classic
+///   queue, or a quorum queue that did not say). A classic queue says only
+///   that the copy was delivered before, not how often: there several
+///   redeliveries of one copy count as one.
+///
+/// A count that is not a non-negative integer is read as absent.
+fn delivered_attempt(written: u32, headers: &FieldTable, redelivered: bool) -> u32 {
+    if !redelivered {
+        return written;
     }
+    let count = headers
+        .get(DELIVERY_COUNT_HEADER)
+        .and_then(FieldValue::as_i64)
+        .and_then(|n| u32::try_from(n).ok());
+    written.saturating_add(count.unwrap_or(0).max(1))
 }
 
 /// The parts of the envelope a retry decision needs.
@@ -545,12 +570,11 @@ where
     carry_out(shared, delivery, properties, &facts, verdict).await
 }
 
-/// The envelope as the handler sees it: the attempt counts redeliveries.
+/// The envelope as the handler sees it: the attempt counts redeliveries
+/// (see [`delivered_attempt`]).
 fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delivery) -> Envelope {
     let mut envelope = Envelope::read_from_message_view(properties, &delivery.body);
-    envelope.attempt = envelope
-        .attempt
-        .saturating_add(redeliveries(&envelope.headers, delivery.redelivered));
+    envelope.attempt = delivered_attempt(envelope.attempt, &envelope.headers, delivery.redelivered);
     let span = tracing::Span::current();
     span.record("message_id", envelope.id.as_str());
     span.record("attempt", envelope.attempt);
@@ -751,7 +775,9 @@ async fn wait_unless_closing<T, F, C>(shared: &Shared<T, F, C>, wait: Duration) 
 
 /// The properties for a library hop: the original's, with the attempt
 /// advanced, the original exchange and routing key recorded on the first
-/// hop, and the error text (bounded) for set-asides.
+/// hop, and the error text (bounded) for set-asides; without the broker's
+/// `x-delivery-count`, which belongs to the copy received, not to the new one
+/// (see [`delivered_attempt`]).
 fn hop_properties(
     original: &BasicProperties,
     delivery: &Delivery,
@@ -760,11 +786,14 @@ fn hop_properties(
 ) -> BasicProperties {
     let mut props = original.clone();
     // A message from another publisher may come without an id or a first
-    // seen: its hops carry the ones it was read with, so they stay stable.
+    // seen (or with one that does not read): its hops carry the ones it was
+    // read with, so they stay stable.
     let has_first_seen = original
         .headers
         .as_ref()
-        .is_some_and(|h| h.contains_key(FIRST_SEEN_HEADER));
+        .and_then(|h| h.get(FIRST_SEEN_HEADER))
+        .and_then(|v| crate::envelope::time_of(v.as_i64()))
+        .is_some();
     if original.message_id.is_none() || !has_first_seen {
         let read = Envelope::read_from_message(original, &delivery.body);
         if props.message_id.is_none() {
@@ -782,6 +811,7 @@ fn hop_properties(
         }
     }
     let mut headers = props.headers.take().unwrap_or_default();
+    headers.remove(DELIVERY_COUNT_HEADER);
     headers.insert(
         ATTEMPT_HEADER,
         FieldValue::I32(i32::try_from(attempt).unwrap_or(i32::MAX)),
@@ -854,7 +884,8 @@ async fn set_aside<T, F, C>(
     suffix: &str,
     reason: &str,
 ) -> Result<(), Error> {
-    let attempt = Envelope::read_from(properties).attempt;
+    // The attempt the handler saw (or would have seen), redeliveries counted.
+    let attempt = envelope_of(&properties.view(), delivery).attempt;
     let mut props = hop_properties(properties, delivery, attempt, Some(reason));
     props
         .headers

@@ -1,6 +1,11 @@
 //! The envelope: what travels with every message besides its payload, and
 //! how it is written into (and read back from) AMQP properties and headers.
 //! The names and types here are a contract with other services (DESIGN.md §5).
+//!
+//! Reading never fails and never panics: whatever another producer wrote, a
+//! value of the wrong type or out of range (an attempt that is not a
+//! positive 32-bit integer, a time no clock can hold) is read as if it were
+//! not there.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -137,8 +142,8 @@ impl Envelope {
         if properties.message_id.is_none() {
             envelope.id = derived_id(properties, body);
         }
-        if let (false, Some(timestamp)) = (has_first_seen, properties.timestamp) {
-            envelope.first_seen = UNIX_EPOCH + Duration::from_secs(timestamp);
+        if let (false, Some(timestamp)) = (has_first_seen, properties.timestamp.and_then(time_of_secs)) {
+            envelope.first_seen = timestamp;
         }
         envelope
     }
@@ -154,7 +159,10 @@ impl Envelope {
 
     /// Reads an envelope back from properties. Integers of every width are
     /// accepted; what is missing gets the value a first publish would have
-    /// (attempt 1, first seen now, a fresh id if there is no `message-id`).
+    /// (attempt 1, first seen now, a fresh id if there is no `message-id`),
+    /// and so does what is of another type or out of range: an attempt
+    /// outside 1..=2^31−1, a first seen that is negative or after
+    /// 9999-12-31T23:59:59Z, a causation id that is not a string.
     pub fn read_from(properties: &BasicProperties) -> Envelope {
         Envelope::read_from_view(&properties.view())
     }
@@ -165,7 +173,7 @@ impl Envelope {
     }
 
     /// [`Envelope::read_from_view`], and whether `x-acemq-first-seen` was
-    /// there (the envelope's `first_seen` is now without it).
+    /// there and readable (the envelope's `first_seen` is now without it).
     fn read_view(properties: &BasicPropertiesRef<'_>) -> (Envelope, bool) {
         // One pass: the first of each managed header is read, every copy of
         // them left out, and the rest kept in order (no table is made when
@@ -187,17 +195,10 @@ impl Envelope {
             };
             slot.get_or_insert(value);
         }
-        let attempt = attempt
-            .and_then(|v| v.as_i64())
-            .and_then(|n| u32::try_from(n).ok())
-            .filter(|&n| n >= 1)
-            .unwrap_or(1);
+        let attempt = attempt.and_then(|v| attempt_of(v.as_i64())).unwrap_or(1);
+        let first_seen = first_seen.and_then(|v| time_of(v.as_i64()));
         let has_first_seen = first_seen.is_some();
-        let first_seen = first_seen
-            .and_then(|v| v.as_i64())
-            .and_then(|secs| u64::try_from(secs).ok())
-            .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
-            .unwrap_or_else(|| whole_seconds(SystemTime::now()));
+        let first_seen = first_seen.unwrap_or_else(|| whole_seconds(SystemTime::now()));
         let causation_id = causation.and_then(|v| match v {
             FieldValueRef::LongString(s) => Some(crate::text::owned_lossy(s)),
             _ => None,
@@ -215,6 +216,33 @@ impl Envelope {
         };
         (envelope, has_first_seen)
     }
+}
+
+/// The last second a time read from a message may name:
+/// 9999-12-31T23:59:59Z. Later ones (a `timestamp` of 2^63 or more among
+/// them, which no `SystemTime` can hold) are out of range.
+pub(crate) const LATEST_READABLE_SECOND: u64 = 253_402_300_799;
+
+/// The time `secs` seconds after the epoch, or `None` past
+/// [`LATEST_READABLE_SECOND`].
+pub(crate) fn time_of_secs(secs: u64) -> Option<SystemTime> {
+    if secs > LATEST_READABLE_SECOND {
+        return None;
+    }
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// A time header's value (an integer of any width or a timestamp, in
+/// seconds), or `None` when it is not one or is out of range.
+pub(crate) fn time_of(secs: Option<i64>) -> Option<SystemTime> {
+    time_of_secs(u64::try_from(secs?).ok()?)
+}
+
+/// An attempt header's value: an integer of any width from 1 to 2^31−1
+/// (what the contract's `I` holds), or `None`.
+pub(crate) fn attempt_of(n: Option<i64>) -> Option<u32> {
+    let n = u32::try_from(n?).ok()?;
+    (1..=i32::MAX as u32).contains(&n).then_some(n)
 }
 
 /// The namespace of derived ids (a fixed, random UUID).

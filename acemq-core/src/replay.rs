@@ -181,6 +181,7 @@ impl SetAside {
                 // The broker's dead-letter history: the replayed copy starts
                 // a life of its own.
                 || name == b"x-death"
+                || name == b"x-delivery-count"
                 || name.starts_with(b"x-first-death-")
                 || name.starts_with(b"x-last-death-");
             if !dropped {
