@@ -195,14 +195,21 @@ where
             Err(err) => break Err(err),
         }
     };
-    // Stop the flow, then give back what nobody has started on.
-    if let Err(err) = attachment.deliveries.cancel().await {
-        tracing::debug!(queue = %what, %err, "cancelling the consumer");
+    // Stop the flow, then give back what nobody has started on. The
+    // cancel and the work under way share the drain timeout: a broker that
+    // does not answer the cancel holds the close up no longer than that.
+    let drain_deadline = tokio::time::Instant::now() + drain_timeout;
+    match tokio::time::timeout_at(drain_deadline, attachment.deliveries.cancel()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::debug!(queue = %what, %err, "cancelling the consumer"),
+        Err(_) => {
+            tracing::warn!(queue = %what, ?drain_timeout, "the broker did not answer basic.cancel within the drain timeout")
+        }
     }
     while let Some(delivery) = attachment.deliveries.try_next() {
         let _ = delivery.nack(true);
     }
-    let drained = tokio::time::timeout(drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    let drained = tokio::time::timeout_at(drain_deadline, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(queue = %what, ?drain_timeout, "work still running after the drain timeout; its messages go back to the broker");
         tasks.abort_all();

@@ -1,5 +1,6 @@
 //! Settling a publish: what the broker's confirm means for the sender, the
-//! wait for it (bounded by `blocked_timeout` of continuous block), and how
+//! wait for it (bounded by `blocked_timeout` of continuous block and by
+//! `publish_timeout` otherwise), and how
 //! each outcome is counted and logged. One place for both kinds of publish:
 //! `Publisher`'s and the library's own hops (retries, rungs, set-asides).
 //! It never writes a frame: it only judges what came back.
@@ -87,23 +88,34 @@ pub(crate) fn settle(
 }
 
 /// Waits for a confirm; gives up with [`Error::ConnectionBlocked`] once the
-/// connection has been blocked for `blocked_timeout` without a break.
+/// connection has been blocked for `blocked_timeout` without a break, and
+/// with [`Error::NotConfirmed`] once it has waited `publish_timeout`
+/// unblocked (counted afresh from the end of each block) for a broker that
+/// does not answer.
 pub(crate) async fn await_confirm(
     pending: PublishConfirm,
     blocked: &mut watch::Receiver<Option<String>>,
-    blocked_timeout: Duration,
+    timeouts: ConfirmTimeouts,
     message_id: &str,
 ) -> Result<Confirmation, Error> {
     let mut pending = pin!(pending);
     let mut block_started: Option<Instant> = None;
+    let mut unblocked_since = Instant::now();
     loop {
         let is_blocked = blocked.borrow_and_update().is_some();
         block_started = match (is_blocked, block_started) {
             (true, None) => Some(Instant::now()),
             (true, started) => started,
-            (false, _) => None,
+            (false, Some(_)) => {
+                unblocked_since = Instant::now();
+                None
+            }
+            (false, None) => None,
         };
-        let deadline = block_started.map(|at| at + blocked_timeout);
+        let deadline = match block_started {
+            Some(at) => at + timeouts.blocked,
+            None => unblocked_since + timeouts.publish,
+        };
         tokio::select! {
             // The confirm first: usually it is already there, and then the
             // block watch is never registered with.
@@ -115,12 +127,35 @@ pub(crate) async fn await_confirm(
                     return pending.await.map_err(Error::from);
                 }
             }
-            _ = crate::time::sleep_until(deadline) => {
-                return Err(Error::ConnectionBlocked {
-                    message_id: message_id.to_string(),
-                    waited: blocked_timeout,
+            _ = crate::time::sleep_until(Some(deadline)) => {
+                return Err(match block_started {
+                    Some(_) => Error::ConnectionBlocked {
+                        message_id: message_id.to_string(),
+                        waited: timeouts.blocked,
+                    },
+                    None => Error::NotConfirmed {
+                        message_id: message_id.to_string(),
+                        waited: timeouts.publish,
+                    },
                 });
             }
+        }
+    }
+}
+
+/// How long [`await_confirm`] waits: `blocked_timeout` of continuous
+/// block, `publish_timeout` otherwise.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConfirmTimeouts {
+    pub(crate) blocked: Duration,
+    pub(crate) publish: Duration,
+}
+
+impl ConfirmTimeouts {
+    pub(crate) fn of(config: &crate::config::Config) -> Self {
+        ConfirmTimeouts {
+            blocked: config.blocked_timeout,
+            publish: config.publish_timeout,
         }
     }
 }

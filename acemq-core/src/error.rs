@@ -40,6 +40,17 @@ pub enum Error {
         /// How long the block lasted.
         waited: Duration,
     },
+    /// The message was written and the connection stayed up and unblocked,
+    /// but the broker did not confirm it within `publish_timeout` (a broker
+    /// that stays connected but stopped answering: a quorum queue that lost
+    /// its majority does this). It may or may not have arrived.
+    #[error("message {message_id} was sent but the broker did not confirm it within {waited:?}; it may or may not have arrived")]
+    NotConfirmed {
+        /// The message.
+        message_id: String,
+        /// How long the confirm was awaited.
+        waited: Duration,
+    },
     /// A mandatory message reached no queue; the broker dropped it.
     #[error("message {message_id} to exchange {exchange:?} with key {routing_key:?} reached no queue ({code} {text}); the broker dropped it")]
     Unroutable {

@@ -1,7 +1,8 @@
 //! `Publisher<T>`: typed publishing with confirms by default, mandatory
 //! errors that name the message, and `connection.blocked` handled as the
 //! seed describes: a publish made while blocked is refused at once; one
-//! already written waits at most `blocked_timeout` of continuous block.
+//! already written waits at most `blocked_timeout` of continuous block, and
+//! at most `publish_timeout` for a broker that does not confirm it.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
-use crate::confirm::{await_confirm, outcome_label, report, settle, SendResult};
+use crate::confirm::{await_confirm, outcome_label, report, settle, ConfirmTimeouts, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -112,7 +113,7 @@ impl Flight {
                 None => self.write(conn, true).await?,
             };
             let mut blocked = confirm.blocked_changes();
-            match await_confirm(confirm, &mut blocked, inner.config.blocked_timeout, message_id).await {
+            match await_confirm(confirm, &mut blocked, ConfirmTimeouts::of(&inner.config), message_id).await {
                 Err(err) if !inner.config.without_recovery && is_loss(&err) => {
                     tracing::debug!(message_id, %err, "the connection died before the confirm; writing the message again");
                 }
@@ -404,7 +405,7 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         Ok(PendingSend {
             confirm,
             resend,
-            blocked_timeout: inner.config.blocked_timeout,
+            timeouts: ConfirmTimeouts::of(&inner.config),
             message_id: envelope.id,
             publish,
         })
@@ -465,7 +466,7 @@ pub struct PendingSend {
     /// The message, to write again if the connection dies before its
     /// confirm (with confirms and recovery on).
     resend: Option<(Conn, Flight)>,
-    blocked_timeout: Duration,
+    timeouts: ConfirmTimeouts,
     message_id: String,
     /// Its method: the exchange and routing key it was sent to.
     publish: Arc<BasicPublish>,
@@ -506,7 +507,7 @@ impl PendingSend {
             (confirm, Some((conn, flight))) => flight.confirm_through_recovery(conn, confirm, &self.message_id).await,
             (Some(confirm), None) => {
                 let mut blocked = confirm.blocked_changes();
-                await_confirm(confirm, &mut blocked, self.blocked_timeout, &self.message_id).await
+                await_confirm(confirm, &mut blocked, self.timeouts, &self.message_id).await
             }
         };
         self.conclude(arrived)

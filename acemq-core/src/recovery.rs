@@ -146,6 +146,13 @@ pub(crate) fn is_loss(err: &Error) -> bool {
     }
 }
 
+/// Whether `err` says the broker did not answer a call in time: on a
+/// connection recovery has just made, the attempt failed (it is closed and
+/// tried again), rather than one declaration or consumer.
+pub(crate) fn is_silence(err: &Error) -> bool {
+    matches!(err, Error::Engine(amqp::Error::NoReply { .. }))
+}
+
 /// The redial delays: `first`, doubling up to `max`, each with ±20% jitter.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
@@ -417,7 +424,21 @@ async fn redial(
             }
         };
         let inner = weak.upgrade()?;
-        match restore(&inner, which, &conn).await {
+        // The restore's calls are each bounded by `call_timeout`; the whole
+        // of it, by what is left of `recovery_give_up`, so that a broker
+        // that answers the handshake and then nothing cannot keep recovery
+        // from giving up.
+        let restored = match give_up {
+            Some(give_up) => tokio::time::timeout_at(lost_at + give_up, restore(&inner, which, &conn))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Engine(amqp::Error::Timeout(
+                        give_up.saturating_sub(lost_at.elapsed().min(give_up)),
+                    )))
+                }),
+            None => restore(&inner, which, &conn).await,
+        };
+        match restored {
             Ok((consumers, failed)) => {
                 if *closing.borrow() {
                     let _ = conn.close().await;
@@ -481,7 +502,7 @@ async fn restore(inner: &Inner, which: &'static str, conn: &amqp::Connection) ->
                     reattached += 1;
                 }
             }
-            Err(err) if crate::recovery::is_loss(&err) => return Err(err),
+            Err(err) if is_loss(&err) || is_silence(&err) => return Err(err),
             Err(err) => {
                 failed.push(format!("consumer of {queue}: {err}"));
                 let _ = record.attach.send(Err(err));
@@ -533,7 +554,7 @@ async fn redeclare(inner: &Inner, conn: &amqp::Connection, failed: &mut Vec<Stri
                     }
                 }
             }
-            Err(err) if is_loss(&err) && conn.is_closed() => return Err(err),
+            Err(err) if (is_loss(&err) && conn.is_closed()) || is_silence(&err) => return Err(err),
             Err(err) => {
                 failed.push(format!("{declaration:?}: {err}"));
                 channel = conn.channel().await?;

@@ -440,3 +440,264 @@ async fn a_channel_open_the_broker_never_answers_fails_and_the_connection_goes_o
     })
     .await
 }
+
+// ---- a broker that stays connected but stops answering ----
+
+/// The answer a working broker gives to `method`, if it has one.
+fn answer(method: &Method) -> Option<Method> {
+    Some(match method {
+        Method::ChannelOpen(_) => ChannelOpenOk::default().into(),
+        Method::ChannelClose(_) => ChannelCloseOk {}.into(),
+        Method::ConfirmSelect(_) => ConfirmSelectOk {}.into(),
+        Method::BasicQos(_) => BasicQosOk {}.into(),
+        Method::BasicConsume(m) => BasicConsumeOk {
+            consumer_tag: if m.consumer_tag.is_empty() {
+                "ctag-1".into()
+            } else {
+                m.consumer_tag.clone()
+            },
+        }
+        .into(),
+        Method::BasicCancel(m) => BasicCancelOk {
+            consumer_tag: m.consumer_tag.clone(),
+        }
+        .into(),
+        Method::ExchangeDeclare(_) => ExchangeDeclareOk {}.into(),
+        Method::QueueDeclare(m) => QueueDeclareOk {
+            queue: m.queue.clone(),
+            ..Default::default()
+        }
+        .into(),
+        Method::QueueBind(_) => QueueBindOk {}.into(),
+        _ => return None,
+    })
+}
+
+/// A server for any number of connections that answers like a broker
+/// until `silent` is set, then answers nothing at all (not even a
+/// `close-ok`) and keeps every socket open: a broker that stays connected
+/// but stopped answering, as one whose quorum queue lost its majority does.
+/// With `closes` set, it still answers `channel.close` and
+/// `connection.close` while silent.
+async fn stalling_server(
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    closes: bool,
+) -> (String, tokio::task::JoinHandle<()>) {
+    use std::sync::atomic::Ordering;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("amqp://guest:guest@{}/", listener.local_addr().unwrap());
+    let handle = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let silent = silent.clone();
+            tokio::spawn(async move {
+                let mut s = FakeConn {
+                    stream,
+                    buf: BytesMut::new(),
+                    decoder: FrameDecoder::new(0),
+                };
+                s.handshake().await;
+                while let Some(frame) = s.recv().await {
+                    let Frame::Method(ch, method) = frame else { continue };
+                    let is_close = matches!(method, Method::ChannelClose(_) | Method::ConnectionClose(_));
+                    if silent.load(Ordering::SeqCst) && !(closes && is_close) {
+                        continue;
+                    }
+                    if let Method::ConnectionClose(_) = method {
+                        s.send(Frame::Method(0, ConnectionCloseOk {}.into())).await;
+                        return;
+                    }
+                    if let Some(reply) = answer(&method) {
+                        s.send(Frame::Method(ch, reply)).await;
+                    }
+                }
+            });
+        }
+    });
+    (url, handle)
+}
+
+/// `impatient()` with a short call timeout.
+fn call_impatient() -> Config {
+    let mut config = impatient();
+    config.call_timeout = Duration::from_millis(300);
+    config
+}
+
+#[tokio::test]
+async fn every_call_kind_fails_after_the_call_timeout_and_leaves_its_channel_closed() {
+    acemq_tests::deadline(async {
+        use acemq_core::proto::Wait;
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (url, server) = stalling_server(silent.clone(), true).await;
+        let conn = Connection::open(&url, call_impatient()).await.unwrap();
+        // A channel per call, opened while the broker still answers.
+        let mut channels = Vec::new();
+        for _ in 0..15 {
+            channels.push(conn.channel().await.unwrap());
+        }
+        silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut ch = channels.into_iter();
+        let mut calls: Vec<(&str, _)> = Vec::new();
+        macro_rules! call {
+            ($name:literal, $call:expr) => {{
+                let c = ch.next().unwrap();
+                let started = tokio::time::Instant::now();
+                let result = $call(c.clone()).await;
+                calls.push(($name, (c, started.elapsed(), result.map(|_| ()))));
+            }};
+        }
+        call!("exchange.declare", |c: acemq_core::amqp::Channel| async move {
+            c.exchange_declare(ExchangeDeclare::default()).await.map(|_| ())
+        });
+        call!("exchange.bind", |c: acemq_core::amqp::Channel| async move {
+            c.exchange_bind(ExchangeBind::default()).await.map(|_| ())
+        });
+        call!("exchange.unbind", |c: acemq_core::amqp::Channel| async move {
+            c.exchange_unbind(ExchangeUnbind::default()).await.map(|_| ())
+        });
+        call!("exchange.delete", |c: acemq_core::amqp::Channel| async move {
+            c.exchange_delete(ExchangeDelete::default()).await.map(|_| ())
+        });
+        call!("queue.declare", |c: acemq_core::amqp::Channel| async move {
+            c.queue_declare(QueueDeclare::default()).await.map(|_| ())
+        });
+        call!("queue.bind", |c: acemq_core::amqp::Channel| async move {
+            c.queue_bind(QueueBind::default()).await.map(|_| ())
+        });
+        call!("queue.unbind", |c: acemq_core::amqp::Channel| async move {
+            c.queue_unbind(QueueUnbind::default()).await.map(|_| ())
+        });
+        call!("queue.purge", |c: acemq_core::amqp::Channel| async move {
+            c.queue_purge(QueuePurge::default()).await.map(|_| ())
+        });
+        call!("queue.delete", |c: acemq_core::amqp::Channel| async move {
+            c.queue_delete(QueueDelete::default()).await.map(|_| ())
+        });
+        call!("basic.qos", |c: acemq_core::amqp::Channel| async move { c.qos(10).await });
+        call!("basic.consume", |c: acemq_core::amqp::Channel| async move {
+            c.consume("q").await.map(|_| ())
+        });
+        call!("basic.get", |c: acemq_core::amqp::Channel| async move {
+            c.basic_get("q", false).await.map(|_| ())
+        });
+        call!("confirm.select", |c: acemq_core::amqp::Channel| async move {
+            c.confirm_select().await
+        });
+        call!("tx.select", |c: acemq_core::amqp::Channel| async move { c.tx_select().await });
+        call!("basic.cancel", |c: acemq_core::amqp::Channel| async move {
+            c.basic_cancel(BasicCancel {
+                consumer_tag: "ctag-1".into(),
+                no_wait: false,
+            })
+            .await
+            .map(|_| ())
+        });
+        for (name, (channel, waited, result)) in calls {
+            let err = result.expect_err(name);
+            assert!(
+                matches!(err, Error::NoReply { waiting_for: Wait::Reply { to }, after } if to == name && after == Duration::from_millis(300)),
+                "{name}: {err}"
+            );
+            assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "{name}: {waited:?}");
+            // The handle is dead: the channel was closed under it.
+            assert!(!channel.is_open(), "{name}");
+            assert!(matches!(channel.qos(1).await, Err(Error::ChannelNotOpen(_))), "{name}");
+        }
+        // The connection itself goes on, and closes when asked.
+        assert!(!conn.is_closed());
+        conn.close().await.unwrap();
+        server.abort();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tx_commit_and_rollback_fail_after_the_call_timeout() {
+    acemq_tests::deadline(async {
+        use acemq_core::proto::Wait;
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (url, server) = stalling_server(silent.clone(), true).await;
+        let conn = Connection::open(&url, call_impatient()).await.unwrap();
+        let (a, b) = (conn.channel().await.unwrap(), conn.channel().await.unwrap());
+        silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        let commit = a.tx_commit().await.unwrap_err();
+        assert!(
+            matches!(
+                commit,
+                Error::NoReply {
+                    waiting_for: Wait::Reply { to: "tx.commit" },
+                    ..
+                }
+            ),
+            "{commit}"
+        );
+        let rollback = b.tx_rollback().await.unwrap_err();
+        assert!(
+            matches!(
+                rollback,
+                Error::NoReply {
+                    waiting_for: Wait::Reply { to: "tx.rollback" },
+                    ..
+                }
+            ),
+            "{rollback}"
+        );
+        conn.close().await.unwrap();
+        server.abort();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn conn_calls_and_confirms_fail_in_time_and_close_returns_when_the_broker_stops_answering() {
+    acemq_tests::deadline(async {
+        use acemq_core::{consume, Ack, Conn, Topology};
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Nothing is answered once silent, not even a close.
+        let (url, server) = stalling_server(silent.clone(), false).await;
+        let config = acemq_core::Config {
+            engine: call_impatient(),
+            publish_timeout: Duration::from_millis(500),
+            without_recovery: true,
+            ..acemq_core::Config::default()
+        };
+        let conn = Conn::open(&url, config).await.unwrap();
+        let consumer = consume(&conn, "q", |_: acemq_core::Message<serde_json::Value>| async {
+            Ack::accept()
+        })
+        .drain_timeout(Duration::from_millis(300))
+        .await
+        .unwrap();
+        silent.store(true, std::sync::atomic::Ordering::SeqCst);
+
+        // A declaration fails in bounded time with the typed error (its
+        // channel's open goes unanswered first).
+        let started = tokio::time::Instant::now();
+        let err = Topology::new().queue("other").declare(&conn).await.unwrap_err();
+        assert!(
+            matches!(&err, acemq_core::Error::Engine(Error::NoReply { .. })),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+
+        // A send written but never confirmed fails after publish_timeout.
+        let started = tokio::time::Instant::now();
+        let err = conn.publisher::<u32>("", "q").send(&1).await.unwrap_err();
+        assert!(matches!(err, acemq_core::Error::NotConfirmed { .. }), "{err}");
+        assert!(started.elapsed() >= Duration::from_millis(500) && started.elapsed() < Duration::from_secs(3));
+
+        // Close: the consumer's cancel, its channel's close and both
+        // connections' closes all go unanswered, each bounded.
+        let started = tokio::time::Instant::now();
+        let _ = tokio::time::timeout(Duration::from_secs(10), conn.close())
+            .await
+            .expect("Conn::close returns although the broker answers nothing");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(consumer.is_finished());
+        server.abort();
+    })
+    .await
+}

@@ -21,6 +21,15 @@ use crate::proto::Reply;
 /// An open channel. Cheap to clone; all clones are the same channel. When
 /// the last clone (including those held by consumers) is dropped, the
 /// channel is closed, and deliveries not yet acknowledged go back to the queue.
+///
+/// A call the broker does not answer within [`super::Config::call_timeout`]
+/// fails with [`Error::NoReply`], as does every call queued behind it; the
+/// engine then closes the channel (a late answer would be taken for the next
+/// call's). The handle is dead from then on, like one the broker closed:
+/// [`Channel::is_open`] is false, later calls fail with
+/// [`Error::ChannelNotOpen`], its consumers' streams end and its
+/// unconfirmed publishes fail with the same `NoReply`. Open a new channel
+/// to go on.
 #[derive(Clone, Debug)]
 pub struct Channel {
     conn: Connection,

@@ -29,6 +29,17 @@ pub struct Config {
     /// How long a close (of a channel or of the connection) may wait for
     /// the broker's `close-ok`.
     pub close_timeout: Duration,
+    /// How long every other synchronous call on a channel (declare, bind,
+    /// unbind, qos, consume, cancel, get, purge, delete, `tx.*`,
+    /// `confirm.select`, ...) may wait for its reply (time the broker
+    /// blocks the connection not counted). Past it the call fails with
+    /// [`super::Error::NoReply`], and so does every call queued behind it
+    /// on that channel; the channel is closed (its publishes waiting for a
+    /// confirm fail with the same error, its consumers end) and its handles
+    /// are dead: every later call on them fails with
+    /// [`super::Error::ChannelNotOpen`]. Open a new channel to go on.
+    /// 30 s by default; see [`Timeouts::call`] for why.
+    pub call_timeout: Duration,
     /// TLS settings for `amqps://`.
     pub tls: TlsConfig,
     /// A name for the connection, shown in RabbitMQ's management UI.
@@ -87,6 +98,7 @@ impl Default for Config {
             connection_timeout: Duration::from_secs(30),
             channel_open_timeout: Timeouts::default().channel_open,
             close_timeout: Timeouts::default().close,
+            call_timeout: Timeouts::default().call,
             tls: TlsConfig::new(),
             connection_name: None,
             external_auth: false,
@@ -191,6 +203,7 @@ impl Connection {
                 handshake: config.connection_timeout,
                 channel_open: config.channel_open_timeout,
                 close: config.close_timeout,
+                call: config.call_timeout,
             },
         };
         let settings = config.settings();

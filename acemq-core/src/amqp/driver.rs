@@ -1229,14 +1229,20 @@ impl Driver {
     }
 
     fn channel_closed(&mut self, channel: u16, refusal: Option<proto::Refusal>) {
-        let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::take) else {
-            return;
-        };
-        routes.open.store(false, Ordering::SeqCst);
         let error = match refusal {
             Some(r) => Error::ChannelClosed(r),
             None => Error::ChannelNotOpen(channel),
         };
+        self.channel_gone(channel, error);
+    }
+
+    /// `channel` is closed, or closing for good: its handles see it closed,
+    /// its unconfirmed publishes fail with `error`, its consumers end.
+    fn channel_gone(&mut self, channel: u16, error: Error) {
+        let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::take) else {
+            return;
+        };
+        routes.open.store(false, Ordering::SeqCst);
         routes.line.fail(error, routes.taken, &mut self.wake);
         wake_all(&mut self.wake);
         // Dropping the consumers' senders ends their streams, once what
@@ -1267,6 +1273,22 @@ impl Driver {
     }
 
     fn on_reply(&mut self, channel: u16, token: Token, result: Result<Reply, proto::CallError>) {
+        if let Err(proto::CallError::TimedOut {
+            waiting_for: waiting_for @ proto::Wait::Reply { .. },
+            after,
+        }) = &result
+        {
+            // The machine is closing the channel: its handles, publishes
+            // and consumers are done with it now, not at the close-ok a
+            // silent broker may never send.
+            self.channel_gone(
+                channel,
+                Error::NoReply {
+                    waiting_for: *waiting_for,
+                    after: *after,
+                },
+            );
+        }
         let Some(pending) = self.pending.remove(&token) else {
             return;
         };

@@ -32,6 +32,12 @@ pub(crate) struct PendingCall {
     /// The class and method ids that answer it.
     pub(crate) reply_class: u16,
     pub(crate) reply_methods: &'static [u16],
+    /// The method called, e.g. `queue.declare`.
+    pub(crate) method: &'static str,
+    /// When its reply is due, once it is written (see `timer`); `None`
+    /// for `channel.open` and `channel.close`, whose deadline is the
+    /// channel's own.
+    pub(crate) deadline: Option<std::time::Instant>,
 }
 
 #[derive(Debug)]

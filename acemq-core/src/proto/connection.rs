@@ -31,7 +31,7 @@ use bytes::BytesMut;
 use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase, Token};
 use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
 use super::settle::Settle;
-use super::timer::{ChannelDeadlines, Timeouts, Timer, Wait};
+use super::timer::{ChannelDeadlines, Deadlines, Timeouts, Timer, Wait};
 
 /// What a `basic.return` of a mandatory publish is matched by; `None` for
 /// a publish that is not mandatory (the broker returns none of those).
@@ -387,6 +387,10 @@ pub struct Connection {
     /// Channels that started a wait since the last transmit: their deadline
     /// runs from the moment the request is written (the next `poll_transmit`).
     unarmed: Vec<u16>,
+    /// Calls on open channels, earliest deadline first.
+    call_deadlines: Deadlines<(u16, Token)>,
+    /// Calls made since the last transmit, armed as `unarmed` is.
+    unarmed_calls: Vec<(u16, Token)>,
 }
 
 impl Connection {
@@ -414,6 +418,8 @@ impl Connection {
             close_deadline: None,
             channel_deadlines: ChannelDeadlines::default(),
             unarmed: Vec::new(),
+            call_deadlines: Deadlines::default(),
+            unarmed_calls: Vec::new(),
             params,
         }
     }
@@ -801,6 +807,7 @@ impl Connection {
             Timer::HeartbeatIdle if self.input_paused => None,
             Timer::HeartbeatIdle => Some(self.last_received + self.heartbeat_interval()? * 2),
             Timer::Channel => self.channel_deadlines.next(),
+            Timer::Call => self.call_deadlines.next(),
         }
     }
 
@@ -845,6 +852,22 @@ impl Connection {
                     }
                 }
             }
+            Timer::Call => {
+                while let Some((at, (channel, token))) = self.call_deadlines.pop_due(now) {
+                    if self.is_closed() {
+                        return;
+                    }
+                    let due = self.channel(channel).is_some_and(|c| {
+                        c.phase == Phase::Open
+                            && c.calls
+                                .iter()
+                                .any(|call| call.token == token && call.deadline == Some(at))
+                    });
+                    if due {
+                        self.call_expired(channel, token, now);
+                    }
+                }
+            }
         }
     }
 
@@ -858,6 +881,73 @@ impl Connection {
             self.arm_channel(channel, now);
         }
         self.unarmed = unarmed;
+        let mut unarmed = std::mem::take(&mut self.unarmed_calls);
+        for (channel, token) in unarmed.drain(..) {
+            self.arm_call(channel, token, now);
+        }
+        self.unarmed_calls = unarmed;
+    }
+
+    /// Starts the deadline of `token`'s reply on `channel`.
+    fn arm_call(&mut self, channel: u16, token: Token, now: Instant) {
+        let Some(at) = now.checked_add(self.params.timeouts.call) else {
+            return;
+        };
+        let Some(state) = self.channel_mut(channel) else { return };
+        let Some(call) = state.calls.iter_mut().find(|call| call.token == token) else {
+            return;
+        };
+        call.deadline = Some(at);
+        self.call_deadlines.arm(at, (channel, token));
+    }
+
+    /// The call `token` on `channel` waited too long for its reply: it and
+    /// every call behind it fail, and the channel is closed, since a reply
+    /// that came now would be taken for the next call's.
+    fn call_expired(&mut self, channel: u16, token: Token, now: Instant) {
+        if self.blocked.is_blocked() {
+            // The broker reads nothing while it blocks us: the wait starts over.
+            self.arm_call(channel, token, now);
+            return;
+        }
+        let after = self.params.timeouts.call;
+        let Some(state) = self
+            .channels
+            .get_mut(usize::from(channel))
+            .and_then(|c| c.as_deref_mut())
+        else {
+            return;
+        };
+        let Some(to) = state
+            .calls
+            .iter()
+            .find(|call| call.token == token)
+            .map(|call| call.method)
+        else {
+            return;
+        };
+        tracing::warn!(
+            channel,
+            call = to,
+            ?after,
+            "no reply from the broker: closing the channel"
+        );
+        fail_calls(
+            &mut self.events,
+            channel,
+            state,
+            CallError::TimedOut {
+                waiting_for: Wait::Reply { to },
+                after,
+            },
+        );
+        // Acks already made are said before the channel goes.
+        self.release_held(channel);
+        let state = self.channel_mut(channel).expect("checked above");
+        state.phase = Phase::Closing;
+        // A method the machine writes on its own always encodes.
+        self.push_call(channel, &Method::ChannelClose(goodbye())).ok();
+        self.arm_channel(channel, now);
     }
 
     /// Starts the deadline of what `channel` waits for (by its phase).
@@ -955,12 +1045,20 @@ impl Connection {
         };
         self.next_token += 1;
         let token = Token(self.next_token);
+        // `channel.open` and `channel.close` are bounded by the channel's
+        // own deadline; every other call by its own.
+        let own_deadline = !matches!(method, Method::ChannelOpen(_) | Method::ChannelClose(_));
         if let Some(state) = self.channel_mut(channel) {
             state.calls.push_back(PendingCall {
                 token,
                 reply_class,
                 reply_methods,
+                method: method.name(),
+                deadline: None,
             });
+            if own_deadline {
+                self.unarmed_calls.push((channel, token));
+            }
         }
         Ok(Some(token))
     }

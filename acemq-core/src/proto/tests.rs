@@ -1159,3 +1159,196 @@ fn a_close_answered_in_time_is_a_close_by_the_client() {
     assert_eq!(closed_reason(&p.events()), Some(&CloseReason::ByClient));
     assert_eq!(p.conn.poll_timeout(), None);
 }
+
+/// One of each synchronous call a client makes on an open channel, as the
+/// machine's callers send them (with a reply expected).
+fn every_call_kind() -> Vec<Method> {
+    vec![
+        ExchangeDeclare::default().into(),
+        ExchangeDelete::default().into(),
+        ExchangeBind::default().into(),
+        ExchangeUnbind::default().into(),
+        QueueDeclare::default().into(),
+        QueueBind::default().into(),
+        QueueUnbind::default().into(),
+        QueuePurge::default().into(),
+        QueueDelete::default().into(),
+        BasicQos::default().into(),
+        BasicConsume::default().into(),
+        BasicCancel::default().into(),
+        BasicGet::default().into(),
+        BasicRecover::default().into(),
+        ConfirmSelect::default().into(),
+        TxSelect::default().into(),
+        TxCommit::default().into(),
+        TxRollback::default().into(),
+        ChannelFlow::default().into(),
+    ]
+}
+
+#[test]
+fn every_unanswered_call_fails_after_the_call_timeout_and_its_channel_is_closed() {
+    let call = Timeouts::default().call;
+    for method in every_call_kind() {
+        let name = method.name();
+        let mut p = Peer::open_without_heartbeats();
+        let ch = p.open_channel();
+        let token = p
+            .conn
+            .call(ch, method)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name} expects a reply"));
+        p.client_method();
+        assert_eq!(p.conn.poll_timeout(), Some(p.now + call), "{name}");
+        p.advance(call - Duration::from_millis(1));
+        assert_eq!(p.events(), vec![], "{name}");
+        p.advance(Duration::from_millis(1));
+        assert_eq!(
+            p.events(),
+            vec![Event::Reply {
+                channel: ch,
+                token,
+                result: Err(CallError::TimedOut {
+                    waiting_for: Wait::Reply { to: name },
+                    after: call,
+                }),
+            }],
+            "{name}"
+        );
+        // The channel is closed: nothing more goes on it, and its number
+        // comes back once the broker confirms.
+        assert!(
+            matches!(p.client_method(), Method::ChannelClose(c) if c.reply_code == 200),
+            "{name}"
+        );
+        assert!(!p.conn.is_channel_open(ch));
+        assert_eq!(
+            p.conn.call(ch, QueueDeclare::default().into()),
+            Err(CommandError::ChannelNotOpen(ch))
+        );
+        p.server(ch, ChannelCloseOk {});
+        assert!(p
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::ChannelClosed { channel, refusal: None, .. } if *channel == ch)));
+        assert!(!p.conn.is_closed(), "{name}");
+        assert_eq!(p.open_channel(), ch);
+    }
+}
+
+#[test]
+fn calls_behind_an_unanswered_call_fail_with_it_and_a_late_reply_answers_none_of_them() {
+    let call = Timeouts::default().call;
+    let mut p = Peer::open_without_heartbeats();
+    let ch = p.open_channel();
+    let first = p.conn.call(ch, QueueDeclare::default().into()).unwrap().unwrap();
+    let second = p.conn.call(ch, QueueBind::default().into()).unwrap().unwrap();
+    p.flush();
+    p.advance(call);
+    let timed_out = Err(CallError::TimedOut {
+        waiting_for: Wait::Reply { to: "queue.declare" },
+        after: call,
+    });
+    let replies: Vec<_> = p
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Reply { token, result, .. } => Some((token, result)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies, vec![(first, timed_out.clone()), (second, timed_out)]);
+    // The broker wakes up: its late declare-ok is ignored on the closing channel.
+    p.server(
+        ch,
+        QueueDeclareOk {
+            queue: "q".into(),
+            ..Default::default()
+        },
+    );
+    assert!(!p.conn.is_closed());
+    assert_eq!(p.events(), vec![]);
+}
+
+#[test]
+fn a_call_answered_in_time_leaves_no_deadline_and_the_next_runs_from_its_own_write() {
+    let call = Timeouts::default().call;
+    let mut p = Peer::open_without_heartbeats();
+    let ch = p.open_channel();
+    p.conn.call(ch, QueueDeclare::default().into()).unwrap();
+    p.flush();
+    p.advance(call / 2);
+    p.server(
+        ch,
+        QueueDeclareOk {
+            queue: "q".into(),
+            ..Default::default()
+        },
+    );
+    p.events();
+    // The answered call's deadline is stale: it fires nothing. The next
+    // call's runs from when it is written, not from when it is made.
+    p.conn.call(ch, QueueBind::default().into()).unwrap();
+    p.advance(call / 2);
+    p.flush();
+    p.advance(call / 2);
+    assert_eq!(p.events(), vec![]);
+    assert!(p.conn.is_channel_open(ch));
+    p.advance(call / 2);
+    assert!(matches!(
+        &p.events()[..],
+        [Event::Reply {
+            result: Err(CallError::TimedOut {
+                waiting_for: Wait::Reply { to: "queue.bind" },
+                ..
+            }),
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn the_call_deadline_does_not_run_while_the_broker_blocks_the_connection() {
+    let call = Timeouts::default().call;
+    let mut p = Peer::open_without_heartbeats();
+    let ch = p.open_channel();
+    p.server(
+        0,
+        ConnectionBlocked {
+            reason: "low on memory".into(),
+        },
+    );
+    p.events();
+    p.conn.call(ch, QueueDeclare::default().into()).unwrap();
+    p.flush();
+    p.advance(call * 3);
+    assert!(!p.events().iter().any(|e| matches!(e, Event::Reply { .. })));
+    p.server(0, ConnectionUnblocked {});
+    p.server(
+        ch,
+        QueueDeclareOk {
+            queue: "q".into(),
+            ..Default::default()
+        },
+    );
+    assert!(p
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::Reply { result: Ok(_), .. })));
+    assert!(p.conn.is_channel_open(ch));
+}
+
+#[test]
+fn a_channel_whose_call_timed_out_and_whose_close_is_unanswered_ends_the_connection_in_bounded_time() {
+    let timeouts = Timeouts::default();
+    let mut p = Peer::open_without_heartbeats();
+    let ch = p.open_channel();
+    p.conn.call(ch, QueueDeclare::default().into()).unwrap();
+    assert!(matches!(p.client_method(), Method::QueueDeclare(_)));
+    p.advance(timeouts.call);
+    assert!(matches!(p.client_method(), Method::ChannelClose(_)));
+    p.advance(timeouts.close);
+    assert!(matches!(p.client_method(), Method::ConnectionClose(c) if c.reply_code == 504));
+    p.advance(timeouts.close);
+    assert!(p.conn.is_closed());
+}

@@ -3,11 +3,15 @@
 //! one ([`super::Connection::poll_timeout`]) and calls
 //! [`super::Connection::handle_timeout`] when it has passed.
 //!
-//! Every wait for the broker has one: the handshake, each `channel.open`
-//! and channel `close-ok`, and the connection's `close-ok`. A broker that
-//! never answers ends the wait with a typed error naming what was awaited;
-//! nothing waits for ever, even with heartbeats off. This file holds no
-//! clock: deadlines are computed from the `now` the driver passes in.
+//! Every wait for the broker has one: the handshake, each `channel.open`,
+//! every other synchronous call on a channel (declare, bind, qos, consume,
+//! cancel, get, purge, delete, `tx.*`, `confirm.select`, ...), each
+//! channel `close-ok`, and the connection's `close-ok`. A broker that
+//! stays connected but never answers (a quorum queue that lost its
+//! majority does this) ends the wait with a typed error naming what was
+//! awaited; nothing waits for ever, even with heartbeats off. This file
+//! holds no clock: deadlines are computed from the `now` the driver passes
+//! in.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -25,17 +29,20 @@ pub(crate) enum Timer {
     HeartbeatIdle,
     /// The earliest channel wait (`open-ok` or `close-ok`).
     Channel,
+    /// The earliest reply to a call on an open channel.
+    Call,
 }
 
 impl Timer {
     /// Every timer, in the order [`super::Connection::handle_timeout`]
     /// checks them.
-    pub(crate) const ALL: [Timer; 5] = [
+    pub(crate) const ALL: [Timer; 6] = [
         Timer::Handshake,
         Timer::CloseOk,
         Timer::HeartbeatIdle,
         Timer::HeartbeatSend,
         Timer::Channel,
+        Timer::Call,
     ];
 }
 
@@ -50,6 +57,11 @@ pub enum Wait {
     ChannelCloseOk,
     /// `connection.close-ok` after our `connection.close`.
     ConnectionCloseOk,
+    /// The reply to a synchronous call on an open channel.
+    Reply {
+        /// The call, e.g. `queue.declare`.
+        to: &'static str,
+    },
 }
 
 impl std::fmt::Display for Wait {
@@ -59,6 +71,7 @@ impl std::fmt::Display for Wait {
             Wait::ChannelOpenOk => "channel.open-ok",
             Wait::ChannelCloseOk => "channel.close-ok",
             Wait::ConnectionCloseOk => "connection.close-ok",
+            Wait::Reply { to } => return write!(f, "the reply to {to}"),
         })
     }
 }
@@ -75,6 +88,22 @@ pub struct Timeouts {
     /// For a `close-ok`, of a channel (blocked time not counted, as for
     /// `channel_open`) or of the connection.
     pub close: Duration,
+    /// For the reply to any other synchronous call on an open channel
+    /// (blocked time not counted, as for `channel_open`). When it passes,
+    /// the call and every call queued behind it on that channel fail with
+    /// [`Wait::Reply`], and the machine closes the channel: an answer that
+    /// comes later would be taken for the answer to the next call.
+    ///
+    /// 30 s by default, as for the handshake and `channel.open`: long
+    /// enough for a broker that is slow but working (a quorum queue's
+    /// declare or delete waits for its members to agree; a purge or delete
+    /// of a long queue takes seconds), short enough that a broker that
+    /// stopped answering is noticed while someone still waits for it. For
+    /// reference, the RabbitMQ .NET client waits 20 s
+    /// (`ConnectionFactory.DefaultContinuationTimeout`) and the Java client
+    /// 10 minutes (`ConnectionFactory.DEFAULT_CHANNEL_RPC_TIMEOUT`), which
+    /// leaves a stuck service looking alive for a long time.
+    pub call: Duration,
 }
 
 impl Default for Timeouts {
@@ -83,6 +112,7 @@ impl Default for Timeouts {
             handshake: Duration::from_secs(30),
             channel_open: Duration::from_secs(30),
             close: Duration::from_secs(10),
+            call: Duration::from_secs(30),
         }
     }
 }
@@ -94,30 +124,40 @@ impl Timeouts {
             Wait::Handshake => self.handshake,
             Wait::ChannelOpenOk => self.channel_open,
             Wait::ChannelCloseOk | Wait::ConnectionCloseOk => self.close,
+            Wait::Reply { .. } => self.call,
         }
     }
 }
 
-/// The deadlines of channel waits, earliest first.
+/// The deadlines of channel waits (keyed by channel) or of calls (keyed
+/// by channel and call), earliest first.
 ///
-/// A channel waits for at most one answer at a time (`open-ok` while
-/// opening, `close-ok` while closing), and its deadline is kept in its own
-/// state; this queue only orders them so that the earliest is found without
-/// looking at every channel. An entry whose channel has stopped waiting (the
-/// answer came) is stale and is skipped when its time comes. Most entries
-/// go at the back; one with a shorter timeout than those before it is
-/// inserted in order.
-#[derive(Debug, Default)]
-pub(crate) struct ChannelDeadlines {
-    queue: VecDeque<(Instant, u16)>,
+/// A channel waits for at most one `open-ok` or `close-ok` at a time, and a
+/// call for one reply; each deadline is kept in its own state, and this
+/// queue only orders them so that the earliest is found without looking at
+/// every channel. An entry that has stopped waiting (the answer came) is
+/// stale and is skipped when its time comes. Most entries go at the back;
+/// one with a shorter timeout than those before it is inserted in order.
+#[derive(Debug)]
+pub(crate) struct Deadlines<K> {
+    queue: VecDeque<(Instant, K)>,
 }
 
-impl ChannelDeadlines {
-    /// A channel starts waiting until `at`.
-    pub(crate) fn arm(&mut self, at: Instant, channel: u16) {
+impl<K> Default for Deadlines<K> {
+    fn default() -> Self {
+        Deadlines { queue: VecDeque::new() }
+    }
+}
+
+/// The deadlines of channels' `open-ok` and `close-ok`.
+pub(crate) type ChannelDeadlines = Deadlines<u16>;
+
+impl<K> Deadlines<K> {
+    /// `key` starts waiting until `at`.
+    pub(crate) fn arm(&mut self, at: Instant, key: K) {
         // Open and close timeouts may differ: keep the queue sorted.
         let index = self.queue.partition_point(|(t, _)| *t <= at);
-        self.queue.insert(index, (at, channel));
+        self.queue.insert(index, (at, key));
     }
 
     /// The earliest deadline, stale or not.
@@ -126,7 +166,7 @@ impl ChannelDeadlines {
     }
 
     /// The next entry due at `now`, if any.
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(Instant, u16)> {
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(Instant, K)> {
         match self.queue.front() {
             Some((at, _)) if *at <= now => self.queue.pop_front(),
             _ => None,
