@@ -29,7 +29,7 @@ use crate::codec::{Codec, Json};
 use crate::conn::Conn;
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
-    SOURCE_QUEUE_HEADER,
+    REPLAYED_HEADER, SOURCE_QUEUE_HEADER,
 };
 use crate::error::Error;
 use crate::hop::Destination;
@@ -716,7 +716,15 @@ async fn retry<T, F, C>(
         .policy
         .decide(envelope.attempt, envelope.first_seen, err.as_ref(), SystemTime::now());
     // The republished copy: only built where a retry republishes.
-    let next = || hop_properties(properties, delivery, envelope.attempt.saturating_add(1), None);
+    let next = || {
+        hop_properties(
+            properties,
+            delivery,
+            &shared.queue,
+            envelope.attempt.saturating_add(1),
+            None,
+        )
+    };
     let id = id_of(delivery, properties);
     match decision {
         Decision::DeadLetter { reason } => {
@@ -781,6 +789,7 @@ async fn wait_unless_closing<T, F, C>(shared: &Shared<T, F, C>, wait: Duration) 
 fn hop_properties(
     original: &BasicProperties,
     delivery: &Delivery,
+    queue: &str,
     attempt: u32,
     error: Option<&str>,
 ) -> BasicProperties {
@@ -811,12 +820,13 @@ fn hop_properties(
         }
     }
     let mut headers = props.headers.take().unwrap_or_default();
+    let origin_recorded = carries_librarys_origin(&headers, delivery, queue);
     headers.remove(DELIVERY_COUNT_HEADER);
     headers.insert(
         ATTEMPT_HEADER,
         FieldValue::I32(i32::try_from(attempt).unwrap_or(i32::MAX)),
     );
-    if !headers.contains_key(ORIGINAL_EXCHANGE_HEADER) {
+    if !origin_recorded {
         headers.insert(
             ORIGINAL_EXCHANGE_HEADER,
             FieldValue::from(delivery.exchange.to_string()),
@@ -831,6 +841,21 @@ fn hop_properties(
     }
     props.headers = Some(headers);
     props
+}
+
+/// Whether the `x-acemq-original-*` headers of a delivery were written by
+/// acemq, so a hop keeps them: it came the way the library's own copies come
+/// back to the queue (a retry, a rung, a replay into the queue: the default
+/// exchange, routing key this queue) and as one (attempt 2 or more, or
+/// replayed). Any other delivery is the message's first hop here: the
+/// exchange and key it came through are recorded, whatever a producer wrote.
+fn carries_librarys_origin(headers: &FieldTable, delivery: &Delivery, queue: &str) -> bool {
+    let number = |key: &str| headers.get(key).and_then(FieldValue::as_i64).unwrap_or(0);
+    headers.contains_key(ORIGINAL_EXCHANGE_HEADER)
+        && headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER)
+        && delivery.exchange.as_bytes().is_empty()
+        && delivery.routing_key.as_bytes() == queue.as_bytes()
+        && (number(ATTEMPT_HEADER) >= 2 || number(REPLAYED_HEADER) >= 1)
 }
 
 /// At most [`MAX_ERROR_TEXT`] bytes, cut at a character boundary.
@@ -886,7 +911,7 @@ async fn set_aside<T, F, C>(
 ) -> Result<(), Error> {
     // The attempt the handler saw (or would have seen), redeliveries counted.
     let attempt = envelope_of(&properties.view(), delivery).attempt;
-    let mut props = hop_properties(properties, delivery, attempt, Some(reason));
+    let mut props = hop_properties(properties, delivery, &shared.queue, attempt, Some(reason));
     props
         .headers
         .get_or_insert_with(FieldTable::new)

@@ -70,7 +70,7 @@ pub use consume::{consume, Consumer, ConsumerBuilder, Message};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
 pub use publish::{PendingSend, Publisher, Settling};
-pub use replay::{Kept, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
+pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};
 pub use topology::Topology;

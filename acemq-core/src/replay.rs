@@ -1,15 +1,30 @@
-//! Replay (DESIGN statement 23): moving messages of `{queue}.dlq` or
-//! `{queue}.parked` back to where they first went, and reading those queues
-//! without consuming them.
+//! Replay: moving messages of `{queue}.dlq` or `{queue}.parked` back into
+//! `{queue}`, and reading those queues without consuming them.
+//!
+//! Where a replayed message goes:
+//! - **by default, into its source queue** (through the default exchange,
+//!   routing key the queue's name): `{queue}` for a message of `{queue}.dlq`
+//!   or `{queue}.parked`; for a set-aside queue named otherwise (one bound
+//!   to a `dead_letter_to` exchange), the queue recorded in the message
+//!   (`x-acemq-source-queue`, which the consumer that set it aside writes,
+//!   or the broker's newest `x-death` entry). Only the service that failed
+//!   sees it again: sending it to the exchange it was first published to
+//!   would deliver it again to every other queue bound there too, and those
+//!   services would do their work twice.
+//! - **with [`ReplayOptions::to_original`], to the exchange and routing key
+//!   it was first published with** (`x-acemq-original-exchange` and
+//!   `-routing-key`, which the consumer records from the delivery it
+//!   received, overwriting a producer's own; or, for a message the broker
+//!   dead-lettered itself, the oldest `x-death` entry's exchange and key).
+//!
+//! A dry run lists each message's destination without moving anything.
 //!
 //! A replay consumes the set-aside queue on a channel of its own, at most
 //! the messages that were there when it started. Each message it can send
-//! back is published, mandatory and confirmed on the library channel, to its
-//! `x-acemq-original-exchange` and `-routing-key` (or, for a message the
-//! broker dead-lettered itself, to the first `x-death` entry's exchange and
-//! key), with the same message-id, correlation and causation, attempt 1, a
-//! fresh first-seen, no `x-acemq-error` and `x-acemq-replayed` one more;
-//! only after its confirm is the set-aside copy acked. What it cannot send
+//! back is published, mandatory and confirmed on the library channel, with
+//! the same message-id, correlation and causation, attempt 1, a fresh
+//! first-seen, no `x-acemq-error` and `x-acemq-replayed` one more; only
+//! after its confirm is the set-aside copy acked. What it cannot send
 //! back stays unacked until the end and is then returned to the queue
 //! (`basic.nack` with requeue), where RabbitMQ puts it back in its place.
 //!
@@ -29,7 +44,7 @@ use crate::amqp::{self, Delivery};
 use crate::conn::Conn;
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
-    REPLAYED_HEADER,
+    REPLAYED_HEADER, SOURCE_QUEUE_HEADER,
 };
 use crate::error::Error;
 
@@ -51,6 +66,10 @@ pub struct ReplayOptions {
     pub filter: Option<ReplayFilter>,
     /// Called after every message examined.
     pub progress: Option<ReplayProgressFn>,
+    /// Sends each message to the exchange and routing key it was first
+    /// published with, instead of into its source queue (see the module
+    /// docs: every queue bound there gets it again).
+    pub to_original: bool,
 }
 
 impl std::fmt::Debug for ReplayOptions {
@@ -60,6 +79,7 @@ impl std::fmt::Debug for ReplayOptions {
             .field("dry_run", &self.dry_run)
             .field("filter", &self.filter.is_some())
             .field("progress", &self.progress.is_some())
+            .field("to_original", &self.to_original)
             .finish()
     }
 }
@@ -87,6 +107,20 @@ pub struct ReplayReport {
     pub replayed: usize,
     /// Those that stayed, each with why.
     pub kept: Vec<Kept>,
+    /// Where each message sent back went (in a dry run: would go), in the
+    /// order they were examined.
+    pub destinations: Vec<ReplayDestination>,
+}
+
+/// Where a replay sent one message (or, in a dry run, would send it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayDestination {
+    /// Its message-id.
+    pub message_id: String,
+    /// The exchange (`""`, the default exchange, for its source queue).
+    pub exchange: String,
+    /// The routing key (the source queue's name, through the default exchange).
+    pub routing_key: String,
 }
 
 /// A message a replay left where it was.
@@ -111,6 +145,9 @@ pub struct SetAside {
     pub original_exchange: Option<String>,
     /// The routing key it first went with.
     pub original_routing_key: Option<String>,
+    /// The queue it was set aside from, as recorded in it
+    /// (`x-acemq-source-queue`, or the broker's newest `x-death` entry).
+    pub source_queue: Option<String>,
     /// How often it was replayed before (`x-acemq-replayed`).
     pub replayed: u32,
     /// Whether the broker delivered it before (a listing marks it so).
@@ -140,6 +177,7 @@ impl SetAside {
         };
         let (death_exchange, death_key) = first_death(&properties);
         SetAside {
+            source_queue: header(SOURCE_QUEUE_HEADER).or_else(|| last_death_queue(&properties)),
             error: header(ERROR_HEADER).or_else(|| header("x-first-death-reason")),
             original_exchange: header(ORIGINAL_EXCHANGE_HEADER).or(death_exchange),
             original_routing_key: header(ORIGINAL_ROUTING_KEY_HEADER).or(death_key),
@@ -158,12 +196,32 @@ impl SetAside {
         }
     }
 
-    /// Where a replay sends it, if it is known.
-    fn destination(&self) -> Option<(&str, &str)> {
+    /// The exchange and routing key it was first published with, if known.
+    fn original(&self) -> Option<(&str, &str)> {
         Some((
             self.original_exchange.as_deref()?,
             self.original_routing_key.as_deref()?,
         ))
+    }
+
+    /// Where a replay from `from` sends it (see the module docs), or why it
+    /// cannot go back.
+    fn destination(&self, from: &str, to_original: bool) -> Result<(String, String), String> {
+        if to_original {
+            return self
+                .original()
+                .map(|(exchange, key)| (exchange.to_string(), key.to_string()))
+                .ok_or_else(|| "no original exchange and routing key recorded".to_string());
+        }
+        // A `{queue}.dlq` or `{queue}.parked` goes back into `{queue}`,
+        // whatever the message says; elsewhere, the queue it records.
+        let stem = from.strip_suffix(".dlq").or_else(|| from.strip_suffix(".parked"));
+        match stem.filter(|q| !q.is_empty()).or(self.source_queue.as_deref()) {
+            Some(queue) => Ok((String::new(), queue.to_string())),
+            None => {
+                Err("no source queue recorded (to_original sends it to the exchange it was first published to)".into())
+            }
+        }
     }
 
     /// The properties of the replayed copy.
@@ -175,9 +233,16 @@ impl SetAside {
         let mut headers = FieldTable::new();
         for (key, value) in props.headers.iter().flat_map(FieldTable::iter) {
             let name = key.as_bytes();
-            let dropped = [ATTEMPT_HEADER, FIRST_SEEN_HEADER, ERROR_HEADER, REPLAYED_HEADER]
-                .iter()
-                .any(|h| h.as_bytes() == name)
+            let dropped = [
+                ATTEMPT_HEADER,
+                FIRST_SEEN_HEADER,
+                ERROR_HEADER,
+                REPLAYED_HEADER,
+                SOURCE_QUEUE_HEADER,
+            ]
+            .iter()
+            .any(|h| h.as_bytes() == name)
+                || name == b"x-delivery-count"
                 // The broker's dead-letter history: the replayed copy starts
                 // a life of its own.
                 || name == b"x-death"
@@ -221,6 +286,20 @@ fn first_death(properties: &BasicProperties) -> (Option<String>, Option<String>)
     (exchange, key)
 }
 
+/// The queue of the newest `x-death` entry: the queue the broker
+/// dead-lettered it from last.
+fn last_death_queue(properties: &BasicProperties) -> Option<String> {
+    let newest = properties
+        .headers
+        .as_ref()?
+        .get("x-death")?
+        .as_array()?
+        .0
+        .first()?
+        .as_table()?;
+    newest.get("queue")?.as_str().map(str::to_string)
+}
+
 /// How long a replay or a listing waits for the next delivery of a queue
 /// that said it had more.
 const NEXT_DELIVERY: Duration = Duration::from_secs(5);
@@ -229,9 +308,10 @@ const WINDOW: usize = 256;
 
 impl Conn {
     /// Moves the messages of `from` (a `{queue}.dlq` or `{queue}.parked`)
-    /// back to where they first went, as the module docs say; returns what
-    /// it did. A message that cannot go back stays, and the report says
-    /// why.
+    /// back into their source queue, or with [`ReplayOptions::to_original`]
+    /// to where they were first published, as the module docs say; returns
+    /// what it did and where each went. A message that cannot go back
+    /// stays, and the report says why.
     pub async fn replay(&self, from: &str, options: ReplayOptions) -> Result<ReplayReport, Error> {
         let (channel, mut deliveries, total) = match self.open_reader(from, options.limit).await? {
             Some(reader) => reader,
@@ -258,25 +338,37 @@ impl Conn {
             report.examined += 1;
             let aside = SetAside::read(&delivery);
             let message_id = aside.envelope.id.clone();
-            let verdict = match (&options.filter, aside.destination()) {
+            let verdict = match (&options.filter, aside.destination(from, options.to_original)) {
                 (Some(filter), _) if !filter(&aside) => Err("not selected by the filter".to_string()),
-                (_, None) => Err("no original exchange and routing key recorded".to_string()),
-                (_, Some((exchange, _))) => self.exchange_exists(&mut exchanges, exchange).await,
+                (_, Err(reason)) => Err(reason),
+                (_, Ok((exchange, key))) => self
+                    .exchange_exists(&mut exchanges, &exchange)
+                    .await
+                    .map(|()| (exchange, key)),
             };
             match verdict {
                 Err(reason) => {
                     report.kept.push(Kept { message_id, reason });
                     held.push(delivery);
                 }
-                Ok(()) if options.dry_run => {
+                Ok((exchange, routing_key)) if options.dry_run => {
                     report.replayed += 1;
+                    report.destinations.push(ReplayDestination {
+                        message_id,
+                        exchange,
+                        routing_key,
+                    });
                     held.push(delivery);
                 }
-                Ok(()) => {
-                    let (exchange, routing_key) = aside.destination().expect("checked above");
+                Ok((exchange, routing_key)) => {
+                    report.destinations.push(ReplayDestination {
+                        message_id: message_id.clone(),
+                        exchange: exchange.clone(),
+                        routing_key: routing_key.clone(),
+                    });
                     let publish = BasicPublish {
-                        exchange: exchange.into(),
-                        routing_key: routing_key.into(),
+                        exchange: exchange.as_str().into(),
+                        routing_key: routing_key.as_str().into(),
                         mandatory: true,
                         ..Default::default()
                     };
@@ -429,6 +521,10 @@ fn settle(
             report.replayed += 1;
         }
         Err(err) => {
+            // It did not go there after all.
+            if let Some(at) = report.destinations.iter().rposition(|d| d.message_id == message_id) {
+                report.destinations.remove(at);
+            }
             report.kept.push(Kept {
                 message_id,
                 reason: err.to_string(),

@@ -571,10 +571,20 @@ fn dlq_list_show_replay_and_purge_set_aside_messages() {
                 .contains(&format!("dry run: 4 of 4 messages examined in {dlq} would be replayed")),
             "{run:?}"
         );
+        for id in &dead {
+            assert!(run.stdout.contains(&format!("  {id} -> queue {q}\n")), "{run:?}");
+        }
+        // --to-original lists the exchanges and keys they were first published with.
+        let run = t.acemq(&["dlq", "replay", &q, "--dry-run", "--to-original"]).await;
+        run.assert_code(0);
+        for (id, exchange, key) in [(&ids[0], &x, "order.placed"), (&ids[4], &y, "other.placed")] {
+            let line = format!("  {id} -> exchange {exchange:?} key {key:?}\n");
+            assert!(run.stdout.contains(&line), "no {line:?} in {run:?}");
+        }
         assert_eq!(queue_depth(&conn, &dlq).await, 4, "a dry run moves nothing");
         assert_eq!(queue_depth(&conn, &q).await, 0, "a dry run moves nothing");
 
-        // replay --limit 1 moves the first one back to where it first went.
+        // replay --limit 1 moves the first one back into its queue.
         let run = t.acemq(&["dlq", "replay", &q, "--limit", "1"]).await;
         run.assert_code(0);
         assert!(
@@ -594,8 +604,8 @@ fn dlq_list_show_replay_and_purge_set_aside_messages() {
         assert_eq!(props.message_id.as_ref().unwrap().as_str(), Some(ids[0].as_str()));
         let headers = props.headers.as_ref().unwrap();
         assert_eq!(headers.get("x-acemq-replayed").and_then(FieldValue::as_i64), Some(1));
-        assert_eq!(back.exchange.as_str(), Some(x.as_str()));
-        assert_eq!(back.routing_key.as_str(), Some("order.placed"));
+        assert_eq!(back.exchange.as_str(), Some(""), "through the default exchange");
+        assert_eq!(back.routing_key.as_str(), Some(q.as_str()));
 
         // --id replays only that one; the others stay, and that is no failure.
         let run = t.acemq(&["dlq", "replay", &q, "--id", &ids[2], "--json"]).await;
@@ -614,8 +624,8 @@ fn dlq_list_show_replay_and_purge_set_aside_messages() {
             .collect();
         assert_eq!(left, [ids[1].as_str(), ids[4].as_str()]);
 
-        // A message whose exchange is gone stays, with the reason, and the
-        // exit code says so.
+        // To the original exchanges: a message whose exchange is gone stays,
+        // with the reason, and the exit code says so.
         let ch = conn.consuming_connection().channel().await.unwrap();
         ch.exchange_delete(ExchangeDelete {
             exchange: y.as_str().into(),
@@ -623,7 +633,7 @@ fn dlq_list_show_replay_and_purge_set_aside_messages() {
         })
         .await
         .unwrap();
-        let run = t.acemq(&["dlq", "replay", &q]).await;
+        let run = t.acemq(&["dlq", "replay", &q, "--to-original"]).await;
         run.assert_code(1);
         assert!(
             run.stdout

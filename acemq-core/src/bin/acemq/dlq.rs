@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_core::{Conn, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
+use acemq_core::{Conn, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 use amqp_codec::QueueDeclare;
 use clap::Subcommand;
 use serde_json::json;
@@ -45,11 +45,12 @@ pub(crate) enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Moves messages back to the exchange and routing key they first went
-    /// to (attempt 1, the same message-id); what cannot go back stays, with
-    /// the reason, and the exit code is 1.
+    /// Moves messages back into QUEUE itself (attempt 1, the same
+    /// message-id), or with --to-original to the exchange and routing key
+    /// they were first published with; what cannot go back stays, with the
+    /// reason, and the exit code is 1.
     #[command(
-        after_help = "Example: acemq dlq replay orders --dry-run\n         acemq dlq replay orders --limit 100\n         acemq dlq replay orders --parked --id 3f2a0c7e-..."
+        after_help = "Example: acemq dlq replay orders --dry-run\n         acemq dlq replay orders --limit 100\n         acemq dlq replay orders --parked --id 3f2a0c7e-...\n         acemq dlq replay orders --to-original --dry-run"
     )]
     Replay {
         #[command(flatten)]
@@ -57,9 +58,14 @@ pub(crate) enum DlqCommand {
         /// At most this many messages, from the head of the queue.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
-        /// Examine and report what would go back; move nothing.
+        /// Examine and report what would go back, and where; move nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Send each message to the exchange and routing key it was first
+        /// published with, instead of into QUEUE: every queue bound there
+        /// gets it again, so other services may do their work twice.
+        #[arg(long)]
+        to_original: bool,
         /// Only the message with this message-id (repeatable); the others stay.
         #[arg(long = "id", value_name = "MESSAGE_ID")]
         ids: Vec<String>,
@@ -90,9 +96,17 @@ pub(crate) async fn run(conn: &Conn, command: DlqCommand) -> Outcome {
             queue,
             limit,
             dry_run,
+            to_original,
             ids,
             json,
-        } => replay(conn, &queue, limit, dry_run, ids, json).await,
+        } => {
+            let how = How {
+                limit,
+                dry_run,
+                to_original,
+            };
+            replay(conn, &queue, how, ids, json).await
+        }
         DlqCommand::Purge { queue, yes } => purge(conn, &queue, yes).await,
     }
 }
@@ -368,14 +382,28 @@ impl Progress {
     }
 }
 
-async fn replay(
-    conn: &Conn,
-    queue: &SetAsideQueue,
+/// How a replay runs, as the command line says.
+struct How {
     limit: Option<usize>,
     dry_run: bool,
-    ids: Vec<String>,
-    json: bool,
-) -> Outcome {
+    to_original: bool,
+}
+
+/// A destination as an operator reads it.
+fn destination(d: &ReplayDestination) -> String {
+    if d.exchange.is_empty() {
+        format!("queue {}", d.routing_key)
+    } else {
+        format!("exchange {:?} key {:?}", d.exchange, d.routing_key)
+    }
+}
+
+async fn replay(conn: &Conn, queue: &SetAsideQueue, how: How, ids: Vec<String>, json: bool) -> Outcome {
+    let How {
+        limit,
+        dry_run,
+        to_original,
+    } = how;
     let name = queue.name();
     let depth = depth(conn, queue).await?;
     let total = limit.map_or(u64::from(depth), |l| (l as u64).min(u64::from(depth)));
@@ -385,6 +413,7 @@ async fn replay(
     let mut options = ReplayOptions {
         limit,
         dry_run,
+        to_original,
         ..Default::default()
     };
     let reporter = progress.clone();
@@ -431,15 +460,22 @@ async fn replay(
             .iter()
             .map(|k| json!({ "message_id": k.message_id, "reason": k.reason }))
             .collect();
+        let destinations: Vec<_> = report
+            .destinations
+            .iter()
+            .map(|d| json!({ "message_id": d.message_id, "exchange": d.exchange, "routing_key": d.routing_key }))
+            .collect();
         println!(
             "{}",
             json!({
                 "queue": name,
                 "dry_run": dry_run,
+                "to_original": to_original,
                 "examined": report.examined,
                 "replayed": report.replayed,
                 "not_selected": left_out,
                 "kept": kept,
+                "destinations": destinations,
             })
         );
     } else {
@@ -454,6 +490,9 @@ async fn replay(
                 report.replayed,
                 messages(report.examined as u32)
             );
+            for d in &report.destinations {
+                println!("  {} -> {}", d.message_id, destination(d));
+            }
         } else {
             println!(
                 "replayed {} of {} examined in {name}{selection}",
