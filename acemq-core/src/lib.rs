@@ -5,8 +5,18 @@
 //! - [`io`]: the tokio driver and the transports (TCP, rustls TLS, any stream);
 //! - [`amqp`]: the low-level `Connection`/`Channel` API with every method.
 //!
-//! The acemq API (publishers, consumers, retries, recovery) builds on these
-//! and arrives with its own issues.
+//! The acemq API (publishers, consumers, retries, recovery) builds on these.
+//! Two of its choices are about whom to trust:
+//!
+//! - [`Conn::replay`] sends a set-aside message back **into the queue it was
+//!   set aside from** by default; [`ReplayOptions::to_original`] sends it to
+//!   the exchange and routing key it was first published with instead
+//!   (where every bound queue gets it again), as recorded by the consumer
+//!   from the delivery, never taken from a producer's headers.
+//! - Routing slips ([`hops::RoutingSlip`]) are followed only by a consumer
+//!   built with [`ConsumerBuilder::routing_slips`], and only to the
+//!   destinations it allows; any other consumer treats the slip header as
+//!   an ordinary header.
 //!
 //! ```
 //! use acemq_core::amqp::{Config, Confirmation, Connection};
