@@ -555,6 +555,10 @@ where
 /// (`tests/tests/differential.rs`): operations, the runner, normalisation.
 pub mod differential;
 
+/// The model-based test of the consumer (`tests/tests/model.rs`):
+/// operations, the runner, the model.
+pub mod model;
+
 #[cfg(test)]
 mod tests {
     use super::*;

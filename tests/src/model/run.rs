@@ -1,0 +1,691 @@
+//! The runner: one sequence against a real consumer on a real broker,
+//! recording what the model needs ([`super::check::Record`]).
+//!
+//! It must never decide what is right: it records the handler's calls, the
+//! redeliveries it caused, the faults it injected and where every copy of
+//! every message was found, and leaves the verdict to [`super::check`].
+//! Every wait is bounded; a consumer that never finishes a message shows up
+//! as a message the model finds in the wrong place, not as a hang.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq_core::amqp::{Channel, Config as EngineConfig, Connection};
+use acemq_core::envelope::{ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER};
+use acemq_core::hops::ROUTING_SLIP_HEADER;
+use acemq_core::retry::rung_name;
+use acemq_core::{consume, fatal, Ack, Config, Conn, Consumer, Message};
+use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::check::{self, Call, Found, Place, Record, FATAL_ERROR, PANIC_TEXT, PARK_REASON, RETRY_ERROR};
+use super::ops::{Hostile, Op, Outcome, QueueType, Setup, LONG_ERROR, NEAR_FRAME_MAX, SLOW};
+use crate::chaos::{host_port, Proxy};
+
+/// The broker a sequence runs against.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// What the reports call it (`acemq-memory`, `RabbitMQ 3.10`, ...).
+    pub name: String,
+    /// The RabbitMQ's URL, or `None` for a fresh acemq-memory broker per sequence.
+    pub url: Option<String>,
+}
+
+/// How long a `Settle` step waits for the consumer to finish its messages.
+const SETTLE: Duration = Duration::from_secs(3);
+/// How long the last settle waits, before the consumer is closed.
+const LAST_SETTLE: Duration = Duration::from_secs(4);
+/// How long the rungs may take to hand their messages back at the end.
+const RUNGS_EMPTY: Duration = Duration::from_secs(3);
+/// How long the `Conn` may take to recover from a forced close.
+const RECOVERY: Duration = Duration::from_secs(5);
+/// How long `Conn::close()` may take (its drain is two seconds).
+const CLOSE: Duration = Duration::from_secs(15);
+/// A message whose last call was this recent when a fault came may still be
+/// unacknowledged: the fault may redeliver it.
+const RECENT: Duration = Duration::from_millis(500);
+
+#[derive(Deserialize)]
+struct Body {
+    n: usize,
+}
+
+#[derive(Debug)]
+struct ModelError(String);
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+/// What the handler reads and writes: the scripts, and the calls.
+#[derive(Default)]
+struct Handled {
+    scripts: Mutex<HashMap<usize, Vec<Outcome>>>,
+    calls: Mutex<BTreeMap<usize, Vec<Call>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keeps the panics the model's handler makes on purpose out of the output
+/// (every other panic is printed as before).
+pub fn quiet_model_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            if !text.contains(PANIC_TEXT) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The number in a body the test published (`{"n":N}` or `not json N`).
+fn number_of(body: &[u8]) -> Option<usize> {
+    if let Ok(b) = serde_json::from_slice::<Body>(body) {
+        return Some(b.n);
+    }
+    std::str::from_utf8(body).ok()?.strip_prefix("not json ")?.parse().ok()
+}
+
+struct Runner<'a> {
+    setup: &'a Setup,
+    queues: Vec<String>,
+    helper_url: String,
+    conn_url: String,
+    memory: Option<(String, acemq_memory::Broker)>,
+    proxy: Option<Proxy>,
+    helper: Option<(Connection, Channel)>,
+    handled: Arc<Handled>,
+    records: Vec<Record>,
+    /// The queue each message was published to.
+    queue_of: Vec<String>,
+    running: Option<(Conn, Vec<Consumer>)>,
+    /// The `which` of every `RecoveryEvent::Recovered` of the running `Conn`.
+    recovered: Arc<Mutex<Vec<&'static str>>>,
+    log: Vec<String>,
+    started: Instant,
+}
+
+/// Runs `ops` on `setup` against `target`; `Err` is the model's verdict
+/// with the sequence's log.
+pub async fn run(setup: &Setup, ops: &[Op], target: &Target) -> Result<(), String> {
+    quiet_model_panics();
+    let base = crate::unique("model");
+    let (memory, helper_url, conn_url, proxy) = match &target.url {
+        None => {
+            let name = format!("{base}.broker");
+            let broker = acemq_memory::Broker::named(&name);
+            let url = format!("memory://{name}/");
+            (Some((name, broker)), url.clone(), url, None)
+        }
+        Some(url) => {
+            let proxy = Proxy::start(host_port(url)).await;
+            let through = proxy.url_for(url);
+            (None, url.clone(), through, Some(proxy))
+        }
+    };
+    let queues = (0..setup.queues.len()).map(|i| format!("{base}.q{i}")).collect();
+    let mut runner = Runner {
+        setup,
+        queues,
+        helper_url,
+        conn_url,
+        memory,
+        proxy,
+        helper: None,
+        handled: Arc::default(),
+        records: Vec::new(),
+        queue_of: Vec::new(),
+        running: None,
+        recovered: Arc::default(),
+        log: Vec::new(),
+        started: Instant::now(),
+    };
+    let outcome = runner.go(ops).await;
+    runner.cleanup().await;
+    outcome.map_err(|e| format!("on {}: {e}\n{}", target.name, runner.log.join("\n")))
+}
+
+impl Runner<'_> {
+    fn note(&mut self, text: impl Into<String>) {
+        let text = text.into();
+        self.log
+            .push(format!("  {:>6.0?} {text}", self.started.elapsed().as_millis() as f64));
+    }
+
+    async fn go(&mut self, ops: &[Op]) -> Result<(), String> {
+        self.declare().await?;
+        for op in ops {
+            self.step(op).await?;
+        }
+        if self.running.is_some() {
+            self.settle(LAST_SETTLE).await?;
+            self.close().await?;
+        }
+        self.wait_for_rungs().await;
+        for i in 0..self.queues.len() {
+            for (suffix, place) in [
+                (".dlq", Place::Dlq),
+                (".parked", Place::Parked),
+                (".sink", Place::Sink),
+                ("", Place::Queued),
+            ] {
+                let queue = format!("{}{suffix}", self.queues[i]);
+                self.observe(&queue, place).await?;
+            }
+        }
+        let calls = std::mem::take(&mut *lock(&self.handled.calls));
+        for (n, calls) in calls {
+            match self.records.get_mut(n) {
+                Some(r) => r.calls = calls,
+                None => return Err(format!("the handler saw message {n}, which was never published")),
+            }
+        }
+        let mut failures = Vec::new();
+        for r in &self.records {
+            if let Err(e) = check::check(self.setup, r) {
+                failures.push(format!("message {} ({:?} queue, {:?}, script {:?}, broker redeliveries by copy {:?}, faults {:?}): {e}\n      calls {:?}\n      found {:?}",
+                    r.n, r.queue, r.props, r.script, r.steals, r.faults,
+                    r.calls.iter().map(|c| (c.attempt, c.redelivered)).collect::<Vec<_>>(),
+                    r.found));
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{:?}\n  {}\nlog:", self.setup, failures.join("\n  ")))
+        }
+    }
+
+    async fn step(&mut self, op: &Op) -> Result<(), String> {
+        match op {
+            Op::Publish { q, props, script } => {
+                let qi = q % self.queues.len();
+                let n = self.records.len();
+                lock(&self.handled.scripts).insert(n, script.clone());
+                self.records.push(Record {
+                    n,
+                    queue: self.setup.queues[qi],
+                    props: *props,
+                    script: script.clone(),
+                    steals: BTreeMap::new(),
+                    consumed: self.running.is_some(),
+                    faults: Vec::new(),
+                    dlq_deleted: false,
+                    calls: Vec::new(),
+                    found: Vec::new(),
+                });
+                self.queue_of.push(self.queues[qi].clone());
+                self.publish(qi, n).await?;
+                self.note(format!("published {n} to q{qi}"));
+            }
+            Op::Steal { q } => {
+                let queue = self.queues[q % self.queues.len()].clone();
+                let ch = self.channel().await?;
+                match ch.basic_get(&queue, false).await {
+                    Ok(Some(m)) => {
+                        let Some(n) = number_of(&m.body) else {
+                            return Err(format!("{queue} held a message the test never published: {:?}", m.body));
+                        };
+                        let copy = lock(&self.handled.calls).get(&n).map_or(0, Vec::len);
+                        ch.basic_nack(m.delivery_tag, false, true)
+                            .map_err(|e| format!("nacking a stolen message: {e}"))?;
+                        if let Some(r) = self.records.get_mut(n) {
+                            *r.steals.entry(copy).or_default() += 1;
+                        }
+                        self.note(format!(
+                            "another client took {n} (copy {copy}) and nacked it with requeue"
+                        ));
+                    }
+                    Ok(None) => self.note("another client found nothing to take"),
+                    Err(e) => return Err(format!("basic.get on {queue}: {e}")),
+                }
+            }
+            Op::Start => {
+                if self.running.is_none() {
+                    self.start().await?;
+                }
+            }
+            Op::Close => {
+                if self.running.is_some() {
+                    self.fault("Conn::close").await?;
+                    self.close().await?;
+                }
+            }
+            Op::ForceClose => {
+                if self.running.is_some() {
+                    self.fault("a forced close").await?;
+                    lock(&self.recovered).clear();
+                    match (&self.memory, &self.proxy) {
+                        (Some((_, broker)), _) => {
+                            broker.faults().close_all("closed by the model test");
+                            // The test's own connection went with them.
+                            self.helper = None;
+                        }
+                        (None, Some(proxy)) => proxy.cut_all(),
+                        (None, None) => unreachable!("a RabbitMQ run has its proxy"),
+                    }
+                    self.note("the broker closed the consumer's connections");
+                    self.wait_for_recovery().await;
+                }
+            }
+            Op::DeleteDlq { q } => {
+                let qi = q % self.queues.len();
+                let queue = format!("{}.dlq", self.queues[qi]);
+                self.observe_set_asides().await?;
+                let calls = lock(&self.handled.calls).clone();
+                let name = &self.queues[qi];
+                for r in &mut self.records {
+                    let mine = self.queue_of[r.n] == *name;
+                    if mine && r.consumed && !Self::done(r, calls.get(&r.n)) {
+                        r.dlq_deleted = true;
+                    }
+                }
+                let ch = self.channel().await?;
+                let delete = QueueDelete {
+                    queue: queue.as_str().into(),
+                    ..Default::default()
+                };
+                match ch.queue_delete(delete).await {
+                    Ok(ok) => {
+                        let count = ok.map_or(0, |ok| ok.message_count);
+                        self.note(format!("another client deleted {queue} ({count} messages in it)"));
+                    }
+                    Err(e) => self.note(format!("deleting {queue}: {e}")),
+                }
+            }
+            Op::Settle => {
+                if self.running.is_some() {
+                    self.settle(SETTLE).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The test's own channel (another client), opened again when a fault
+    /// or a refusal closed it.
+    async fn channel(&mut self) -> Result<Channel, String> {
+        if let Some((conn, ch)) = &self.helper {
+            if !conn.is_closed() && ch.is_open() {
+                return Ok(ch.clone());
+            }
+        }
+        let conn = match self.helper.take() {
+            Some((conn, _)) if !conn.is_closed() => conn,
+            _ => {
+                let config = EngineConfig {
+                    connection_timeout: Duration::from_secs(10),
+                    ..EngineConfig::default()
+                };
+                Connection::open(&self.helper_url, config)
+                    .await
+                    .map_err(|e| format!("the test's connection to {}: {e}", self.helper_url))?
+            }
+        };
+        let ch = conn.channel().await.map_err(|e| format!("the test's channel: {e}"))?;
+        ch.confirm_select().await.map_err(|e| format!("confirm.select: {e}"))?;
+        self.helper = Some((conn, ch.clone()));
+        Ok(ch)
+    }
+
+    async fn declare(&mut self) -> Result<(), String> {
+        let ch = self.channel().await?;
+        for (name, kind) in self.queues.clone().iter().zip(&self.setup.queues) {
+            let mut arguments = FieldTable::new();
+            if *kind == QueueType::Quorum {
+                // What `Topology::queue(..).dead_letters(..)` declares.
+                arguments.push("x-queue-type", FieldValue::from("quorum"));
+                arguments.push("x-dead-letter-exchange", FieldValue::from("acemq.dlx"));
+                arguments.push("x-dead-letter-routing-key", FieldValue::from(format!("{name}.dlq")));
+            }
+            for (queue, arguments) in [(name.clone(), arguments), (format!("{name}.sink"), FieldTable::new())] {
+                ch.queue_declare(QueueDeclare {
+                    queue: queue.as_str().into(),
+                    durable: true,
+                    arguments,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("declaring {queue}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish(&mut self, qi: usize, n: usize) -> Result<(), String> {
+        let queue = self.queues[qi].clone();
+        let props = self.records[n].props;
+        let ch = self.channel().await?;
+        let mut headers = FieldTable::new();
+        headers.insert("x-model-message", FieldValue::I32(n as i32));
+        match props.hostile {
+            Hostile::Nothing | Hostile::Undecodable => {}
+            Hostile::AttemptString => {
+                headers.insert(ATTEMPT_HEADER, FieldValue::from("5"));
+            }
+            Hostile::AttemptNegative => {
+                headers.insert(ATTEMPT_HEADER, FieldValue::I32(-2));
+            }
+            Hostile::AttemptLong => {
+                headers.insert(ATTEMPT_HEADER, FieldValue::I64(3));
+            }
+            Hostile::FirstSeenTable => {
+                let mut table = FieldTable::new();
+                table.insert("seconds", FieldValue::I32(1));
+                headers.insert(FIRST_SEEN_HEADER, FieldValue::Table(table));
+            }
+            Hostile::FirstSeenHuge => {
+                headers.insert(FIRST_SEEN_HEADER, FieldValue::Timestamp(u64::MAX));
+            }
+            Hostile::NearFrameMax => {
+                let frame_max = self.helper.as_ref().map_or(131_072, |(c, _)| c.tuned().frame_max) as usize;
+                headers.insert(
+                    "x-model-padding",
+                    FieldValue::from("p".repeat(frame_max - NEAR_FRAME_MAX)),
+                );
+            }
+            Hostile::ForeignSlip => {
+                let step = |key: &str| {
+                    let mut t = FieldTable::new();
+                    t.insert("exchange", FieldValue::from(""));
+                    t.insert("routing-key", FieldValue::from(key));
+                    FieldValue::Table(t)
+                };
+                let slip = FieldArray(vec![step(&queue), step(&format!("{queue}.sink"))]);
+                headers.insert(ROUTING_SLIP_HEADER, FieldValue::Array(slip));
+            }
+        }
+        let properties = BasicProperties {
+            content_type: Some("application/json".into()),
+            delivery_mode: Some(if props.persistent { 2 } else { 1 }),
+            message_id: props.message_id.then(|| format!("model-{n}").as_str().into()),
+            timestamp: props.timestamp.value(),
+            headers: Some(headers),
+            ..Default::default()
+        };
+        let body = if props.hostile == Hostile::Undecodable {
+            Bytes::from(format!("not json {n}"))
+        } else {
+            Bytes::from(format!("{{\"n\":{n}}}"))
+        };
+        let confirm = ch
+            .publish("", &queue, true, properties, body)
+            .await
+            .map_err(|e| format!("publishing {n}: {e}"))?;
+        let confirmation = confirm.await.map_err(|e| format!("the confirm of {n}: {e}"))?;
+        if confirmation != acemq_core::amqp::Confirmation::Ack {
+            return Err(format!("publishing {n} to {queue}: {confirmation:?}"));
+        }
+        Ok(())
+    }
+
+    /// Waits until both connections of the `Conn` are back: a message
+    /// published before that may still go to the consumer of the closed
+    /// connection (the broker has not noticed yet) and come back redelivered.
+    async fn wait_for_recovery(&mut self) {
+        let until = Instant::now() + RECOVERY;
+        loop {
+            let back = lock(&self.recovered).clone();
+            if back.contains(&"publish") && back.contains(&"consume") {
+                self.note("the Conn recovered");
+                return;
+            }
+            if Instant::now() >= until {
+                self.note(format!(
+                    "the Conn did not recover within {RECOVERY:?} (recovered: {back:?})"
+                ));
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn start(&mut self) -> Result<(), String> {
+        let recovered = self.recovered.clone();
+        lock(&recovered).clear();
+        let on_recovery: acemq_core::OnRecovery = Arc::new(move |event| {
+            if let acemq_core::RecoveryEvent::Recovered { which, .. } = event {
+                lock(&recovered).push(which);
+            }
+        });
+        let config = Config {
+            on_recovery: Some(on_recovery),
+            recovery_delay: Duration::from_millis(20),
+            recovery_delay_max: Duration::from_millis(200),
+            connection_name: Some(crate::unique("model-consumer")),
+            engine: EngineConfig {
+                connection_timeout: Duration::from_secs(10),
+                ..EngineConfig::default()
+            },
+            ..Config::default()
+        };
+        let conn = Conn::open(&self.conn_url, config)
+            .await
+            .map_err(|e| format!("Conn::open: {e}"))?;
+        let mut consumers = Vec::new();
+        for queue in &self.queues {
+            let handled = self.handled.clone();
+            let consumer = consume(&conn, queue, move |m: Message<Body>| {
+                let n = m.payload.n;
+                let outcome = {
+                    let mut calls = lock(&handled.calls);
+                    let calls = calls.entry(n).or_default();
+                    calls.push(Call {
+                        attempt: m.envelope.attempt,
+                        redelivered: m.redelivered,
+                        at: Instant::now(),
+                    });
+                    let script = lock(&handled.scripts);
+                    check::outcome_at(script.get(&n).map_or(&[][..], Vec::as_slice), calls.len() - 1)
+                };
+                answer(outcome)
+            })
+            .prefetch(self.setup.prefetch)
+            .retry_with(self.setup.policy())
+            .drain_timeout(Duration::from_secs(2))
+            .await
+            .map_err(|e| format!("consume({queue}): {e}"))?;
+            consumers.push(consumer);
+        }
+        for r in &mut self.records {
+            r.consumed = true;
+        }
+        self.running = Some((conn, consumers));
+        self.note("started a Conn and its consumers");
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), String> {
+        let Some((conn, consumers)) = self.running.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(CLOSE, conn.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.note(format!("Conn::close: {e}")),
+            Err(_) => return Err(format!("Conn::close() did not return within {CLOSE:?}")),
+        }
+        drop(consumers);
+        self.note("closed the Conn");
+        Ok(())
+    }
+
+    /// Whether message `r` is done: accepted, or found set aside.
+    fn done(r: &Record, calls: Option<&Vec<Call>>) -> bool {
+        r.found.iter().any(|f| f.place != Place::Queued)
+            || calls.is_some_and(|calls| (0..calls.len()).any(|i| check::accepted_at(r, i)))
+    }
+
+    /// A fault is coming: every message the consumer may hold then (not
+    /// done, or done so recently that its ack may not be out) is noted.
+    async fn fault(&mut self, what: &str) -> Result<(), String> {
+        self.observe_set_asides().await?;
+        let calls = lock(&self.handled.calls).clone();
+        let now = Instant::now();
+        for r in &mut self.records {
+            let mine = calls.get(&r.n);
+            let recent = mine
+                .and_then(|c| c.last())
+                .is_some_and(|c| now.duration_since(c.at) < RECENT);
+            if r.consumed && (recent || !Self::done(r, mine)) {
+                r.faults.push(what.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe_set_asides(&mut self) -> Result<(), String> {
+        for i in 0..self.queues.len() {
+            for (suffix, place) in [(".dlq", Place::Dlq), (".parked", Place::Parked), (".sink", Place::Sink)] {
+                let queue = format!("{}{suffix}", self.queues[i]);
+                self.observe(&queue, place).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn settle(&mut self, limit: Duration) -> Result<(), String> {
+        let until = Instant::now() + limit;
+        loop {
+            self.observe_set_asides().await?;
+            let calls = lock(&self.handled.calls).clone();
+            let waiting: Vec<usize> = self
+                .records
+                .iter()
+                .filter(|r| !Self::done(r, calls.get(&r.n)))
+                .map(|r| r.n)
+                .collect();
+            if waiting.is_empty() {
+                self.note("settled");
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                self.note(format!("not settled within {limit:?}: {waiting:?} not done"));
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Takes every message in `queue` (none if it does not exist) and notes
+    /// where it was found.
+    async fn observe(&mut self, queue: &str, place: Place) -> Result<(), String> {
+        loop {
+            let ch = self.channel().await?;
+            let m = match ch.basic_get(queue, true).await {
+                Ok(Some(m)) => m,
+                // Empty, or not there (404 closed the channel).
+                Ok(None) | Err(_) => return Ok(()),
+            };
+            let Some(n) = number_of(&m.body) else {
+                return Err(format!("{queue} held a message the test never published: {:?}", m.body));
+            };
+            let headers = m.properties.as_ref().ok().and_then(|p| p.headers.clone());
+            let header = |key: &str| headers.as_ref().and_then(|h| h.get(key).cloned());
+            let found = Found {
+                place,
+                error: header(ERROR_HEADER).and_then(|v| v.as_str().map(str::to_string)),
+                attempt: header(ATTEMPT_HEADER).and_then(|v| v.as_i64()),
+                redelivered: m.redelivered,
+            };
+            match self.records.get_mut(n) {
+                Some(r) => r.found.push(found),
+                None => return Err(format!("{queue} held message {n}, which was never published")),
+            }
+            self.note(format!("found {n} in {place:?}"));
+        }
+    }
+
+    /// Waits until the rungs have handed back what they hold.
+    async fn wait_for_rungs(&mut self) {
+        let rungs: Vec<String> = self
+            .queues
+            .iter()
+            .flat_map(|q| self.setup.policy().rungs().into_iter().map(move |d| rung_name(q, d)))
+            .collect();
+        let until = Instant::now() + RUNGS_EMPTY;
+        for rung in rungs {
+            loop {
+                let Ok(ch) = self.channel().await else { return };
+                let passive = QueueDeclare {
+                    queue: rung.as_str().into(),
+                    passive: true,
+                    ..Default::default()
+                };
+                match ch.queue_declare(passive).await {
+                    Ok(Some(ok)) if ok.message_count > 0 && Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // A message the rung just dead-lettered may be on its way.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// Deletes what the sequence declared (RabbitMQ), or forgets the
+    /// acemq-memory broker.
+    async fn cleanup(&mut self) {
+        if let Some((conn, _)) = self.running.take() {
+            let _ = tokio::time::timeout(CLOSE, conn.close()).await;
+        }
+        if let Some((name, _)) = self.memory.take() {
+            acemq_memory::Broker::forget_named(&name);
+            return;
+        }
+        let rungs = self.setup.policy().rungs();
+        for q in self.queues.clone() {
+            let mut names = vec![
+                q.clone(),
+                format!("{q}.dlq"),
+                format!("{q}.parked"),
+                format!("{q}.sink"),
+            ];
+            names.extend(rungs.iter().map(|d| rung_name(&q, *d)));
+            for name in names {
+                let Ok(ch) = self.channel().await else { return };
+                let _ = ch
+                    .queue_delete(QueueDelete {
+                        queue: name.as_str().into(),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+        }
+        if let Some((conn, _)) = self.helper.take() {
+            let _ = conn.close().await;
+        }
+    }
+}
+
+/// The handler's answer for `outcome`.
+async fn answer(outcome: Outcome) -> Ack {
+    match outcome {
+        Outcome::Accept => Ack::accept(),
+        Outcome::Retry => Ack::retry(ModelError(RETRY_ERROR.into())),
+        Outcome::Fatal => Ack::retry(fatal(ModelError(FATAL_ERROR.into()))),
+        Outcome::LongFatal => Ack::retry(fatal(ModelError("e".repeat(LONG_ERROR)))),
+        Outcome::Park => Ack::park(PARK_REASON),
+        Outcome::Panic => panic!("{PANIC_TEXT}"),
+        Outcome::Slow => {
+            tokio::time::sleep(SLOW).await;
+            Ack::accept()
+        }
+    }
+}
