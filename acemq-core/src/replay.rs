@@ -242,7 +242,6 @@ impl SetAside {
             ]
             .iter()
             .any(|h| h.as_bytes() == name)
-                || name == b"x-delivery-count"
                 // The broker's dead-letter history: the replayed copy starts
                 // a life of its own.
                 || name == b"x-death"
