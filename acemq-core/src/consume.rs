@@ -146,6 +146,7 @@ where
         arguments: FieldTable::new(),
         then: None,
         slips: None,
+        dead_letter_to: None,
         codec: Json,
         _payload: PhantomData,
     }
@@ -163,6 +164,7 @@ pub struct ConsumerBuilder<T, F, C> {
     arguments: FieldTable,
     then: Option<Destination>,
     slips: Option<Arc<dyn SlipDestinations>>,
+    dead_letter_to: Option<String>,
     codec: C,
     _payload: PhantomData<fn() -> T>,
 }
@@ -178,6 +180,21 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
     /// followed), since whoever published it wrote the slip.
     pub fn routing_slips(mut self, allow: impl SlipDestinations) -> Self {
         self.slips = Some(Arc::new(allow));
+        self
+    }
+
+    /// Sets give-ups (exhausted retries, fatal errors, undecodable messages)
+    /// aside in the service's own dead-letter `exchange`, as the queue's
+    /// `x-dead-letter-exchange` does for the broker's dead letters, instead
+    /// of `{queue}.dlq` (which it then does not declare): a confirmed
+    /// publish carrying `x-acemq-error` and the envelope, with the queue's
+    /// `x-dead-letter-routing-key` if this `Conn` declared it with one, else
+    /// the key the message was first published with. Not needed for a queue
+    /// declared with [`crate::Topology::dead_letter_to`] on the same `Conn`:
+    /// its consumers do this already. `Ack::park` still goes to
+    /// `{queue}.parked`.
+    pub fn dead_letter_to(mut self, exchange: &str) -> Self {
+        self.dead_letter_to = Some(exchange.to_string());
         self
     }
 
@@ -248,6 +265,7 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
             arguments: self.arguments,
             then: self.then,
             slips: self.slips,
+            dead_letter_to: self.dead_letter_to,
             codec,
             _payload: PhantomData,
         }
@@ -286,8 +304,21 @@ where
         // a server-named queue (`amq.gen-*`): RabbitMQ refuses names under
         // `amq.` to clients, and such a queue lives only as long as its
         // connection anyway.
+        let declared = topology::declared_dead_letter_to(&self.conn.declared(), &self.queue);
+        let dead_letter_to = match (self.dead_letter_to, declared) {
+            (Some(exchange), declared) => {
+                let key = declared.filter(|(x, _)| *x == exchange).and_then(|(_, key)| key);
+                Some((exchange, key))
+            }
+            (None, declared) => declared,
+        };
         if !self.queue.starts_with("amq.") {
-            let mut declarations = topology::set_aside_declarations(&self.queue);
+            // With a dead-letter exchange of the service's own, no `.dlq`.
+            let suffixes: &[&str] = match dead_letter_to {
+                Some(_) => &["parked"],
+                None => &["dlq", "parked"],
+            };
+            let mut declarations = topology::set_aside_queue_declarations(&self.queue, suffixes);
             declarations.extend(topology::rung_declarations(&self.queue, &policy));
             topology::apply(&self.conn, &declarations).await?;
             self.conn.record_declarations(&declarations);
@@ -313,6 +344,7 @@ where
             stream,
             then: self.then,
             slips: self.slips,
+            dead_letter_to,
             inline: inline_waker(),
             _payload: PhantomData,
         });
@@ -345,6 +377,9 @@ struct Shared<T, F, C> {
     then: Option<Destination>,
     /// The routing slip steps it follows; `None`: slips are not followed.
     slips: Option<Arc<dyn SlipDestinations>>,
+    /// The service's own dead-letter exchange and routing key (`None`: the
+    /// message's), where give-ups go instead of `{queue}.dlq`.
+    dead_letter_to: Option<(String, Option<String>)>,
     /// Set on a current-thread runtime: each delivery's work is first
     /// polled in the consumer's loop (see `spawn_delivery`).
     inline: Option<std::task::Waker>,
@@ -917,14 +952,39 @@ async fn set_aside<T, F, C>(
         .get_or_insert_with(FieldTable::new)
         .insert(SOURCE_QUEUE_HEADER, FieldValue::from(shared.queue.as_str()));
     let message_id = props.message_id.as_ref().map(|m| m.to_string()).unwrap_or_default();
+    let (exchange, routing_key, again) = match &shared.dead_letter_to {
+        // Give-ups to the service's own dead-letter exchange, as the broker
+        // routes its dead letters there: the queue's dead-letter key, else
+        // the key the message was first published with (recorded above).
+        Some((exchange, key)) if suffix == "dlq" => {
+            let first_key = props
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(ORIGINAL_ROUTING_KEY_HEADER))
+                .and_then(FieldValue::as_str)
+                .map(str::to_string);
+            let key = key.clone().or(first_key).unwrap_or_default();
+            // Its bindings are the service's: nothing to declare again.
+            (exchange.clone(), key, Vec::new())
+        }
+        _ => (
+            DLX.to_string(),
+            format!("{}.{suffix}", shared.queue),
+            topology::set_aside_queue_declarations(&shared.queue, &[suffix]),
+        ),
+    };
     let publish = BasicPublish {
-        exchange: DLX.into(),
-        routing_key: format!("{}.{suffix}", shared.queue).as_str().into(),
+        exchange: exchange.as_str().into(),
+        routing_key: routing_key.as_str().into(),
         mandatory: true,
         ..Default::default()
     };
-    let again = topology::set_aside_queue_declarations(&shared.queue, &[suffix]);
-    tracing::info!(queue = %shared.queue, %message_id, suffix, reason = %bounded(reason), "setting a message aside");
+    let on_no_route = if again.is_empty() {
+        OnNoRoute::Wait
+    } else {
+        OnNoRoute::Declare(&again)
+    };
+    tracing::info!(queue = %shared.queue, %message_id, suffix, %exchange, %routing_key, reason = %bounded(reason), "setting a message aside");
     publish_held(
         &shared.conn,
         delivery,
@@ -933,7 +993,7 @@ async fn set_aside<T, F, C>(
         props,
         delivery.body.clone(),
         &message_id,
-        OnNoRoute::Declare(&again),
+        on_no_route,
     )
     .await
 }

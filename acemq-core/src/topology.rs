@@ -44,6 +44,21 @@ pub(crate) fn set_aside_queue_declarations(queue: &str, suffixes: &[&str]) -> Ve
     out
 }
 
+/// Where a consumer of `queue` sets its give-ups aside when the queue
+/// dead-letters somewhere of the service's own: the `x-dead-letter-exchange`
+/// (and `x-dead-letter-routing-key`, if any) `queue` was declared with
+/// through this `Conn` (e.g. [`Topology::dead_letter_to`]), unless that is
+/// `acemq.dlx` (then `{queue}.dlq`, as usual). `None`: `{queue}.dlq`.
+pub(crate) fn declared_dead_letter_to(declared: &[Declaration], queue: &str) -> Option<(String, Option<String>)> {
+    let arguments = declared.iter().rev().find_map(|d| match d {
+        Declaration::Queue { name, arguments, .. } if name == queue => Some(arguments),
+        _ => None,
+    })?;
+    let text = |key: &str| arguments.get(key).and_then(FieldValue::as_str).map(str::to_string);
+    let exchange = text("x-dead-letter-exchange").filter(|x| x != DLX)?;
+    Some((exchange, text("x-dead-letter-routing-key")))
+}
+
 /// The rung queues of `policy` for `queue`: durable classic queues with
 /// exactly `x-message-ttl` (I, ms), `x-dead-letter-exchange` (S "") and
 /// `x-dead-letter-routing-key` (S `{queue}`).
@@ -134,7 +149,13 @@ impl Topology {
         self
     }
 
-    /// `queue` dead-letters into the service's own `exchange` instead.
+    /// `queue` dead-letters into the service's own `exchange` instead, and
+    /// so do the consumers of `queue` on the same `Conn`: a message they
+    /// give up on is published there (confirmed, with `x-acemq-error` and
+    /// its envelope), and no `{queue}.dlq` is declared. The routing key is
+    /// the queue's `x-dead-letter-routing-key` if it was given one (see
+    /// [`Topology::queue_with_arguments`]), else the key the message was
+    /// first published with. `Ack::park` still goes to `{queue}.parked`.
     pub fn dead_letter_to(mut self, queue: &str, exchange: &str) -> Self {
         self.dead_letter_to.push((queue.to_string(), exchange.to_string()));
         self

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_core::envelope::{ERROR_HEADER, SOURCE_QUEUE_HEADER};
+use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, SOURCE_QUEUE_HEADER};
 use acemq_core::metrics_names::SET_ASIDE_FAILED_TOTAL;
 use acemq_core::{consume, fatal, Ack, Codec, CodecError, Conn, Json, Message, RetryPolicy, Topology};
 use acemq_tests::{brokers, counted_by, unique, Broker};
@@ -296,6 +296,146 @@ fn a_header_table_close_to_frame_max_is_set_aside_with_its_error_text_trimmed_or
             assert_eq!(header(&dead, "app-small").as_deref(), Some("kept"));
             consumer.close().await.unwrap();
             cleanup(&conn, &q).await;
+        });
+    })
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+async fn exists(conn: &Conn, queue: &str) -> bool {
+    let ch = conn.consuming_connection().channel().await.unwrap();
+    let found = ch
+        .queue_declare(QueueDeclare {
+            queue: queue.into(),
+            passive: true,
+            ..Default::default()
+        })
+        .await
+        .is_ok();
+    let _ = ch.close().await;
+    found
+}
+
+/// How a test tells the consumer about the service's dead-letter exchange.
+#[derive(Debug, Clone, Copy)]
+enum Told {
+    /// `Topology::dead_letter_to` on the consumer's `Conn`.
+    ByTopology,
+    /// `Topology::dead_letter_to` with an `x-dead-letter-routing-key`.
+    ByTopologyWithKey,
+    /// The queue declared by another `Conn`; the consumer's
+    /// `.dead_letter_to(exchange)`.
+    ByOption,
+}
+
+async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told) {
+    let conn = b.conn().await;
+    let q = unique("dlto");
+    let (dead_x, dead) = (unique("dlto.x"), unique("dlto.dead"));
+    let (x, key) = (unique("dlto.orders"), "order.placed");
+    // The service's dead-letter exchange and the queue that collects its
+    // dead letters under the key they will come with.
+    let dead_key = match told {
+        Told::ByTopologyWithKey => "dead-key",
+        _ => key,
+    };
+    Topology::new()
+        .exchange(&dead_x, "direct")
+        .exchange(&x, "direct")
+        .queue(&dead)
+        .bind(&dead, &dead_x, dead_key)
+        .declare(&conn)
+        .await
+        .unwrap();
+    let source = match told {
+        Told::ByTopology => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
+        Told::ByTopologyWithKey => {
+            let mut arguments = FieldTable::new();
+            arguments.insert("x-dead-letter-routing-key", FieldValue::from("dead-key"));
+            Topology::new()
+                .queue_with_arguments(&q, arguments)
+                .dead_letter_to(&q, &dead_x)
+        }
+        Told::ByOption => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
+    };
+    let source = source.bind(&q, &x, key);
+    let consumer_conn = match told {
+        Told::ByOption => {
+            // Declared elsewhere: this Conn has no record of its arguments.
+            let other = b.conn().await;
+            source.declare(&other).await.unwrap();
+            other.close().await.unwrap();
+            b.conn().await
+        }
+        _ => {
+            source.declare(&conn).await.unwrap();
+            conn.clone()
+        }
+    };
+    let builder = consume(&consumer_conn, &q, |m: Message<u32>| async move {
+        match m.payload {
+            1 => Ack::retry(fatal("order 1 is malformed")),
+            _ => Ack::park("needs a person"),
+        }
+    });
+    let consumer = match told {
+        Told::ByOption => builder.dead_letter_to(&dead_x),
+        _ => builder,
+    }
+    .await
+    .unwrap();
+    let publisher = conn.publisher::<u32>(&x, key).mandatory();
+    let envelope = acemq_core::Envelope::new()
+        .with_correlation_id("corr-1")
+        .with_causation_id("cause-1");
+    let id = envelope.id.clone();
+    publisher.send_envelope(envelope, &1).await.unwrap();
+    publisher.send(&2).await.unwrap();
+
+    let got = take_eventually(&conn, &dead).await;
+    assert_eq!(got.exchange.as_str(), Some(dead_x.as_str()), "{:?} {told:?}", b.kind);
+    assert_eq!(got.routing_key.as_str(), Some(dead_key), "{:?} {told:?}", b.kind);
+    let error = header(&got, ERROR_HEADER).unwrap_or_default();
+    assert!(error.contains("order 1 is malformed"), "{:?} {told:?}: {error}", b.kind);
+    let props = got.properties.as_ref().unwrap();
+    let envelope = acemq_core::Envelope::read_from(props);
+    assert_eq!(envelope.id, id, "{:?} {told:?}", b.kind);
+    assert_eq!(envelope.correlation_id.as_deref(), Some("corr-1"));
+    assert_eq!(envelope.causation_id.as_deref(), Some("cause-1"));
+    assert_eq!(envelope.attempt, 1);
+    assert_eq!(header(&got, ORIGINAL_EXCHANGE_HEADER).as_deref(), Some(x.as_str()));
+    // A park still goes to `{queue}.parked`; there is no `{queue}.dlq`.
+    let parked = take_eventually(&conn, &format!("{q}.parked")).await;
+    assert_eq!(header(&parked, ERROR_HEADER).as_deref(), Some("needs a person"));
+    assert!(
+        !exists(&conn, &format!("{q}.dlq")).await,
+        "{:?} {told:?}: no .dlq declared",
+        b.kind
+    );
+    consumer.close().await.unwrap();
+    for name in [q.clone(), dead.clone(), format!("{q}.parked")] {
+        delete(&conn, &name).await;
+    }
+    if matches!(told, Told::ByOption) {
+        consumer_conn.close().await.unwrap();
+    }
+    conn.close().await.unwrap();
+}
+
+#[test]
+fn a_consumer_of_a_queue_declared_with_dead_letter_to_gives_up_into_that_exchange_and_declares_no_dlq() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b| async move {
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByTopology).await;
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByTopologyWithKey).await;
+        });
+    })
+}
+
+#[test]
+fn a_consumer_told_dead_letter_to_gives_up_into_that_exchange_and_declares_no_dlq() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b| async move {
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByOption).await;
         });
     })
 }
