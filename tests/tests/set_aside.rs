@@ -319,12 +319,12 @@ async fn exists(conn: &Conn, queue: &str) -> bool {
 #[derive(Debug, Clone, Copy)]
 enum Told {
     /// `Topology::dead_letter_to` on the consumer's `Conn`.
-    ByTopology,
+    Topology,
     /// `Topology::dead_letter_to` with an `x-dead-letter-routing-key`.
-    ByTopologyWithKey,
+    TopologyWithKey,
     /// The queue declared by another `Conn`; the consumer's
     /// `.dead_letter_to(exchange)`.
-    ByOption,
+    Option,
 }
 
 async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told) {
@@ -335,7 +335,7 @@ async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told)
     // The service's dead-letter exchange and the queue that collects its
     // dead letters under the key they will come with.
     let dead_key = match told {
-        Told::ByTopologyWithKey => "dead-key",
+        Told::TopologyWithKey => "dead-key",
         _ => key,
     };
     Topology::new()
@@ -347,19 +347,19 @@ async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told)
         .await
         .unwrap();
     let source = match told {
-        Told::ByTopology => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
-        Told::ByTopologyWithKey => {
+        Told::Topology => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
+        Told::TopologyWithKey => {
             let mut arguments = FieldTable::new();
             arguments.insert("x-dead-letter-routing-key", FieldValue::from("dead-key"));
             Topology::new()
                 .queue_with_arguments(&q, arguments)
                 .dead_letter_to(&q, &dead_x)
         }
-        Told::ByOption => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
+        Told::Option => Topology::new().queue(&q).dead_letter_to(&q, &dead_x),
     };
     let source = source.bind(&q, &x, key);
     let consumer_conn = match told {
-        Told::ByOption => {
+        Told::Option => {
             // Declared elsewhere: this Conn has no record of its arguments.
             let other = b.conn().await;
             source.declare(&other).await.unwrap();
@@ -378,7 +378,7 @@ async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told)
         }
     });
     let consumer = match told {
-        Told::ByOption => builder.dead_letter_to(&dead_x),
+        Told::Option => builder.dead_letter_to(&dead_x),
         _ => builder,
     }
     .await
@@ -415,7 +415,7 @@ async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told)
     for name in [q.clone(), dead.clone(), format!("{q}.parked")] {
         delete(&conn, &name).await;
     }
-    if matches!(told, Told::ByOption) {
+    if matches!(told, Told::Option) {
         consumer_conn.close().await.unwrap();
     }
     conn.close().await.unwrap();
@@ -425,8 +425,8 @@ async fn gives_up_into_the_services_dead_letter_exchange(b: &Broker, told: Told)
 fn a_consumer_of_a_queue_declared_with_dead_letter_to_gives_up_into_that_exchange_and_declares_no_dlq() {
     acemq_tests::deadline_blocking(|| {
         on_every_broker(|b| async move {
-            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByTopology).await;
-            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByTopologyWithKey).await;
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::Topology).await;
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::TopologyWithKey).await;
         });
     })
 }
@@ -435,7 +435,7 @@ fn a_consumer_of_a_queue_declared_with_dead_letter_to_gives_up_into_that_exchang
 fn a_consumer_told_dead_letter_to_gives_up_into_that_exchange_and_declares_no_dlq() {
     acemq_tests::deadline_blocking(|| {
         on_every_broker(|b| async move {
-            gives_up_into_the_services_dead_letter_exchange(&b, Told::ByOption).await;
+            gives_up_into_the_services_dead_letter_exchange(&b, Told::Option).await;
         });
     })
 }
