@@ -43,8 +43,9 @@ const RUNGS_EMPTY: Duration = Duration::from_secs(3);
 const RECOVERY: Duration = Duration::from_secs(5);
 /// How long `Conn::close()` may take (its drain is two seconds).
 const CLOSE: Duration = Duration::from_secs(15);
-/// A message whose last call was this recent when a fault came may still be
-/// unacknowledged: the fault may redeliver it.
+/// A message last published, called or found this recently when a fault
+/// came may still be unacknowledged (a set-aside confirmed, its ack not yet
+/// out): the fault may redeliver it, and it may be set aside twice.
 const RECENT: Duration = Duration::from_millis(500);
 
 #[derive(Deserialize)]
@@ -114,6 +115,8 @@ struct Runner<'a> {
     records: Vec<Record>,
     /// The queue each message was published to.
     queue_of: Vec<String>,
+    /// When each message was last published or found.
+    last_seen: Vec<Instant>,
     running: Option<(Conn, Vec<Consumer>)>,
     /// The `which` of every `RecoveryEvent::Recovered` of the running `Conn`.
     recovered: Arc<Mutex<Vec<&'static str>>>,
@@ -151,6 +154,7 @@ pub async fn run(setup: &Setup, ops: &[Op], target: &Target) -> Result<(), Strin
         handled: Arc::default(),
         records: Vec::new(),
         queue_of: Vec::new(),
+        last_seen: Vec::new(),
         running: None,
         recovered: Arc::default(),
         log: Vec::new(),
@@ -231,6 +235,7 @@ impl Runner<'_> {
                     found: Vec::new(),
                 });
                 self.queue_of.push(self.queues[qi].clone());
+                self.last_seen.push(Instant::now());
                 self.publish(qi, n).await?;
                 self.note(format!("published {n} to q{qi}"));
             }
@@ -539,9 +544,9 @@ impl Runner<'_> {
         let now = Instant::now();
         for r in &mut self.records {
             let mine = calls.get(&r.n);
-            let recent = mine
-                .and_then(|c| c.last())
-                .is_some_and(|c| now.duration_since(c.at) < RECENT);
+            let called = mine.and_then(|c| c.last()).map(|c| c.at);
+            let last = called.map_or(self.last_seen[r.n], |at| at.max(self.last_seen[r.n]));
+            let recent = now.duration_since(last) < RECENT;
             if r.consumed && (recent || !Self::done(r, mine)) {
                 r.faults.push(what.to_string());
             }
@@ -604,7 +609,10 @@ impl Runner<'_> {
                 redelivered: m.redelivered,
             };
             match self.records.get_mut(n) {
-                Some(r) => r.found.push(found),
+                Some(r) => {
+                    r.found.push(found);
+                    self.last_seen[n] = Instant::now();
+                }
                 None => return Err(format!("{queue} held message {n}, which was never published")),
             }
             self.note(format!("found {n} in {place:?}"));
