@@ -17,6 +17,11 @@
 //!   received, overwriting a producer's own; or, for a message the broker
 //!   dead-lettered itself, the oldest `x-death` entry's exchange and key).
 //!
+//! The scheduler's `acemq.delay.delivery.dlq` is the exception: its
+//! messages go to the destination they were scheduled for (recorded as
+//! their original exchange and key), since their source queue is the
+//! scheduler's own.
+//!
 //! A dry run lists each message's destination without moving anything.
 //!
 //! A replay consumes the set-aside queue on a channel of its own, at most
@@ -207,7 +212,10 @@ impl SetAside {
     /// Where a replay from `from` sends it (see the module docs), or why it
     /// cannot go back.
     fn destination(&self, from: &str, to_original: bool) -> Result<(String, String), String> {
-        if to_original {
+        // The scheduler's set-asides: their source queue is the scheduler's
+        // own; they go to the destination they were scheduled for.
+        let scheduled = from == format!("{}.dlq", crate::schedule::DELIVERY);
+        if to_original || scheduled {
             return self
                 .original()
                 .map(|(exchange, key)| (exchange.to_string(), key.to_string()))
