@@ -25,11 +25,85 @@ impl User {
     }
 }
 
-/// How a broker is set up. `BrokerConfig::default()` is RabbitMQ's out-of-the-box
-/// shape: vhost `/`, user `guest`/`guest`, channel-max 2047, frame-max 131072,
-/// heartbeat 60 s.
+/// The RabbitMQ release line whose behaviour the broker imitates where the
+/// two differ (the crate docs list every difference, "RabbitMQ 3.10 and
+/// 4.0"). The default is the newer one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum RabbitMqVersion {
+    /// RabbitMQ 3.10 (as 3.10.8 behaves).
+    V3_10,
+    /// RabbitMQ 4.0 (as 4.0.5 behaves).
+    #[default]
+    V4_0,
+}
+
+impl RabbitMqVersion {
+    /// Every version the broker can imitate, oldest first.
+    pub const ALL: [RabbitMqVersion; 2] = [RabbitMqVersion::V3_10, RabbitMqVersion::V4_0];
+
+    /// `3.10` or `4.0`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RabbitMqVersion::V3_10 => "3.10",
+            RabbitMqVersion::V4_0 => "4.0",
+        }
+    }
+
+    /// Whether this is 4.0 or later.
+    pub fn is_4(self) -> bool {
+        self >= RabbitMqVersion::V4_0
+    }
+
+    /// The `x-delivery-limit` a quorum queue declared without one has:
+    /// none on 3.10, 20 on 4.0.
+    pub fn quorum_default_delivery_limit(self) -> Option<u64> {
+        self.is_4().then_some(20)
+    }
+}
+
+impl std::fmt::Display for RabbitMqVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A version that is not `3.10` or `4.0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVersion(pub String);
+
+impl std::fmt::Display for UnknownVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown RabbitMQ version {:?} (expected 3.10 or 4.0)", self.0)
+    }
+}
+
+impl std::error::Error for UnknownVersion {}
+
+impl std::str::FromStr for RabbitMqVersion {
+    type Err = UnknownVersion;
+
+    /// `3.10` or `4.0` (a patch release such as `3.10.8` or `4.0.5` names its line).
+    fn from_str(s: &str) -> Result<Self, UnknownVersion> {
+        let s = s.trim();
+        let line = |prefix: &str| s == prefix || s.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('.'));
+        if line("3.10") {
+            Ok(RabbitMqVersion::V3_10)
+        } else if line("4.0") {
+            Ok(RabbitMqVersion::V4_0)
+        } else {
+            Err(UnknownVersion(s.to_owned()))
+        }
+    }
+}
+
+/// How a broker is set up. `BrokerConfig::default()` is RabbitMQ 4.0's
+/// out-of-the-box shape: vhost `/`, user `guest`/`guest`, channel-max 2047,
+/// frame-max 131072, heartbeat 60 s; [`BrokerConfig::for_version`] gives
+/// another version's.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
+    /// The RabbitMQ version imitated where versions differ.
+    pub rabbitmq_version: RabbitMqVersion,
     /// The virtual hosts that exist.
     pub vhosts: Vec<String>,
     /// The users that may log in.
@@ -38,7 +112,8 @@ pub struct BrokerConfig {
     pub channel_max: u16,
     /// `frame-max` offered in `connection.tune`.
     pub frame_max: u32,
-    /// The smallest `frame-max` a client may choose in `tune-ok` (RabbitMQ 4.1+: 8192).
+    /// The smallest `frame-max` a client may choose in `tune-ok` (RabbitMQ
+    /// 3.10 and 4.0: 4096; 4.1+: 8192).
     pub frame_min: u32,
     /// Heartbeat interval offered in `connection.tune`, in seconds.
     pub heartbeat: u16,
@@ -50,7 +125,8 @@ pub struct BrokerConfig {
     /// The largest message body accepted (RabbitMQ's `max_message_size`).
     pub max_message_size: u64,
     /// The `x-delivery-limit` of quorum queues declared without one
-    /// (RabbitMQ 4.0+ uses 20; 3.x has none).
+    /// (RabbitMQ 4.0+ uses 20; 3.x has none; set from the version by
+    /// [`BrokerConfig::for_version`]).
     pub quorum_default_delivery_limit: Option<u64>,
     /// Bytes buffered in each direction of an in-process connection.
     pub duplex_capacity: usize,
@@ -60,24 +136,38 @@ pub struct BrokerConfig {
 
 impl Default for BrokerConfig {
     fn default() -> Self {
-        BrokerConfig {
-            vhosts: vec!["/".to_owned()],
-            users: vec![User::new("guest", "guest")],
-            channel_max: 2047,
-            frame_max: 131_072,
-            frame_min: 8192,
-            heartbeat: 60,
-            handshake_timeout: Duration::from_secs(10),
-            close_timeout: Duration::from_secs(3),
-            max_message_size: 128 * 1024 * 1024,
-            quorum_default_delivery_limit: None,
-            duplex_capacity: 512 * 1024,
-            cluster_name: "acemq-memory".to_owned(),
-        }
+        BrokerConfig::for_version(RabbitMqVersion::default())
     }
 }
 
 impl BrokerConfig {
+    /// RabbitMQ's out-of-the-box shape as `version` has it.
+    pub fn for_version(version: RabbitMqVersion) -> Self {
+        BrokerConfig {
+            rabbitmq_version: version,
+            vhosts: vec!["/".to_owned()],
+            users: vec![User::new("guest", "guest")],
+            channel_max: 2047,
+            frame_max: 131_072,
+            frame_min: 4096,
+            heartbeat: 60,
+            handshake_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(3),
+            max_message_size: 128 * 1024 * 1024,
+            quorum_default_delivery_limit: version.quorum_default_delivery_limit(),
+            duplex_capacity: 512 * 1024,
+            cluster_name: "acemq-memory".to_owned(),
+        }
+    }
+
+    /// The same configuration imitating `version` (and with its default
+    /// quorum delivery limit).
+    pub fn with_version(mut self, version: RabbitMqVersion) -> Self {
+        self.rabbitmq_version = version;
+        self.quorum_default_delivery_limit = version.quorum_default_delivery_limit();
+        self
+    }
+
     /// The same configuration with another set of virtual hosts.
     pub fn with_vhosts<I, S>(mut self, vhosts: I) -> Self
     where

@@ -1,6 +1,7 @@
 //! # acemq-memory
 //!
-//! An in-process AMQP 0-9-1 broker that behaves like RabbitMQ 3.10+, for
+//! An in-process AMQP 0-9-1 broker that behaves like RabbitMQ 3.10 or 4.0
+//! (you choose: [`BrokerConfig::rabbitmq_version`], 4.0 by default), for
 //! fast, deterministic tests. It is a broker, not a mock: clients talk AMQP
 //! frames to it (through [`amqp_codec`]) over an in-process duplex stream
 //! ([`Broker::connect`]) or a loopback TCP port ([`Broker::listen_tcp`]), so
@@ -61,7 +62,7 @@
 //!   they came back, and count a cancelled consumer until the messages it
 //!   holds unacked are settled.
 //!
-//! ## Known differences from RabbitMQ 3.10.8
+//! ## Known differences from RabbitMQ 3.10.8 (and 4.0.5)
 //!
 //! - Consumer priorities: among consumers of equal priority the round-robin
 //!   resumes where the last delivery left off, so after a consumer was
@@ -80,6 +81,48 @@
 //!   check and closes the connection with a bare 541 `INTERNAL_ERROR` (class
 //!   and method 0); acemq-memory closes it with the same code and text but
 //!   names `queue.declare` as the method.
+//!
+//! ## RabbitMQ 3.10 and 4.0
+//!
+//! [`RabbitMqVersion`] chooses the release whose behaviour the broker
+//! imitates where the two differ ([`BrokerConfig::for_version`], the
+//! server's `--rabbitmq-version 3.10|4.0`, [`Broker::named_with`] for a
+//! named instance). The differential test runs against RabbitMQ 3.10.8
+//! and 4.0.5, each with a broker of its version. Imitated per version:
+//!
+//! - **Headers tables.** RabbitMQ 4.0 gives every message to a client
+//!   (delivery, `basic.get`, `basic.return`) with its headers sorted by
+//!   key, one entry per key; RabbitMQ 3.10 keeps the publisher's order.
+//! - **`x-delivery-count` of a quorum queue.** RabbitMQ 3.10 writes it on
+//!   every `basic.get`, 0 included, and on a delivery to a consumer once the
+//!   message came back; RabbitMQ 4.0 writes it on both only once the message
+//!   came back.
+//! - **The default `x-delivery-limit` of a quorum queue**: none on 3.10,
+//!   20 on 4.0.
+//! - **Nacking or rejecting a stream delivery.** RabbitMQ 3.10 closes the
+//!   connection with 540 (at once, or at `tx.commit` in a transaction);
+//!   RabbitMQ 4.0 takes either as an ack (the credit comes back, nothing is
+//!   requeued).
+//! - **`delivery_mode` of a stream delivery.** RabbitMQ 4.0 keeps a
+//!   stream's messages as AMQP 1.0, whose `durable` flag is all that is
+//!   left of it: 2 comes back as 2, anything else (none included) as 1.
+//!   RabbitMQ 3.10 gives back what was published.
+//!
+//! The same on both, and so here whatever the version: a frame is refused
+//! only when its payload is larger than `frame_max` (8 bytes of slack over
+//! the whole-frame limit; 4096 before `tune-ok`), `tune-ok` takes a
+//! `frame_max` from 4096 up, and `channel.flow` with `active=false` closes
+//! the connection with 540.
+//!
+//! Read in RabbitMQ 4.0.5's code but not imitated (the differential test
+//! does not generate them):
+//!
+//! - Converting a stream message to AMQP 1.0 and back on 4.0 loses more
+//!   than `delivery_mode`: headers whose value is an array or a table and
+//!   whose name does not start with `x-` are dropped, a byte-array value
+//!   comes back as a long string, and a `type` property survives only as an
+//!   annotation. Here a stream delivery keeps every header and property
+//!   (as on 3.10).
 //!
 //! Time comes from `tokio::time`, so tests can run on a paused clock: a
 //! 160-second TTL takes no real time.
@@ -103,7 +146,8 @@
 //! The differential test (`tests/tests/differential.rs`) runs random
 //! sequences of operations on acemq-memory and on RabbitMQ and compares
 //! every answer. What it found was fixed (each fix has a regression test
-//! there), except what is listed here. Seen on RabbitMQ 3.10.8:
+//! there), except what is listed here. Seen on RabbitMQ 3.10.8 (and, where
+//! the test reaches them, on 4.0.5):
 //!
 //! - **A stream's message count.** `queue.declare-ok` for a stream counts
 //!   its messages exactly here; RabbitMQ reads the count from its queue
@@ -197,6 +241,6 @@ mod session;
 mod session_tests;
 
 pub use broker::{BrokerMachine, ConnId, QueueInfo};
-pub use config::{BrokerConfig, User};
+pub use config::{BrokerConfig, RabbitMqVersion, UnknownVersion, User};
 pub use server::{Broker, Faults};
 pub use session::{Fate, Session};

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use amqp_codec::track::{AssembleError, Assembly, Content, ContentError, Decoded};
 use amqp_codec::{
     check_protocol_header, BasicPublish, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionCloseOk,
-    ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked, ConnectionUpdateSecretOk, FieldTable,
-    FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
+    ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked, ConnectionUpdateSecretOk,
+    Error as DecodeError, FieldTable, FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
 };
 use bytes::{Buf, BufMut, BytesMut};
 
@@ -73,16 +73,28 @@ pub struct Session {
 
 const BLOCKED_REASON: &str = "low on memory";
 
+/// The frame size limits, as RabbitMQ's reader (`rabbit_reader`, 3.10 and
+/// 4.0 alike) checks them from a frame's 7-byte header: with a negotiated
+/// `frame_max` of N (not 0), a frame is refused only when its payload is
+/// larger than N itself. The limit it means is N - 8 (the whole frame
+/// within N), but it lets clients run over by one empty frame's size (8
+/// bytes), since many are off by one or by eight; so a frame of N + 8
+/// bytes on the wire (a body payload of exactly N, as some clients split
+/// a large body) passes, and one of N + 9 is a `FRAME_ERROR`. Until
+/// `tune-ok` the N it checks against is 4096 (its `initial_frame_max`).
+const FRAME_ALLOWANCE: u32 = 8;
+/// `frame_max` before `tune-ok` (see [`FRAME_ALLOWANCE`]).
+const HANDSHAKE_FRAME_MAX: u32 = 4096;
+
 impl Session {
     /// Registers a new connection with `machine`.
     pub fn new(machine: &mut BrokerMachine, now: Instant) -> Session {
         let id = machine.add_conn();
         let handshake = machine.config().handshake_timeout;
-        let frame_max = machine.config().frame_max;
         Session {
             id,
             state: State::ExpectProtocolHeader,
-            decoder: FrameDecoder::new(frame_max),
+            decoder: FrameDecoder::new(HANDSHAKE_FRAME_MAX).with_allowance(FRAME_ALLOWANCE),
             heartbeat: None,
             last_recv: now,
             last_send: now,
@@ -236,7 +248,7 @@ impl Session {
                     return true;
                 }
                 Err(AssembleError::Decode(err)) => {
-                    self.undecodable(machine, buf, err.reply_code(), err, now);
+                    self.decode_failed(machine, buf, err, now);
                     return true;
                 }
                 // `AssembleError` may grow; whatever it is, the stream is suspect.
@@ -253,10 +265,27 @@ impl Session {
                 true
             }
             Err(err) => {
-                self.undecodable(machine, buf, err.reply_code(), err, now);
+                self.decode_failed(machine, buf, err, now);
                 true
             }
         }
+    }
+
+    /// The client's bytes do not decode: closes the connection with the
+    /// error's reply code (an oversized frame in RabbitMQ's words: the
+    /// frame's type, its payload size, and the limit it means, `frame_max`
+    /// less the 8-byte envelope).
+    fn decode_failed(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, err: DecodeError, now: Instant) {
+        if let DecodeError::FrameTooLarge { size, frame_max } = err {
+            let frame_type = buf.first().copied().unwrap_or_default();
+            let detail = format!(
+                "type {frame_type}, all octets = <<>>: {{frame_too_large,{},{}}}",
+                size.saturating_sub(8),
+                frame_max.saturating_sub(8)
+            );
+            return self.undecodable(machine, buf, ReplyCode::FrameError, detail, now);
+        }
+        self.undecodable(machine, buf, err.reply_code(), err, now);
     }
 
     /// The client sent bytes that do not decode: nothing after them can be

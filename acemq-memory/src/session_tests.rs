@@ -214,3 +214,72 @@ fn a_body_above_the_limit_closes_only_the_channel() {
     assert_eq!((close.class_id, close.method_id), (60, 40));
     assert_eq!(session.fate(), Fate::Running);
 }
+
+/// A body frame of `payload` bytes (header, payload, end byte), as any
+/// client could write it, whatever the limit.
+fn body_frame(out: &mut BytesMut, payload: usize) {
+    use bytes::BufMut;
+    out.put_u8(3);
+    out.put_u16(1);
+    out.put_u32(payload as u32);
+    out.put_bytes(b'x', payload);
+    out.put_u8(0xCE);
+}
+
+#[test]
+fn a_body_frame_of_frame_max_bytes_of_payload_is_taken_and_one_more_is_a_frame_error() {
+    // The handshake negotiated frame_max 131072: a payload of exactly that
+    // (131080 bytes on the wire) passes, as on RabbitMQ ...
+    let (mut machine, mut session, now) = open(0);
+    let mut bytes = BytesMut::new();
+    publish(&mut bytes);
+    header(&mut bytes, 131_072);
+    body_frame(&mut bytes, 131_072);
+    session.handle_input(&mut machine, &mut bytes, now);
+    let closes = frames(&mut machine, session.id())
+        .into_iter()
+        .filter(|f| {
+            matches!(
+                f,
+                Frame::Method(_, Method::ConnectionClose(_) | Method::ChannelClose(_))
+            )
+        })
+        .count();
+    assert_eq!(closes, 0);
+    assert_eq!(session.fate(), Fate::Running);
+    // ... and one byte more is refused from the frame's header, in RabbitMQ's words.
+    assert_eq!(
+        close_for(|out| {
+            publish(out);
+            header(out, 131_073);
+            body_frame(out, 131_073);
+        }),
+        (
+            501,
+            "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,131073,131064}".to_owned(),
+            0,
+            0
+        )
+    );
+}
+
+#[test]
+fn channel_flow_active_false_closes_the_connection_with_540() {
+    let flow =
+        |active| move |out: &mut BytesMut| encode_method(1, &amqp_codec::ChannelFlow { active }.into(), out).unwrap();
+    assert_eq!(
+        close_for(flow(false)),
+        (540, "NOT_IMPLEMENTED - active=false".to_owned(), 20, 20)
+    );
+    let (mut machine, mut session, now) = open(0);
+    let mut bytes = BytesMut::new();
+    flow(true)(&mut bytes);
+    session.handle_input(&mut machine, &mut bytes, now);
+    assert_eq!(
+        frames(&mut machine, session.id()),
+        [Frame::Method(
+            1,
+            Method::ChannelFlowOk(amqp_codec::ChannelFlowOk { active: true })
+        )]
+    );
+}

@@ -144,6 +144,33 @@ fn an_oversized_frame_is_refused_from_its_header_before_buffering() {
 }
 
 #[test]
+fn an_allowance_takes_frames_that_far_over_frame_max_and_no_further() {
+    // RabbitMQ's reader takes a payload of frame_max bytes: 8 over the
+    // whole-frame limit. A decoder without an allowance keeps to the limit.
+    let exactly = frame(3, 1, &vec![0u8; 4096]).freeze();
+    assert!(matches!(
+        FrameDecoder::new(4096).decode_slice(&exactly),
+        Err(Error::FrameTooLarge {
+            size: 4104,
+            frame_max: 4096
+        })
+    ));
+    let lenient = FrameDecoder::new(4096).with_allowance(8);
+    assert_eq!(lenient.allowance(), 8);
+    assert!(lenient.decode_slice(&exactly).is_ok());
+    let one_over = frame(3, 1, &vec![0u8; 4097]).freeze();
+    assert_eq!(
+        lenient.decode_slice(&one_over).unwrap_err(),
+        Error::FrameTooLarge {
+            size: 4105,
+            frame_max: 4096
+        }
+    );
+    // frame_max 0 is still no limit at all.
+    assert!(FrameDecoder::new(0).with_allowance(8).decode_slice(&one_over).is_ok());
+}
+
+#[test]
 fn an_unknown_frame_type_is_refused_from_its_header() {
     assert_eq!(decode(&[4, 0, 0, 0, 0, 0, 0]).unwrap_err(), Error::UnknownFrameType(4));
     assert_eq!(

@@ -219,7 +219,11 @@ pub async fn brokers() -> Brokers {
         url: format!("memory://{name}/"),
         tls: TlsConfig::new(),
         tls_dir: None,
-        memory: Some(acemq_memory::Broker::named(&name)),
+        // Imitating RabbitMQ 3.10, the version of the RabbitMQ kinds here,
+        // so one expectation holds on both (acemq-memory's default is 4.0).
+        memory: Some(acemq_memory::Broker::named_with(&name, || {
+            acemq_memory::BrokerConfig::for_version(acemq_memory::RabbitMqVersion::V3_10)
+        })),
         on: None,
     }];
     for version in RabbitVersion::ALL {

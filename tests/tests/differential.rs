@@ -4,7 +4,12 @@
 //! confirm, return, close and queue count) must be equal once normalised
 //! (`acemq_tests::differential::normalise`).
 //!
-//! `ACEMQ_DIFF_CASES` sets how many sequences to run (default
+//! Every RabbitMQ the harness knows is compared with in turn (the test node
+//! and, with `ACEMQ_RABBITMQ4_URL`, a RabbitMQ 4.0), each with an
+//! acemq-memory imitating the version that RabbitMQ names in its
+//! `connection.start`; `ACEMQ_DIFF_VERSION=3.10` (or `4.0`) keeps one.
+//!
+//! `ACEMQ_DIFF_CASES` sets how many sequences to run per version (default
 //! [`CI_CASES`], sized to CI's budget of two minutes); `ACEMQ_DIFF_SEED`
 //! (a number) makes the run repeatable. A failure is shrunk by proptest to
 //! a minimal sequence (for at most [`SHRINKING`]), printed as a `Vec<Op>`
@@ -15,8 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use acemq_memory::deadline::deadline_of;
+use acemq_memory::RabbitMqVersion;
 use acemq_tests::differential::ops::*;
-use acemq_tests::differential::{compare, rabbitmq_url, transcripts};
+use acemq_tests::differential::{compare, rabbitmqs, transcripts, Rabbit};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
 /// Sequences per CI run.
@@ -41,15 +47,33 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// The RabbitMQ to compare with, or `None` (outside CI only) to skip.
-fn rabbitmq(rt: &tokio::runtime::Runtime) -> Option<String> {
-    rt.block_on(rabbitmq_url())
+/// The RabbitMQs to compare with (none, outside CI only, to skip), less
+/// those `ACEMQ_DIFF_VERSION` leaves out.
+fn rabbitmq(rt: &tokio::runtime::Runtime) -> Vec<Rabbit> {
+    let only: Option<RabbitMqVersion> = std::env::var("ACEMQ_DIFF_VERSION")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("ACEMQ_DIFF_VERSION: {e}")));
+    let kept = rt.block_on(rabbitmqs(only));
+    if let Some(v) = only {
+        let in_ci = std::env::var("CI").is_ok_and(|c| c == "true" || c == "1");
+        assert!(
+            !kept.is_empty() || !in_ci,
+            "ACEMQ_DIFF_VERSION={v} under CI=true, but there is no RabbitMQ {v}"
+        );
+    }
+    kept
 }
 
 #[test]
 fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
     let rt = runtime();
-    let Some(url) = rabbitmq(&rt) else { return };
+    for rabbit in rabbitmq(&rt) {
+        every_sequence_as(&rt, &rabbit);
+    }
+}
+
+fn every_sequence_as(rt: &tokio::runtime::Runtime, rabbit: &Rabbit) {
     let cases = std::env::var("ACEMQ_DIFF_CASES")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -72,48 +96,52 @@ fn acemq_memory_answers_every_sequence_as_rabbitmq_does() {
         }
         None => TestRunner::new(config),
     };
+    let version = rabbit.version;
     let ran = AtomicUsize::new(0);
     let shown = AtomicBool::new(false);
     let started = Instant::now();
     let result = runner.run(&sequence(MAX_LEN), |ops| {
         let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
         if n % 100 == 0 {
-            eprintln!("differential: {n} sequences in {:.1?}", started.elapsed());
+            eprintln!("differential {version}: {n} sequences in {:.1?}", started.elapsed());
         }
-        rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url)))
+        rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, rabbit)))
             .map(|_| ())
             .map_err(|diff| {
                 // Shrinking takes a while: the first difference is shown at once.
                 if !shown.swap(true, Ordering::Relaxed) {
-                    eprintln!("differential: a difference, shrinking it now:\n{diff}");
+                    eprintln!("differential {version}: a difference, shrinking it now:\n{diff}");
                 }
                 TestCaseError::fail(diff)
             })
     });
     eprintln!(
-        "differential: {} sequences run ({cases} cases and any shrinking) in {:.1?}",
+        "differential: {} sequences run against RabbitMQ {version} ({cases} cases and any shrinking) in {:.1?}",
         ran.load(Ordering::Relaxed),
         started.elapsed()
     );
     if let Err(e) = result {
-        panic!("{e}");
+        panic!("against RabbitMQ {version}: {e}");
     }
 }
 
-/// Replays one committed sequence on both brokers.
+/// Replays one committed sequence on every RabbitMQ and an acemq-memory
+/// of the same version each.
 fn replay(ops: Vec<Op>) {
     let rt = runtime();
-    let Some(url) = rabbitmq(&rt) else { return };
-    if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
-        let (memory, rabbit) = rt.block_on(transcripts(&ops, &url));
-        eprintln!(
-            "acemq-memory:\n  {}\nRabbitMQ:\n  {}",
-            memory.join("\n  "),
-            rabbit.join("\n  ")
-        );
-    }
-    if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &url))) {
-        panic!("{diff}");
+    for rabbit in rabbitmq(&rt) {
+        if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
+            let (memory, on_rabbit) = rt.block_on(transcripts(&ops, &rabbit));
+            eprintln!(
+                "acemq-memory {v}:\n  {}\nRabbitMQ {v}:\n  {}",
+                memory.join("\n  "),
+                on_rabbit.join("\n  "),
+                v = rabbit.version
+            );
+        }
+        if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &rabbit))) {
+            panic!("{diff}");
+        }
     }
 }
 
@@ -453,7 +481,7 @@ fn a_stream_delivery() -> Vec<Op> {
 }
 
 #[test]
-fn rejecting_a_stream_delivery_closes_the_connection_with_540() {
+fn rejecting_a_stream_delivery_closes_the_connection_with_540_on_3_10_and_acks_it_on_4_0() {
     let mut ops = a_stream_delivery();
     ops.push(Op::Reject {
         ch: Ch(3),
@@ -464,7 +492,7 @@ fn rejecting_a_stream_delivery_closes_the_connection_with_540() {
 }
 
 #[test]
-fn nacking_a_stream_delivery_closes_the_connection_with_540() {
+fn nacking_a_stream_delivery_closes_the_connection_with_540_on_3_10_and_acks_it_on_4_0() {
     let mut ops = a_stream_delivery();
     ops.push(Op::Nack {
         ch: Ch(3),
@@ -476,7 +504,7 @@ fn nacking_a_stream_delivery_closes_the_connection_with_540() {
 }
 
 #[test]
-fn a_stream_delivery_rejected_in_a_transaction_closes_the_connection_at_commit() {
+fn a_stream_delivery_rejected_in_a_transaction_closes_the_connection_at_commit_on_3_10_only() {
     let mut ops = a_stream_delivery();
     ops.extend([
         Op::TxSelect { ch: Ch(3) },
@@ -699,4 +727,40 @@ fn a_stream_consumer_at_an_offset_past_the_end_waits_for_it() {
         publish.clone(),
         publish,
     ]);
+}
+
+#[test]
+fn channel_flow_is_answered_when_active_and_closes_the_connection_with_540_when_not() {
+    replay(vec![
+        Op::Flow {
+            ch: Ch(0),
+            active: true,
+        },
+        declare(Q::Classic, QueueArgs::default()),
+        // Closes connection 0 (channels 0 and 1) ...
+        Op::Flow {
+            ch: Ch(1),
+            active: false,
+        },
+        // ... while connection 1 goes on, and connection 0 opens again.
+        Op::Flow {
+            ch: Ch(2),
+            active: true,
+        },
+        Op::Publish {
+            ch: Ch(0),
+            to: Target::Default,
+            key: Key::Queue(Q::Classic),
+            mandatory: false,
+            props: Props::default(),
+        },
+    ]);
+}
+
+#[test]
+fn a_body_frame_is_taken_up_to_a_payload_of_frame_max_and_refused_one_byte_over() {
+    let mut ops = vec![declare(Q::Classic, QueueArgs::default())];
+    // The queue's count after each shows which bodies went in.
+    ops.extend(BODY_FRAME_EDGES.iter().map(|&over| Op::BodyFrame { over }));
+    replay(ops);
 }

@@ -2,8 +2,12 @@
 //! language can run their tests against it.
 //!
 //! ```text
-//! acemq-memory [--listen ADDR]
+//! acemq-memory [--listen ADDR] [--rabbitmq-version 3.10|4.0]
 //! ```
+//!
+//! `--rabbitmq-version` chooses the RabbitMQ whose behaviour it imitates
+//! where the versions differ (default 4.0; the crate docs list the
+//! differences).
 //!
 //! It prints `acemq-memory: listening on ADDR` on stdout once it accepts
 //! connections (with port 0, the port it was given), logs through `tracing`
@@ -17,7 +21,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use acemq_memory::{Broker, BrokerConfig};
+use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -39,12 +43,15 @@ const CLOSE_AGAIN: Duration = Duration::from_millis(50);
 const USAGE: &str = "\
 acemq-memory: an AMQP 0-9-1 broker that behaves like RabbitMQ, for tests
 
-Usage: acemq-memory [--listen ADDR]
+Usage: acemq-memory [--listen ADDR] [--rabbitmq-version 3.10|4.0]
 
 Options:
   --listen ADDR  the address to listen on (default 127.0.0.1:5673; port 0 picks
                  a free port). Printed once listening as
                  `acemq-memory: listening on ADDR`.
+  --rabbitmq-version 3.10|4.0
+                 the RabbitMQ whose behaviour to imitate where the versions
+                 differ (default 4.0)
   -h, --help     print this help
 
 Users: guest/guest on the virtual host `/` (amqp://guest:guest@127.0.0.1:5673/).
@@ -54,36 +61,48 @@ SIGINT or SIGTERM closes every connection with 320 CONNECTION_FORCED and exits 0
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Command {
-    Serve { listen: String },
+    Serve { listen: String, version: RabbitMqVersion },
     Help,
 }
 
 /// Parses the arguments after the program name. The error is the message
 /// for a usage error (exit code 2).
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
+    const NEEDS_ADDRESS: &str = "--listen needs an address, e.g. --listen 127.0.0.1:5673";
+    const NEEDS_VERSION: &str = "--rabbitmq-version needs 3.10 or 4.0";
     let mut listen = DEFAULT_LISTEN.to_owned();
+    let mut version = RabbitMqVersion::default();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--listen" => match args.next() {
-                Some(addr) if !addr.is_empty() && !addr.starts_with('-') => listen = addr,
-                _ => return Err("--listen needs an address, e.g. --listen 127.0.0.1:5673".to_owned()),
-            },
-            _ => match arg.strip_prefix("--listen=") {
-                Some(addr) if !addr.is_empty() => listen = addr.to_owned(),
-                Some(_) => return Err("--listen needs an address, e.g. --listen 127.0.0.1:5673".to_owned()),
-                None if arg.starts_with('-') => return Err(format!("unknown option '{arg}'")),
-                None => return Err(format!("unexpected argument '{arg}'")),
-            },
+        if arg == "-h" || arg == "--help" {
+            return Ok(Command::Help);
+        }
+        // `--name value` or `--name=value`; a value never starts with '-'.
+        let (name, value) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |needs: &str| match value.clone().or_else(|| args.next()) {
+            Some(v) if !v.is_empty() && !v.starts_with('-') => Ok(v),
+            _ => Err(needs.to_owned()),
+        };
+        match name {
+            "--listen" => listen = value(NEEDS_ADDRESS)?,
+            "--rabbitmq-version" => {
+                version = value(NEEDS_VERSION)?
+                    .parse()
+                    .map_err(|e| format!("--rabbitmq-version: {e}"))?
+            }
+            _ if arg.starts_with('-') => return Err(format!("unknown option '{name}'")),
+            _ => return Err(format!("unexpected argument '{arg}'")),
         }
     }
-    Ok(Command::Serve { listen })
+    Ok(Command::Serve { listen, version })
 }
 
 fn main() -> ExitCode {
-    let listen = match parse(std::env::args().skip(1)) {
-        Ok(Command::Serve { listen }) => listen,
+    let (listen, version) = match parse(std::env::args().skip(1)) {
+        Ok(Command::Serve { listen, version }) => (listen, version),
         Ok(Command::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -106,7 +125,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&listen)) {
+    match runtime.block_on(run(&listen, version)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("acemq-memory: {err}");
@@ -116,18 +135,19 @@ fn main() -> ExitCode {
 }
 
 /// Serves a broker on `listen` until a signal, then shuts down.
-async fn run(listen: &str) -> io::Result<()> {
+async fn run(listen: &str, version: RabbitMqVersion) -> io::Result<()> {
     // Before the address is printed: whoever reads it may signal at once.
     let mut signals = Signals::new()?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|err| io::Error::new(err.kind(), format!("cannot listen on {listen}: {err}")))?;
     let local = listener.local_addr()?;
-    let config = BrokerConfig::default();
+    let config = BrokerConfig::for_version(version);
     let grace = config.close_timeout + SHUTDOWN_SLACK;
     let broker = Broker::new(config);
     // The stable line scripts and tests read.
     println!("acemq-memory: listening on {local}");
+    tracing::info!(rabbitmq_version = %version, "imitating RabbitMQ {version}");
     tracing::info!(%local, "acemq-memory listening (amqp://guest:guest@{local}/)");
 
     let mut conns: JoinSet<SocketAddr> = JoinSet::new();
@@ -261,14 +281,40 @@ mod tests {
         assert_eq!(
             args(&[]),
             Ok(Command::Serve {
-                listen: "127.0.0.1:5673".into()
+                listen: "127.0.0.1:5673".into(),
+                version: RabbitMqVersion::V4_0,
             })
         );
     }
 
     #[test]
+    fn the_rabbitmq_version_is_chosen_in_either_form_and_defaults_to_4_0() {
+        let serve = |version| {
+            Ok(Command::Serve {
+                listen: "127.0.0.1:5673".into(),
+                version,
+            })
+        };
+        assert_eq!(args(&["--rabbitmq-version", "3.10"]), serve(RabbitMqVersion::V3_10));
+        assert_eq!(args(&["--rabbitmq-version=4.0"]), serve(RabbitMqVersion::V4_0));
+        assert_eq!(args(&["--rabbitmq-version", "3.10.8"]), serve(RabbitMqVersion::V3_10));
+        assert!(args(&["--rabbitmq-version", "3.9"])
+            .unwrap_err()
+            .contains("unknown RabbitMQ version"));
+        assert!(args(&["--rabbitmq-version"]).unwrap_err().contains("needs 3.10 or 4.0"));
+        assert!(args(&["--rabbitmq-version", "--listen", "x"])
+            .unwrap_err()
+            .contains("needs 3.10 or 4.0"));
+    }
+
+    #[test]
     fn listen_takes_an_address_in_either_form() {
-        let serve = |addr: &str| Ok(Command::Serve { listen: addr.into() });
+        let serve = |addr: &str| {
+            Ok(Command::Serve {
+                listen: addr.into(),
+                version: RabbitMqVersion::V4_0,
+            })
+        };
         assert_eq!(args(&["--listen", "0.0.0.0:5672"]), serve("0.0.0.0:5672"));
         assert_eq!(args(&["--listen=localhost:0"]), serve("localhost:0"));
         assert!(args(&["--listen"]).unwrap_err().contains("needs an address"));

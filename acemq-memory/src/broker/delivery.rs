@@ -14,13 +14,14 @@ use amqp_codec::{
 
 use super::dead_letter::{dead_lettered, is_death_cycle};
 use super::exchange::Destination;
-use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Queued};
+use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Outgoing, Queued};
 use super::Publication;
 use super::{
     wake_conn, write_content, write_delivery, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind,
     Unacked, VHost,
 };
 use crate::error::AmqpError;
+use crate::RabbitMqVersion;
 
 /// How a settlement treats the messages it covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +161,9 @@ impl BrokerMachine {
         } = content;
         let mandatory = publish.mandatory;
         let also = sender_selected_keys(&mut header);
+        if self.config.rabbitmq_version.is_4() {
+            sort_headers(&mut header);
+        }
         let msg = Arc::new(Message {
             exchange: publish.exchange,
             routing_key: publish.routing_key,
@@ -272,13 +276,17 @@ impl BrokerMachine {
         let mut dead = Vec::new();
         {
             let BrokerMachine {
-                vhosts, conns, woken, ..
+                vhosts,
+                conns,
+                woken,
+                config,
+                ..
             } = self;
             let Some(q) = vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(qname)) else {
                 return;
             };
             if q.is_stream() {
-                dispatch_stream(q, conns, woken);
+                dispatch_stream(q, conns, woken, config.rabbitmq_version);
                 return;
             }
             let quorum = q.settings.kind == QueueKind::Quorum;
@@ -331,11 +339,12 @@ impl BrokerMachine {
         Ok(())
     }
 
-    /// A stream delivery can only be acked: RabbitMQ 3.10.8 answers a
+    /// A stream delivery can only be acked on RabbitMQ 3.10: it answers a
     /// `basic.reject` or `basic.nack` of one (at once, or at `tx.commit`)
-    /// by closing the connection (540).
+    /// by closing the connection (540). RabbitMQ 4.0 takes either as an
+    /// ack (the consumer's credit comes back; nothing is requeued).
     pub(crate) fn refuse_stream_rejects(&self, id: ConnId, taken: &[Unacked], how: Settle) -> Result<(), AmqpError> {
-        if how == Settle::Ack {
+        if how == Settle::Ack || self.config.rabbitmq_version.is_4() {
             return Ok(());
         }
         let Some(stream) = taken.iter().find(|entry| entry.queued.is_none()) else {
@@ -467,6 +476,7 @@ impl BrokerMachine {
     ) -> Result<(), AmqpError> {
         let Some(conn) = self.conns.get(&id) else { return Ok(()) };
         let vhost = conn.vhost.clone();
+        let version = self.config.rabbitmq_version;
         let mut dead = Vec::new();
         let result = {
             let q = self.queue_for_use(id, &vhost, queue)?;
@@ -508,10 +518,12 @@ impl BrokerMachine {
                     routing_key: m.msg.routing_key.clone(),
                     message_count: remaining,
                 };
-                // RabbitMQ 3.10.8 writes the count on every quorum get,
-                // 0 included (a delivery to a consumer has it only once
-                // the message came back).
-                let extra = quorum.then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
+                // RabbitMQ 3.10 writes the count on every quorum get, 0
+                // included (a delivery to a consumer has it only once the
+                // message came back); 4.0 writes it on both only once the
+                // message came back.
+                let counted = quorum && (!version.is_4() || m.delivery_count > 0);
+                let extra = counted.then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
                 write_content(out, ch, &get_ok.into(), &m.msg, frame_max, extra);
                 if !no_ack {
                     channel.unacked.push_back(Unacked {
@@ -595,6 +607,38 @@ impl BrokerMachine {
     }
 }
 
+/// RabbitMQ 4.0 gives every message to an AMQP 0-9-1 client with its
+/// headers sorted by key (byte order), one entry per key (the first), from
+/// whatever queue (its `mc_amqpl:protocol_state`); 3.10 keeps the
+/// publisher's order. Done once, as the message comes in: a table already
+/// in that order keeps the bytes it came with.
+fn sort_headers(header: &mut Header) {
+    let Header::Decoded(props) = header else {
+        return;
+    };
+    let in_order = match props.view().headers {
+        None => true,
+        Some(headers) => {
+            let mut previous: Option<&[u8]> = None;
+            headers.iter().all(|(key, _)| {
+                let after = previous.map_or(true, |p| p < key);
+                previous = Some(key);
+                after
+            })
+        }
+    };
+    if in_order {
+        return;
+    }
+    if let Some(headers) = props.headers.as_mut() {
+        let mut entries: Vec<_> = std::mem::take(headers).into_iter().collect();
+        // Stable: of equal keys the first stays first, and is the one kept.
+        entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        entries.dedup_by(|later, earlier| later.0 == earlier.0);
+        *headers = entries.into_iter().collect();
+    }
+}
+
 /// RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers
 /// carry more routing keys; `BCC` is removed before the message is stored.
 /// Only that removal changes the properties: a message without `BCC` keeps
@@ -661,7 +705,7 @@ fn try_deliver(
     let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
         return Attempt::Busy;
     };
-    if channel.closing || !channel.flow {
+    if channel.closing {
         return Attempt::Busy;
     }
     let global_ok = channel.global_prefetch == 0 || channel.unacked.len() < usize::from(channel.global_prefetch);
@@ -684,7 +728,7 @@ fn try_deliver(
         exchange: &m.msg.exchange,
         routing_key: &m.msg.routing_key,
     };
-    write_delivery(out, cref.channel, &deliver, &m.msg, frame_max, extra);
+    write_delivery(out, cref.channel, &deliver, &m.msg, frame_max, extra.into());
     wake_conn(cref.conn, conn, woken);
     if no_ack {
         Attempt::Settled
@@ -707,7 +751,17 @@ fn track(conns: &mut super::FastMap<ConnId, Conn>, cref: &ConsumerRef, qname: &S
 
 /// Streams: every consumer reads the log from its own offset, as far as
 /// its credit (prefetch minus unacked) allows.
-fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnId, Conn>, woken: &mut Vec<ConnId>) {
+///
+/// RabbitMQ 4.0 keeps a stream's messages as AMQP 1.0 and converts them
+/// back for delivery; of that, acemq-memory imitates what the header's
+/// `durable` flag does: `delivery_mode` 2 comes back as 2, any other value
+/// (or none) as 1.
+fn dispatch_stream(
+    q: &mut super::queue::Queue,
+    conns: &mut super::FastMap<ConnId, Conn>,
+    woken: &mut Vec<ConnId>,
+    version: RabbitMqVersion,
+) {
     for i in 0..q.consumers.len() {
         let cref = &q.consumers[i];
         let Some(conn) = conns.get_mut(&cref.conn) else {
@@ -720,7 +774,7 @@ fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnI
             let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
                 continue;
             };
-            if channel.closing || !channel.flow {
+            if channel.closing {
                 continue;
             }
             loop {
@@ -749,7 +803,11 @@ fn dispatch_stream(q: &mut super::queue::Queue, conns: &mut super::FastMap<ConnI
                     routing_key: &entry.msg.routing_key,
                 };
                 let extra = Some(("x-stream-offset", FieldValue::I64(offset as i64)));
-                write_delivery(out, cref.channel, &deliver, &entry.msg, frame_max, extra);
+                let outgoing = Outgoing {
+                    extra,
+                    durable_flag: version.is_4(),
+                };
+                write_delivery(out, cref.channel, &deliver, &entry.msg, frame_max, outgoing);
                 channel.unacked.push_back(Unacked {
                     tag,
                     queue: q.name.clone(),

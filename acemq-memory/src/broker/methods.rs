@@ -768,16 +768,14 @@ impl BrokerMachine {
         Ok(())
     }
 
+    /// `channel.flow`: RabbitMQ (3.10 and 4.0) answers `active=true` with
+    /// `flow-ok` and refuses to stop a channel's deliveries: `active=false`
+    /// closes the connection with 540.
     fn channel_flow(&mut self, from: &Origin, m: ChannelFlow) -> Result<(), AmqpError> {
-        let Some(channel) = self.channel(from.id, from.ch) else {
-            return Ok(());
-        };
-        channel.flow = m.active;
-        let queues: Vec<ShortString> = channel.consumers.iter().map(|c| c.queue.clone()).collect();
-        self.reply(from, false, ChannelFlowOk { active: m.active });
-        for q in queues {
-            self.dispatch(&from.vhost, &q, from.now);
+        if !m.active {
+            return Err(AmqpError::not_implemented("active=false"));
         }
+        self.reply(from, false, ChannelFlowOk { active: true });
         Ok(())
     }
 

@@ -37,7 +37,7 @@ use exchange::{Destination, Exchange, ExchangeKind};
 pub(crate) use fast_hash::FastMap;
 pub(crate) use queue::Header;
 
-use queue::{DeathReason, Message, Queue, Queued};
+use queue::{DeathReason, Message, Outgoing, Queue, Queued};
 
 use crate::config::BrokerConfig;
 use crate::error::AmqpError;
@@ -123,7 +123,6 @@ pub(crate) struct Channel {
     pub global_prefetch: u16,
     pub confirm: Option<Confirms>,
     pub tx: Option<Vec<TxOp>>,
-    pub flow: bool,
     /// The queue `""` stands for in later methods (RabbitMQ's shortcut).
     pub last_queue: Option<ShortString>,
 }
@@ -140,7 +139,6 @@ impl Channel {
             global_prefetch: 0,
             confirm: None,
             tx: None,
-            flow: true,
             last_queue: None,
         }
     }
@@ -730,7 +728,7 @@ pub(crate) fn write_content(
     extra: Option<(&str, FieldValue)>,
 ) {
     let mut scratch = BytesMut::new();
-    let Some(properties) = msg.outgoing_properties(extra, &mut scratch) else {
+    let Some(properties) = msg.outgoing_properties(extra.into(), &mut scratch) else {
         return;
     };
     if let Err(err) = encode_content_raw(channel, method, properties, &msg.body, frame_max, out) {
@@ -746,10 +744,10 @@ pub(crate) fn write_delivery(
     deliver: &DeliverRef<'_>,
     msg: &Message,
     frame_max: u32,
-    extra: Option<(&str, FieldValue)>,
+    outgoing: Outgoing<'_>,
 ) {
     let mut scratch = BytesMut::new();
-    let Some(properties) = msg.outgoing_properties(extra, &mut scratch) else {
+    let Some(properties) = msg.outgoing_properties(outgoing, &mut scratch) else {
         return;
     };
     if let Err(err) = encode_delivery(channel, deliver, properties, &msg.body, frame_max, out) {

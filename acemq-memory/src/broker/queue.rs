@@ -36,31 +36,57 @@ pub(crate) struct Message {
     pub body: Bytes,
 }
 
+/// What a delivery adds to a message's properties.
+#[derive(Debug, Default)]
+pub(crate) struct Outgoing<'a> {
+    /// A header set in its headers table (RabbitMQ's `add_header`).
+    pub extra: Option<(&'a str, FieldValue)>,
+    /// `delivery_mode` goes out as 2 if it is 2, otherwise as 1 (what
+    /// RabbitMQ 4.0's AMQP 1.0 `durable` flag leaves of it).
+    pub durable_flag: bool,
+}
+
+impl<'a> From<Option<(&'a str, FieldValue)>> for Outgoing<'a> {
+    fn from(extra: Option<(&'a str, FieldValue)>) -> Self {
+        Outgoing {
+            extra,
+            durable_flag: false,
+        }
+    }
+}
+
 impl Message {
     /// The property flag word and list a delivery of this message carries
-    /// (empty for none), with `extra` set in its headers table if given
-    /// (RabbitMQ's `add_header`; a header that was not decoded goes out as
-    /// it came): the bytes received, unless the broker changed a property
-    /// (the headers of a dead letter) or `extra` is given; those are
-    /// encoded into `scratch`. `None` if they do not encode.
+    /// (empty for none), with what `outgoing` adds (a header that was not
+    /// decoded goes out as it came): the bytes received, unless the broker
+    /// changed a property (the headers of a dead letter) or `outgoing`
+    /// changes one; those are encoded into `scratch`. `None` if they do
+    /// not encode.
     #[inline]
-    pub fn outgoing_properties<'a>(
-        &'a self,
-        extra: Option<(&str, FieldValue)>,
-        scratch: &'a mut BytesMut,
-    ) -> Option<&'a [u8]> {
-        let props = match (&self.header, extra) {
+    pub fn outgoing_properties<'a>(&'a self, outgoing: Outgoing<'_>, scratch: &'a mut BytesMut) -> Option<&'a [u8]> {
+        let props = match (&self.header, outgoing) {
             (Header::Raw(raw), _) => return Some(&raw.raw_properties),
-            (Header::Decoded(props), None) => match props.wire_bytes() {
+            (
+                Header::Decoded(props),
+                Outgoing {
+                    extra: None,
+                    durable_flag: false,
+                },
+            ) => match props.wire_bytes() {
                 Some(received) => return Some(received),
                 None if props.flags() == 0 => return Some(&[]),
                 None => Cow::Borrowed(&**props),
             },
-            (Header::Decoded(props), Some((key, value))) => {
+            (Header::Decoded(props), Outgoing { extra, durable_flag }) => {
                 let mut props = BasicProperties::clone(props);
-                let mut headers = props.headers.take().unwrap_or_default();
-                set_table_value(&mut headers, key, value);
-                props.headers = Some(headers);
+                if let Some((key, value)) = extra {
+                    let mut headers = props.headers.take().unwrap_or_default();
+                    set_table_value(&mut headers, key, value);
+                    props.headers = Some(headers);
+                }
+                if durable_flag {
+                    props.delivery_mode = Some(if props.delivery_mode == Some(2) { 2 } else { 1 });
+                }
                 Cow::Owned(props)
             }
         };

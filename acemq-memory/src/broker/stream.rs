@@ -194,7 +194,9 @@ impl StreamLog {
 /// An estimate of the bytes a message takes in a segment.
 fn entry_size(msg: &Message) -> u64 {
     let mut scratch = BytesMut::new();
-    let properties = msg.outgoing_properties(None, &mut scratch).map_or(0, <[u8]>::len);
+    let properties = msg
+        .outgoing_properties(Default::default(), &mut scratch)
+        .map_or(0, <[u8]>::len);
     let body = msg.body.len() as u64;
     // AMQP 1.0 binary data above 255 bytes has a 4-byte length, not 1.
     let long_body = if body > 255 { 3 } else { 0 };

@@ -77,6 +77,8 @@ const MAX_RESERVE: usize = 256 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameDecoder {
     frame_max: u32,
+    /// Bytes a frame may run over `frame_max` and still be taken.
+    allowance: u32,
     max_depth: usize,
 }
 
@@ -93,8 +95,27 @@ impl FrameDecoder {
     pub fn new(frame_max: u32) -> Self {
         FrameDecoder {
             frame_max,
+            allowance: 0,
             max_depth: DEFAULT_MAX_DEPTH,
         }
+    }
+
+    /// The same decoder, taking frames up to `allowance` bytes over
+    /// `frame_max` (the limit stays off when `frame_max` is 0).
+    ///
+    /// The protocol's `frame_max` bounds the whole frame, and a client or
+    /// broker that keeps to it needs no allowance (the default, 0). A
+    /// broker that imitates RabbitMQ needs one: RabbitMQ's reader lets a
+    /// frame's payload reach `frame_max` bytes, so a frame of
+    /// `frame_max + 8` bytes passes there (see acemq-memory's session).
+    pub fn with_allowance(mut self, allowance: u32) -> Self {
+        self.allowance = allowance;
+        self
+    }
+
+    /// The bytes a frame may run over `frame_max` (see [`FrameDecoder::with_allowance`]).
+    pub fn allowance(&self) -> u32 {
+        self.allowance
     }
 
     /// The same decoder with another nesting limit (at least 1).
@@ -151,7 +172,7 @@ impl FrameDecoder {
             _ => return None,
         };
         let channel = u16::from_be_bytes([c0, c1]);
-        let fits = self.frame_max == 0 || ACK_FRAME_LEN as u64 <= u64::from(self.frame_max);
+        let fits = self.frame_max == 0 || ACK_FRAME_LEN as u64 <= self.limit();
         if channel == 0 || !fits || !wanted(channel) {
             return None;
         }
@@ -360,6 +381,12 @@ impl FrameDecoder {
         }
     }
 
+    /// The largest whole frame taken while `frame_max` is not 0.
+    #[inline(always)]
+    fn limit(&self) -> u64 {
+        u64::from(self.frame_max) + u64::from(self.allowance)
+    }
+
     fn ctx(&self) -> Ctx {
         Ctx {
             max_depth: self.max_depth,
@@ -417,7 +444,7 @@ impl FrameDecoder {
             return Err(Error::UnknownFrameType(frame_type));
         }
         let total = u64::from(size) + FRAME_OVERHEAD as u64;
-        if self.frame_max != 0 && total > u64::from(self.frame_max) {
+        if self.frame_max != 0 && total > self.limit() {
             return Err(Error::FrameTooLarge {
                 size: total,
                 frame_max: self.frame_max,

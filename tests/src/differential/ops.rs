@@ -318,7 +318,18 @@ pub enum Op {
     TxRollback { ch: Ch },
     /// `channel.close` (its unacked deliveries go back to their queues).
     CloseChannel { ch: Ch },
+    /// `channel.flow` (RabbitMQ refuses `active=false` with a 540).
+    Flow { ch: Ch, active: bool },
+    /// A publish on a connection of its own, written frame by frame with
+    /// one body frame of `frame_max` plus `over` bytes of payload (see
+    /// `run::raw`), to the classic queue's name.
+    BodyFrame { over: i16 },
 }
+
+/// The body frame payload sizes tried, as their distance from `frame_max`:
+/// the largest a client keeping to `frame_max` sends (-8), one below that,
+/// one below `frame_max`, `frame_max` itself, and one over.
+pub const BODY_FRAME_EDGES: [i16; 5] = [-8, -7, -1, 0, 1];
 
 impl Op {
     /// The channel it is made on.
@@ -346,7 +357,9 @@ impl Op {
             | Op::TxSelect { ch }
             | Op::TxCommit { ch }
             | Op::TxRollback { ch }
-            | Op::CloseChannel { ch } => *ch,
+            | Op::CloseChannel { ch }
+            | Op::Flow { ch, .. } => *ch,
+            Op::BodyFrame { .. } => Ch(0),
         }
     }
 }
@@ -551,6 +564,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => ch().prop_map(|ch| Op::TxCommit { ch }),
         1 => ch().prop_map(|ch| Op::TxRollback { ch }),
         1 => ch().prop_map(|ch| Op::CloseChannel { ch }),
+        1 => (ch(), proptest::bool::weighted(0.3)).prop_map(|(ch, active)| Op::Flow { ch, active }),
+        1 => proptest::sample::select(&BODY_FRAME_EDGES[..]).prop_map(|over| Op::BodyFrame { over }),
     ]
 }
 

@@ -766,6 +766,22 @@ impl Run {
                 }
                 self.outcome(ch, "tx.rollback", r, |_, ok| format!("{ok:?}"));
             }
+            Op::Flow { ch, active } => {
+                let Some(c) = self.chan(ch).await else { return };
+                let r = timeout(REPLY, c.ch.flow(ChannelFlow { active })).await;
+                self.outcome(ch, &format!("channel.flow active={active}"), r, |_, ok| {
+                    format!("{ok:?}")
+                });
+            }
+            Op::BodyFrame { over } => {
+                let payload = (i64::from(super::raw::RAW_FRAME_MAX) + i64::from(over)) as usize;
+                let queue = self.names.queue(Q::Classic);
+                let answer = super::raw::publish_one_body_frame(&self.url, &queue, payload).await;
+                self.record(format!(
+                    "a body frame of frame_max{over:+} bytes to {:?} -> {answer}",
+                    queue
+                ));
+            }
             Op::CloseChannel { ch } => {
                 let Some(c) = self.chan(ch).await else { return };
                 let r = timeout(REPLY, c.ch.close()).await;
