@@ -764,3 +764,21 @@ fn a_body_frame_is_taken_up_to_a_payload_of_frame_max_and_refused_one_byte_over(
     ops.extend(BODY_FRAME_EDGES.iter().map(|&over| Op::BodyFrame { over }));
     replay(ops);
 }
+
+#[test]
+fn a_stream_consumer_without_a_prefetch_or_with_no_ack_is_refused_in_each_versions_words() {
+    let consume = |ch, no_ack, prefetch| Op::Consume {
+        ch: Ch(ch),
+        q: Q::Stream,
+        no_ack,
+        exclusive: false,
+        server_tag: false,
+        prefetch,
+        offset: Offset::First,
+    };
+    replay(vec![
+        declare(Q::Stream, QueueArgs::default()),
+        consume(0, false, None),
+        consume(3, true, Some(1)),
+    ]);
+}

@@ -541,6 +541,7 @@ impl BrokerMachine {
     fn basic_consume(&mut self, from: &Origin, m: BasicConsume) -> Result<(), AmqpError> {
         let (id, ch, vhost, now) = (from.id, from.ch, &*from.vhost, from.now);
         let queue = self.expand_queue(id, ch, &m.queue)?;
+        let v4 = self.config.rabbitmq_version.is_4();
         let tag = if m.consumer_tag.is_empty() {
             generated_name("amq.ctag-")
         } else {
@@ -570,15 +571,21 @@ impl BrokerMachine {
         }
         let mut stream_next = 0;
         if q.is_stream() {
+            // Worded differently by each version: 3.10 "... for 'queue 'q'
+            // in vhost '/''" and "... by stream queues queue 'q' ...", 4.0
+            // "... for stream queue 'q' ..." and "... by stream queue 'q' ...".
             if prefetch == 0 {
-                return Err(AmqpError::precondition(format!(
-                    "consumer prefetch count is not set for '{}'",
-                    rs_queue(&queue, vhost)
-                )));
+                let named = rs_queue(&queue, vhost);
+                return Err(AmqpError::precondition(if v4 {
+                    format!("consumer prefetch count is not set for stream {named}")
+                } else {
+                    format!("consumer prefetch count is not set for '{named}'")
+                }));
             }
             if m.no_ack {
+                let streams = if v4 { "stream" } else { "stream queues" };
                 return Err(AmqpError::not_implemented(format!(
-                    "automatic acknowledgement not supported by stream queues {}",
+                    "automatic acknowledgement not supported by {streams} {}",
                     rs_queue(&queue, vhost)
                 )));
             }
