@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use acemq_memory::Broker;
+use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
 use amqp_codec::{BasicAck, BasicConsume, BasicGet, BasicQos, FieldTable, FieldValue, Method, QueueDeclare};
 use common::{args, close_of, Client};
 
@@ -67,26 +67,30 @@ async fn setup(broker: &Broker) -> Client {
 #[tokio::test]
 async fn a_stream_consumer_needs_a_prefetch() {
     acemq_memory::deadline::deadline(async {
-        let broker = Broker::default();
-        let mut c = setup(&broker).await;
-        let reply = c
-            .call(
-                1,
-                BasicConsume {
-                    queue: "log".into(),
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert_eq!(
-            close_of(&reply),
+        // Each version in its own words.
+        for (version, text) in [
             (
-                406,
-                "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue 'log' in vhost '/''".into(),
-                60,
-                20
-            )
-        );
+                RabbitMqVersion::V3_10,
+                "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue 'log' in vhost '/''",
+            ),
+            (
+                RabbitMqVersion::V4_0,
+                "PRECONDITION_FAILED - consumer prefetch count is not set for stream queue 'log' in vhost '/'",
+            ),
+        ] {
+            let broker = Broker::new(BrokerConfig::for_version(version));
+            let mut c = setup(&broker).await;
+            let reply = c
+                .call(
+                    1,
+                    BasicConsume {
+                        queue: "log".into(),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            assert_eq!(close_of(&reply), (406, text.into(), 60, 20), "{version}");
+        }
     })
     .await
 }

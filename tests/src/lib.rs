@@ -219,8 +219,9 @@ pub async fn brokers() -> Brokers {
         url: format!("memory://{name}/"),
         tls: TlsConfig::new(),
         tls_dir: None,
-        // Imitating RabbitMQ 3.10, the version of the RabbitMQ kinds here,
-        // so one expectation holds on both (acemq-memory's default is 4.0).
+        // Imitating RabbitMQ 3.10 (acemq-memory's default is 4.0): where the
+        // versions differ, a scenario expects 3.10's behaviour of every
+        // broker whose `version()` is not 4.0.
         memory: Some(acemq_memory::Broker::named_with(&name, || {
             acemq_memory::BrokerConfig::for_version(acemq_memory::RabbitMqVersion::V3_10)
         })),

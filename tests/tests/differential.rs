@@ -4,10 +4,10 @@
 //! confirm, return, close and queue count) must be equal once normalised
 //! (`acemq_tests::differential::normalise`).
 //!
-//! Every RabbitMQ the harness knows is compared with in turn (the test node
-//! and, with `ACEMQ_RABBITMQ4_URL`, a RabbitMQ 4.0), each with an
-//! acemq-memory imitating the version that RabbitMQ names in its
-//! `connection.start`; `ACEMQ_DIFF_VERSION=3.10` (or `4.0`) keeps one.
+//! Every RabbitMQ the harness knows is compared with in turn (the 3.10
+//! node and, when it is there, the 4.0 node of `ACEMQ_RABBITMQ4_URL`),
+//! each with an acemq-memory imitating the version that RabbitMQ names in
+//! its `connection.start`; `ACEMQ_DIFF_VERSION=3.10` (or `4.0`) keeps one.
 //!
 //! `ACEMQ_DIFF_CASES` sets how many sequences to run per version (default
 //! [`CI_CASES`], sized to CI's budget of two minutes); `ACEMQ_DIFF_SEED`

@@ -25,27 +25,25 @@ pub struct Rabbit {
 }
 
 /// Every RabbitMQ the differential test runs against, or only those of
-/// version `only`: the test node (see [`crate::brokers`]; missing is a
-/// failure under `CI=true`; not looked for when only 4.0 is wanted) and
-/// the RabbitMQ 4.0 node at `ACEMQ_RABBITMQ4_URL` when that is set (then
-/// it must answer). Each is asked its version; one acemq-memory cannot
-/// imitate is a failure.
+/// version `only`: the harness's RabbitMQ nodes over TCP (see
+/// [`crate::brokers`]: 3.10, and 4.0 when `ACEMQ_RABBITMQ4_URL` or its
+/// default node is there; a missing 3.10 is a failure under `CI=true`).
+/// When only 4.0 is wanted, 3.10 is not looked for. Each is asked its
+/// version; one acemq-memory cannot imitate is a failure.
 pub async fn rabbitmqs(only: Option<RabbitMqVersion>) -> Vec<Rabbit> {
-    let mut urls: Vec<String> = Vec::new();
-    if only != Some(RabbitMqVersion::V4_0) {
-        urls.extend(
-            crate::brokers()
-                .await
-                .into_iter()
-                .filter(|b| b.kind == crate::Kind::RabbitTcp)
-                .map(|b| b.url),
-        );
-    }
-    if let Ok(url) = std::env::var("ACEMQ_RABBITMQ4_URL") {
-        if !url.trim().is_empty() && !urls.contains(&url) {
-            urls.push(url);
-        }
-    }
+    let urls: Vec<String> = if only == Some(RabbitMqVersion::V4_0) {
+        crate::rabbit_env(crate::RabbitVersion::V4_0)
+            .map(|env| env.url)
+            .into_iter()
+            .collect()
+    } else {
+        crate::brokers()
+            .await
+            .into_iter()
+            .filter(|b| b.kind.is_rabbit_tcp())
+            .map(|b| b.url)
+            .collect()
+    };
     let mut out = Vec::new();
     for url in urls {
         let version = version_of(&url).await;
