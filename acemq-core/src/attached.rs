@@ -1,10 +1,15 @@
 //! The task of every consumer a `Conn` records for recovery (`consume`'s
 //! and the `Scheduler`'s): started on the consuming connection of the
 //! moment, it hands each delivery to its owner, waits through a loss for the
-//! supervisor to reattach it (or reattaches itself), and on close cancels,
-//! hands back what nobody started on, drains the work under way up to the
-//! drain timeout and closes its channel. How it ended is published on its
-//! record, for `closed()` and `Conn::close`.
+//! supervisor to reattach it (or reattaches itself), subscribes again when
+//! the broker cancels it or closes its channel (unless built to end then),
+//! and on close cancels, hands back what nobody started on, drains the work
+//! under way up to the drain timeout and closes its channel. How it ended is
+//! published on its record, for `closed()` and `Conn::close`.
+//!
+//! It never settles a delivery on a channel other than the one it came on:
+//! a delivery's acker names its channel, and once that channel is gone the
+//! engine drops (and counts) its settlements.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,9 +21,34 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::amqp::{self, Delivery};
+use crate::config::RecoveryEvent;
 use crate::error::Error;
 use crate::proto::CloseReason;
-use crate::recovery::{reattach, until_set, with_tag, Attachment, ConsumerRecord, Inner, Phase, StreamPosition};
+use crate::recovery::{
+    emit, reattach, until_set, with_tag, Attachment, Backoff, ConsumerRecord, Inner, Phase, StreamPosition,
+};
+
+/// What a consumer does when the broker cancels it (`basic.cancel`: its
+/// queue was deleted, or lost its leader) or closes its channel (e.g. 406
+/// PRECONDITION_FAILED for a delivery not acknowledged within RabbitMQ's
+/// `consumer_timeout`). Either way [`crate::RecoveryEvent::ConsumerCancelled`]
+/// reports it with the broker's reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnCancel {
+    /// Subscribe again (the default): with the recovery backoff
+    /// (`recovery_delay` doubling to `recovery_delay_max`, jittered), on a
+    /// new channel, with the consumer's tag, arguments and prefetch, once
+    /// its queue exists again; [`crate::RecoveryEvent::ConsumerResubscribed`]
+    /// reports it. Deliveries from the closed channel are never settled on
+    /// the new one: their acks are dropped and counted, and the broker
+    /// redelivers them.
+    #[default]
+    Resubscribe,
+    /// End the consumer: [`crate::Consumer::closed`] returns
+    /// [`Error::ConsumerCancelled`] with the broker's reason.
+    End,
+}
 
 /// A consumer started and recorded, whose task is still to be spawned.
 pub(crate) struct Started {
@@ -28,6 +58,7 @@ pub(crate) struct Started {
     attachment: Attachment,
     attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
     ended: watch::Sender<Option<Result<(), Error>>>,
+    on_cancel: OnCancel,
 }
 
 /// `basic.consume` of `method` after `basic.qos(prefetch)`, on a channel of
@@ -68,10 +99,17 @@ pub(crate) async fn start(inner: &Inner, method: BasicConsume, prefetch: u16) ->
         },
         attachments,
         ended,
+        on_cancel: OnCancel::default(),
     })
 }
 
 impl Started {
+    /// What it does when the broker cancels it (see [`OnCancel`]).
+    pub(crate) fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
+        self.on_cancel = on_cancel;
+        self
+    }
+
     /// Runs it on a task of its own: `each` starts the work of a delivery
     /// in the given set. `what` names it in logs. When it ends it leaves
     /// the `Conn`'s records and publishes how it ended.
@@ -91,6 +129,7 @@ impl Started {
             attachment,
             attachments,
             ended,
+            on_cancel,
         } = self;
         tokio::spawn(async move {
             let outcome = run(
@@ -100,7 +139,7 @@ impl Started {
                 attachment,
                 attachments,
                 shutdown,
-                drain_timeout,
+                (drain_timeout, on_cancel),
                 each,
             )
             .await;
@@ -141,7 +180,7 @@ async fn run<E>(
     mut attachment: Attachment,
     mut attachments: mpsc::UnboundedReceiver<Result<Attachment, Error>>,
     mut shutdown: watch::Receiver<bool>,
-    drain_timeout: Duration,
+    (drain_timeout, on_cancel): (Duration, OnCancel),
     mut each: E,
 ) -> Result<(), Error>
 where
@@ -179,10 +218,43 @@ where
         if !connection.is_closed() {
             // The channel or the consumer went, not the connection: the
             // broker cancelled it (its queue was deleted) or closed the channel.
-            tracing::warn!(queue = %what, "the consumer ended: its queue or channel went away");
-            break Err(Error::ConsumerCancelled {
-                queue: what.to_string(),
-            });
+            let reason = cancel_reason(&attachment.channel);
+            let resubscribing = on_cancel == OnCancel::Resubscribe;
+            tracing::warn!(queue = %what, %reason, resubscribing, "the broker cancelled the consumer");
+            emit(
+                inner,
+                RecoveryEvent::ConsumerCancelled {
+                    queue: what.to_string(),
+                    reason: reason.clone(),
+                    resubscribing,
+                },
+            );
+            if !resubscribing {
+                break Err(Error::ConsumerCancelled {
+                    queue: what.to_string(),
+                    reason,
+                });
+            }
+            match resubscribe(inner, record, &attachment, &mut stop, &mut tasks).await {
+                Resubscribed::Again(next, attempts) => {
+                    emit(
+                        inner,
+                        RecoveryEvent::ConsumerResubscribed {
+                            queue: what.to_string(),
+                            reason,
+                            attempts,
+                        },
+                    );
+                    // The old channel goes with its handles; a delivery
+                    // still in a handler keeps its acker, whose settlement
+                    // the engine drops.
+                    attachment = next;
+                    continue;
+                }
+                Resubscribed::Closing => break Ok(()),
+                // The connection went meanwhile: recovery takes over.
+                Resubscribed::Lost => {}
+            }
         }
         if inner.config.without_recovery {
             let reason = connection.close_reason().unwrap_or(CloseReason::ConnectionLost);
@@ -217,6 +289,80 @@ where
     }
     let _ = attachment.channel.close().await;
     outcome
+}
+
+/// The broker's reason for ending a consumer whose connection is still up.
+fn cancel_reason(channel: &amqp::Channel) -> String {
+    match channel.close_error() {
+        Some(amqp::Error::ChannelClosed(refusal)) => format!("channel closed by the broker: {refusal}"),
+        Some(other) => format!("channel closed: {other}"),
+        None => "basic.cancel from the broker (its queue was deleted or became unavailable)".to_string(),
+    }
+}
+
+/// How a resubscription ended.
+enum Resubscribed {
+    /// Subscribed again, after this many tries.
+    Again(Attachment, u32),
+    /// The consumer is closing.
+    Closing,
+    /// The consuming connection went (or is recovering): the consumer waits
+    /// for recovery as after any loss.
+    Lost,
+}
+
+/// Subscribes a cancelled consumer again on a new channel of the consuming
+/// connection, with the recovery backoff between tries, until its queue is
+/// there again; the work under way goes on meanwhile.
+async fn resubscribe<S: Future>(
+    inner: &Inner,
+    record: &ConsumerRecord,
+    cancelled: &Attachment,
+    stop: &mut Pin<&mut S>,
+    tasks: &mut JoinSet<()>,
+) -> Resubscribed {
+    let mut backoff = Backoff::new(inner.config.recovery_delay, inner.config.recovery_delay_max);
+    let mut attempts = 0u32;
+    loop {
+        let delay = backoff.next_delay();
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.as_mut() => return Resubscribed::Closing,
+                _ = &mut sleep => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        let (conn, generation) = {
+            let snapshot = inner.consuming.subscribe();
+            let snapshot = snapshot.borrow();
+            if !matches!(snapshot.phase, Phase::Up) || snapshot.generation != cancelled.generation {
+                return Resubscribed::Lost;
+            }
+            (snapshot.conn.clone(), snapshot.generation)
+        };
+        attempts += 1;
+        let queue = record.queue.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let attempt = reattach(&conn, record, generation);
+        tokio::pin!(attempt);
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = stop.as_mut() => return Resubscribed::Closing,
+                result = &mut attempt => break result,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        match result {
+            Ok(next) => return Resubscribed::Again(next, attempts),
+            Err(_) if conn.is_closed() => return Resubscribed::Lost,
+            Err(err) => {
+                tracing::info!(%queue, attempts, %err, "subscribing the consumer again failed; trying again");
+            }
+        }
+    }
 }
 
 /// Waits for the supervisor to reattach the consumer after a loss; the work

@@ -68,6 +68,31 @@ pub enum RecoveryEvent {
     },
     /// The broker unblocked publishing.
     Unblocked,
+    /// The broker cancelled a consumer (`basic.cancel`: its queue was
+    /// deleted, or lost its leader) or closed its channel (e.g. 406
+    /// PRECONDITION_FAILED when a delivery was not acknowledged within
+    /// RabbitMQ's `consumer_timeout`). Deliveries from that channel can no
+    /// longer be settled: their acks are dropped and counted
+    /// (`settlement_dropped`), and the broker redelivers them.
+    ConsumerCancelled {
+        /// The queue.
+        queue: String,
+        /// The broker's reason (its reply code and text for a closed channel).
+        reason: String,
+        /// Whether the consumer subscribes again (the default) or ends
+        /// ([`crate::OnCancel::End`]).
+        resubscribing: bool,
+    },
+    /// A cancelled consumer is subscribed again, on a new channel, with its
+    /// tag, arguments and prefetch.
+    ConsumerResubscribed {
+        /// The queue.
+        queue: String,
+        /// Why it had been cancelled.
+        reason: String,
+        /// How many tries it took (each after the recovery backoff).
+        attempts: u32,
+    },
 }
 
 impl RecoveryEvent {
@@ -81,6 +106,8 @@ impl RecoveryEvent {
             RecoveryEvent::QueueRenamed { .. } => "queue_renamed",
             RecoveryEvent::Blocked { .. } => "blocked",
             RecoveryEvent::Unblocked => "unblocked",
+            RecoveryEvent::ConsumerCancelled { .. } => "consumer_cancelled",
+            RecoveryEvent::ConsumerResubscribed { .. } => "consumer_resubscribed",
         }
     }
 }
@@ -122,6 +149,26 @@ impl std::fmt::Display for RecoveryEvent {
             RecoveryEvent::QueueRenamed { from, to } => write!(f, "server-named queue {from} is now {to}"),
             RecoveryEvent::Blocked { reason } => write!(f, "publishing blocked by the broker: {reason}"),
             RecoveryEvent::Unblocked => f.write_str("publishing unblocked"),
+            RecoveryEvent::ConsumerCancelled {
+                queue,
+                reason,
+                resubscribing,
+            } => {
+                write!(f, "the consumer of {queue} was cancelled by the broker: {reason}")?;
+                f.write_str(if *resubscribing {
+                    "; subscribing again"
+                } else {
+                    "; it ends"
+                })
+            }
+            RecoveryEvent::ConsumerResubscribed {
+                queue,
+                reason,
+                attempts,
+            } => write!(
+                f,
+                "the consumer of {queue} is subscribed again after {attempts} attempts (cancelled: {reason})"
+            ),
         }
     }
 }

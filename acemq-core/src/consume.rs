@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::ack::{Ack, BoxError};
 use crate::amqp::Delivery;
-use crate::attached::{self, settle_sent};
+use crate::attached::{self, settle_sent, OnCancel};
 use crate::codec::{Codec, Json};
 use crate::conn::Conn;
 use crate::envelope::{
@@ -95,8 +95,9 @@ impl Consumer {
     }
 
     /// Waits until the consumer has ended, and says how: `Ok` once closed,
-    /// or the error it ended with. Nothing ends quietly: a queue deleted
-    /// under it ([`Error::ConsumerCancelled`]), a connection lost without
+    /// or the error it ended with. Nothing ends quietly: a broker cancel
+    /// with [`OnCancel::End`] ([`Error::ConsumerCancelled`] with the
+    /// broker's reason), a connection lost without
     /// recovery ([`Error::Closed`]), a reattachment that failed or a
     /// recovery that gave up.
     pub async fn closed(&self) -> Result<(), Error> {
@@ -143,6 +144,7 @@ where
         concurrency: None,
         retry: None,
         drain_timeout: Duration::from_secs(20),
+        on_cancel: OnCancel::default(),
         arguments: FieldTable::new(),
         then: None,
         slips: None,
@@ -161,6 +163,7 @@ pub struct ConsumerBuilder<T, F, C> {
     concurrency: Option<usize>,
     retry: Option<RetryPolicy>,
     drain_timeout: Duration,
+    on_cancel: OnCancel,
     arguments: FieldTable,
     then: Option<Destination>,
     slips: Option<Arc<dyn SlipDestinations>>,
@@ -252,6 +255,16 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
         self
     }
 
+    /// What the consumer does when the broker cancels it (its queue
+    /// deleted) or closes its channel (e.g. 406 for a delivery not
+    /// acknowledged within RabbitMQ's `consumer_timeout`): subscribe again
+    /// ([`OnCancel::Resubscribe`], the default) or end
+    /// ([`OnCancel::End`], the reason then in [`Consumer::closed`]).
+    pub fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
+        self.on_cancel = on_cancel;
+        self
+    }
+
     /// Decodes payloads with another codec.
     pub fn with_codec<C2>(self, codec: C2) -> ConsumerBuilder<T, F, C2> {
         ConsumerBuilder {
@@ -262,6 +275,7 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
             concurrency: self.concurrency,
             retry: self.retry,
             drain_timeout: self.drain_timeout,
+            on_cancel: self.on_cancel,
             arguments: self.arguments,
             then: self.then,
             slips: self.slips,
@@ -348,7 +362,7 @@ where
             inline: inline_waker(),
             _payload: PhantomData,
         });
-        let done = started.spawn(
+        let done = started.on_cancel(self.on_cancel).spawn(
             self.conn.inner.clone(),
             self.queue.clone(),
             self.drain_timeout,

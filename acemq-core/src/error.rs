@@ -134,11 +134,14 @@ pub enum Error {
         last_error: String,
     },
     /// The broker cancelled the consumer (its queue was deleted, or a
-    /// stream or quorum queue lost its leader for good).
-    #[error("the broker cancelled the consumer of {queue}")]
+    /// stream or quorum queue lost its leader) or closed its channel, and
+    /// the consumer was built to end then ([`crate::OnCancel::End`]).
+    #[error("the broker cancelled the consumer of {queue}: {reason}")]
     ConsumerCancelled {
         /// The queue.
         queue: String,
+        /// The broker's reason (its reply code and text for a closed channel).
+        reason: String,
     },
     /// A pending send that had already given its answer was polled again.
     #[error("a pending send was polled after it completed")]

@@ -72,6 +72,7 @@ mod time;
 pub mod topology;
 
 pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
+pub use attached::OnCancel;
 pub use codec::{Codec, CodecError, Json};
 pub use config::{Config, OnRecovery, RecoveryEvent};
 pub use confirm::SendResult;

@@ -10,9 +10,10 @@ pub const RUNG_MISSING_TOTAL: &str = "acemq_rung_missing_total";
 /// each failed publish of a delivery the consumer holds (a set-aside to
 /// `.dlq` or `.parked`, a retry, a rung hop), every one tried again.
 pub const SET_ASIDE_FAILED_TOTAL: &str = "acemq_set_aside_failed_total";
-/// `acemq_recovery_total{event=lost|retrying|recovered|gave_up|queue_renamed|blocked|unblocked|settlement_dropped}`:
+/// `acemq_recovery_total{event=lost|retrying|recovered|gave_up|queue_renamed|blocked|unblocked|consumer_cancelled|consumer_resubscribed|settlement_dropped}`:
 /// every [`crate::RecoveryEvent`] by its label, and each settlement of a
-/// delivery from a dead connection that was dropped instead of sent.
+/// delivery from a dead connection or a closed channel that was dropped
+/// instead of sent.
 pub const RECOVERY_TOTAL: &str = "acemq_recovery_total";
 /// `acemq_scheduled_total{outcome=delivered|redelivered|rescheduled|dead_lettered|failed|returned}`:
 /// what [`crate::Scheduler`]s did with due messages (see [`crate::schedule`]);

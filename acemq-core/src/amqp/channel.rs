@@ -466,6 +466,24 @@ impl Channel {
         self.open.load(Ordering::SeqCst)
     }
 
+    /// Why the channel closed, once it has: [`Error::ChannelClosed`] with
+    /// the broker's code and text when the broker closed it (e.g. 406
+    /// PRECONDITION_FAILED for a delivery acknowledgement that timed out),
+    /// [`Error::NoReply`] when a call went unanswered,
+    /// [`Error::ChannelNotOpen`] when this side closed it, the
+    /// connection's error when the connection ended. `None` while open.
+    pub fn close_error(&self) -> Option<Error> {
+        if self.is_open() {
+            return None;
+        }
+        Some(
+            self.state
+                .line
+                .failure()
+                .unwrap_or_else(|| self.conn.shared.closed_error()),
+        )
+    }
+
     /// Sends any client method and waits for its reply, if it has one
     /// (`None` for methods without a reply or sent with `no-wait`). A
     /// refusal closes the channel and comes back as [`Error::ChannelClosed`].

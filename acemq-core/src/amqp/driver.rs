@@ -753,11 +753,17 @@ impl Driver {
         let mut ops = std::mem::take(&mut self.settling);
         self.shared.take_settles(&mut ops);
         for op in &ops {
+            if self.routes(op.channel, op.generation).is_none() {
+                // Its channel has closed since (the broker closed it, or a
+                // call on it timed out): the tag means nothing on any other
+                // channel, so it is never sent; the broker redelivers.
+                metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
+                tracing::debug!(channel = op.channel, "settlement dropped: the channel has closed since");
+                continue;
+            }
             if let SettleKind::Ack { multiple: false } = op.kind {
                 // The usual settlement, without a `Method` built for it.
-                if self.routes(op.channel, op.generation).is_none() {
-                    tracing::debug!(channel = op.channel, "ack dropped: the channel has closed since");
-                } else if let Err(err) = self.machine.ack_one(op.channel, op.tag) {
+                if let Err(err) = self.machine.ack_one(op.channel, op.tag) {
                     tracing::debug!(channel = op.channel, %err, "could not send");
                 }
                 continue;

@@ -170,6 +170,11 @@ impl Line {
         }
     }
 
+    /// Why the line failed (its channel or connection went), if it has.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.lock().failed.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // No code panics under this lock; a poisoned one is still whole.
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
