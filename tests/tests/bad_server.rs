@@ -478,10 +478,13 @@ fn answer(method: &Method) -> Option<Method> {
 /// `close-ok`) and keeps every socket open: a broker that stays connected
 /// but stopped answering, as one whose quorum queue lost its majority does.
 /// With `closes` set, it still answers `channel.close` and
-/// `connection.close` while silent.
+/// `connection.close` while silent; with `blocks`, it says
+/// `connection.blocked` when a publish comes while silent (and then
+/// confirms nothing, as a blocked RabbitMQ reads nothing).
 async fn stalling_server(
     silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
     closes: bool,
+    blocks: bool,
 ) -> (String, tokio::task::JoinHandle<()>) {
     use std::sync::atomic::Ordering;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -503,6 +506,12 @@ async fn stalling_server(
                     let Frame::Method(ch, method) = frame else { continue };
                     let is_close = matches!(method, Method::ChannelClose(_) | Method::ConnectionClose(_));
                     if silent.load(Ordering::SeqCst) && !(closes && is_close) {
+                        if blocks && matches!(method, Method::BasicPublish(_)) {
+                            let blocked = ConnectionBlocked {
+                                reason: "low on memory".into(),
+                            };
+                            s.send(Frame::Method(0, blocked.into())).await;
+                        }
                         continue;
                     }
                     if let Method::ConnectionClose(_) = method {
@@ -531,7 +540,7 @@ async fn every_call_kind_fails_after_the_call_timeout_and_leaves_its_channel_clo
     acemq_tests::deadline(async {
         use acemq_core::proto::Wait;
         let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (url, server) = stalling_server(silent.clone(), true).await;
+        let (url, server) = stalling_server(silent.clone(), true, false).await;
         let conn = Connection::open(&url, call_impatient()).await.unwrap();
         // A channel per call, opened while the broker still answers.
         let mut channels = Vec::new();
@@ -619,7 +628,7 @@ async fn tx_commit_and_rollback_fail_after_the_call_timeout() {
     acemq_tests::deadline(async {
         use acemq_core::proto::Wait;
         let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (url, server) = stalling_server(silent.clone(), true).await;
+        let (url, server) = stalling_server(silent.clone(), true, false).await;
         let conn = Connection::open(&url, call_impatient()).await.unwrap();
         let (a, b) = (conn.channel().await.unwrap(), conn.channel().await.unwrap());
         silent.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -657,7 +666,7 @@ async fn conn_calls_and_confirms_fail_in_time_and_close_returns_when_the_broker_
         use acemq_core::{consume, Ack, Conn, Topology};
         let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Nothing is answered once silent, not even a close.
-        let (url, server) = stalling_server(silent.clone(), false).await;
+        let (url, server) = stalling_server(silent.clone(), false, false).await;
         let config = acemq_core::Config {
             engine: call_impatient(),
             publish_timeout: Duration::from_millis(500),
@@ -697,6 +706,61 @@ async fn conn_calls_and_confirms_fail_in_time_and_close_returns_when_the_broker_
             .expect("Conn::close returns although the broker answers nothing");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert!(consumer.is_finished());
+        server.abort();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_sqlite_outbox_batch_never_outlives_its_lease_and_leaves_unconfirmed_rows_unmarked() {
+    acemq_tests::deadline(async {
+        use acemq_core::outbox::Outbox;
+        use acemq_core::{Conn, Envelope};
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Once silent it blocks the publishing connection at the first
+        // publish: a confirm then waits for blocked_timeout, far past the lease.
+        let (url, server) = stalling_server(silent.clone(), true, true).await;
+        let config = acemq_core::Config {
+            engine: call_impatient(),
+            publish_timeout: Duration::from_millis(500),
+            blocked_timeout: Duration::from_secs(60),
+            without_recovery: true,
+            ..acemq_core::Config::default()
+        };
+        let conn = Conn::open(&url, config).await.unwrap();
+        let db = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let outbox = Outbox::new(db.clone());
+        outbox.migrate().await.unwrap();
+        let publisher = conn.publisher::<u32>("", "q");
+        let mut tx = db.begin().await.unwrap();
+        outbox.enqueue(&mut tx, &publisher, Envelope::new(), &1).await.unwrap();
+        tx.commit().await.unwrap();
+        silent.store(true, std::sync::atomic::Ordering::SeqCst);
+
+        let lease = Duration::from_secs(2);
+        let relay = outbox.relay(&conn).lease(lease);
+        let started = tokio::time::Instant::now();
+        let batch = tokio::time::timeout(Duration::from_secs(20), relay.run_once())
+            .await
+            .expect("the batch ends with its lease")
+            .unwrap();
+        assert!(started.elapsed() <= lease, "{:?}", started.elapsed());
+        assert_eq!(
+            (batch.claimed, batch.dispatched, batch.refused, batch.unmarked),
+            (1, 0, 0, 1)
+        );
+        // Unmarked: not dispatched, not refused, free for the next claim once the lease ends.
+        let (dispatched, attempts): (Option<i64>, i64) =
+            sqlx::query_as("SELECT dispatched_at, attempts FROM acemq_outbox")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        assert_eq!((dispatched, attempts), (None, 0));
+        assert_eq!(outbox.waiting().await.unwrap(), 1);
         server.abort();
     })
     .await

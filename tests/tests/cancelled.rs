@@ -204,30 +204,56 @@ async fn with_on_cancel_end_a_consumer_whose_queue_is_deleted_ends_with_the_brok
 }
 
 /// RabbitMQ only: acemq-memory has no delivery-acknowledgement timeout.
-/// On 3.10 the timeout is the node's `consumer_timeout` (read by a channel
-/// when it opens, so it is set on this run's own node before the consumer
-/// starts and put back after); on 4.0 the consumer's own
-/// `x-consumer-timeout` argument sets it, leaving the shared node alone.
+/// Over TCP only (TLS changes nothing here, and each run waits for the
+/// broker's check). On 3.10 the timeout is the node's `consumer_timeout`,
+/// and the check runs on the channel's tick (`channel_tick_interval`, a
+/// minute by default); both are read by a channel when it opens, so they
+/// are set on this run's own node before the consumer starts and put back
+/// after. On 4.0 the queue's and the consumer's `x-consumer-timeout`
+/// arguments set it, leaving the shared node alone; its check still comes
+/// with the channel's tick, up to a minute later.
 #[test]
-fn a_handler_past_the_consumer_timeout_gets_406_and_the_consumer_resubscribes_without_sending_the_late_ack() {
+fn a_handler_past_the_consumer_timeout_gets_406_and_the_consumer_resubscribes_without_sending_the_late_ack_on_3_10() {
+    past_the_consumer_timeout(acemq_tests::RabbitVersion::V3_10);
+}
+
+#[test]
+fn a_handler_past_the_consumer_timeout_gets_406_and_the_consumer_resubscribes_without_sending_the_late_ack_on_4_0() {
+    past_the_consumer_timeout(acemq_tests::RabbitVersion::V4_0);
+}
+
+/// The consumer_timeout scenario on RabbitMQ `version`, over TCP.
+fn past_the_consumer_timeout(version: acemq_tests::RabbitVersion) {
     acemq_tests::deadline_blocking(|| {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let all = runtime.block_on(brokers());
-        let rabbits: Vec<Broker> = all.into_iter().filter(|b| b.is_rabbitmq()).collect();
+        let rabbits: Vec<Broker> = all
+            .into_iter()
+            .filter(|b| b.version() == Some(version) && !b.kind.is_tls())
+            .collect();
         if rabbits.is_empty() {
-            eprintln!("no RabbitMQ in this run: the consumer_timeout test needs one");
+            eprintln!("no RabbitMQ {version:?} in this run: the consumer_timeout test needs it");
         }
         for b in rabbits {
             let kind = b.kind;
             let v3 = b.rabbit() == acemq_tests::RabbitVersion::V3_10;
             if v3 {
                 b.rabbitmqctl(&["eval", "application:set_env(rabbit, consumer_timeout, 1000)."]);
+                b.rabbitmqctl(&["eval", "application:set_env(rabbit, channel_tick_interval, 500)."]);
             }
             let events = Events::default();
             let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
                 let conn = b.conn_with(events.config()).await;
                 let queue = unique("cancel-406");
-                Topology::new().queue(&queue).declare(&conn).await.unwrap();
+                let mut arguments = amqp_codec::FieldTable::new();
+                if !v3 {
+                    arguments.insert("x-consumer-timeout", amqp_codec::FieldValue::I64(1000));
+                }
+                Topology::new()
+                    .queue_with_arguments(&queue, arguments)
+                    .declare(&conn)
+                    .await
+                    .unwrap();
                 let (tx, mut rx) = mpsc::unbounded_channel();
                 let (release_tx, release_rx) = tokio::sync::watch::channel(false);
                 let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -249,8 +275,10 @@ fn a_handler_past_the_consumer_timeout_gets_406_and_the_consumer_resubscribes_wi
                 }
                 let consumer = builder.await.unwrap();
                 if v3 {
-                    // Channels opened from now on keep the default.
-                    b.rabbitmqctl(&["eval", "application:unset_env(rabbit, consumer_timeout)."]);
+                    // Channels opened from now on get 3.10's defaults again (unset,
+                    // `channel_tick_interval` would crash every new channel).
+                    b.rabbitmqctl(&["eval", "application:set_env(rabbit, consumer_timeout, 1800000)."]);
+                    b.rabbitmqctl(&["eval", "application:set_env(rabbit, channel_tick_interval, 60000)."]);
                 }
                 conn.publisher::<u32>("", &queue).send(&7).await.unwrap();
                 let first = next(&mut rx, "the first delivery").await;
@@ -290,7 +318,8 @@ fn a_handler_past_the_consumer_timeout_gets_406_and_the_consumer_resubscribes_wi
                 cleanup(&b, &queue).await;
             });
             if v3 {
-                b.rabbitmqctl(&["eval", "application:unset_env(rabbit, consumer_timeout)."]);
+                b.rabbitmqctl(&["eval", "application:set_env(rabbit, consumer_timeout, 1800000)."]);
+                b.rabbitmqctl(&["eval", "application:set_env(rabbit, channel_tick_interval, 60000)."]);
             }
             assert_eq!(counts.get("consumer_cancelled"), Some(&1), "{kind:?}: {counts:?}");
             assert_eq!(counts.get("consumer_resubscribed"), Some(&1), "{kind:?}: {counts:?}");

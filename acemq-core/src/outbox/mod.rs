@@ -54,8 +54,10 @@
 //! [`Outbox::migrate`] creates them when they are missing (the SQL is in
 //! `acemq-core/migrations/outbox_postgres.sql` and `outbox_sqlite.sql`, for
 //! a service that runs its own migrations). Times are Unix milliseconds
-//! (`BIGINT` on PostgreSQL, `INTEGER` on SQLite), written by the
-//! application, so both databases read alike.
+//! (`BIGINT` on PostgreSQL, `INTEGER` on SQLite), read from the
+//! database's clock in the statements that write and compare them (never
+//! the relay's), so both databases read alike and relays on hosts whose
+//! clocks differ agree on leases, due rows and retention.
 //!
 //! `acemq_outbox`, one row per message:
 //!
@@ -92,8 +94,10 @@
 //! has no row locks: a claim is a lease ([`OutboxRelay::lease`]) written
 //! into the rows by one `UPDATE … RETURNING` (SQLite has one writer at a
 //! time); a relay publishes a row only while its lease has at least
-//! `publish_timeout` to run, so a lease never runs out under a publish, and
-//! a dead relay's rows are free when the lease ends.
+//! `publish_timeout` to run, awaits confirms only while the lease lasts (a
+//! row whose confirm has not come by then stays unmarked, for a later
+//! claim), and marks a row only under the same lease, not run out; a dead
+//! relay's rows are free when the lease ends.
 //!
 //! # Order
 //!
@@ -111,7 +115,7 @@
 
 mod store;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use amqp_codec::{BasicProperties, BasicPublish};
 use bytes::{Bytes, BytesMut};
@@ -209,7 +213,6 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             routing_key: &routing_key,
             properties: &wire,
             body: &body,
-            now_ms: now_ms(),
         };
         DB::insert(&mut **tx, row).await?;
         Ok(envelope.id)
@@ -266,7 +269,7 @@ impl Inbox {
         message_id: &str,
         consumer: &str,
     ) -> Result<Begin, OutboxError> {
-        let new = DB::inbox_insert(&mut **tx, message_id, consumer, now_ms()).await?;
+        let new = DB::inbox_insert(&mut **tx, message_id, consumer).await?;
         Ok(if new { Begin::New } else { Begin::Duplicate })
     }
 }
@@ -299,6 +302,11 @@ pub struct RelayBatch {
     pub dispatched: usize,
     /// Rows refused (kept with their error, backed off).
     pub refused: usize,
+    /// Rows left unmarked for a later claim: their SQLite lease would have
+    /// run out under their publish, or ran out while their confirm was
+    /// awaited (they may have arrived: a later claim publishes them again,
+    /// with the same message-id).
+    pub unmarked: usize,
 }
 
 impl<DB: OutboxDatabase> OutboxRelay<DB> {
@@ -320,9 +328,12 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
         self
     }
 
-    /// SQLite's lease on claimed rows (default 2 min). A row is published
-    /// only while its lease has more than the connection's
-    /// `publish_timeout` left; a dead relay's rows wait this long.
+    /// SQLite's lease on claimed rows (default 2 min), on the database's
+    /// clock. A row is published only while its lease has more than the
+    /// connection's `publish_timeout` left; confirms are awaited only while
+    /// it lasts (a row whose confirm has not come when it ends stays
+    /// unmarked, for a later claim); a mark is written only under the same
+    /// lease, not run out. A dead relay's rows wait this long.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -402,8 +413,8 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
     /// the waiting and lag gauges.
     pub async fn run_once(&self) -> Result<RelayBatch, OutboxError> {
         let pool = &self.outbox.pool;
-        let now = now_ms();
-        let claim = DB::claim(pool, &self.name, i64::from(self.batch), now, millis(self.lease)).await?;
+        let claimed_at = tokio::time::Instant::now();
+        let claim = DB::claim(pool, &self.name, i64::from(self.batch), millis(self.lease)).await?;
         let mut batch = RelayBatch {
             claimed: claim.rows.len(),
             ..RelayBatch::default()
@@ -413,14 +424,22 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
             self.measure().await?;
             return Ok(batch);
         }
-        let marks = self.publish(&claim.rows, claim.until_ms).await;
+        // The lease, counted down on this relay's monotonic clock from
+        // before the claim (so never later than on the database's), less
+        // a tenth kept for writing the marks.
+        let lease_ends = claim.lease_left_ms.map(|left| {
+            let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+            claimed_at + left - left / 10
+        });
+        let marks = self.publish(&claim.rows, lease_ends).await;
         for (_, mark) in &marks {
             match mark {
                 Mark::Dispatched => batch.dispatched += 1,
                 Mark::Refused { .. } => batch.refused += 1,
             }
         }
-        DB::finish(pool, claim, &self.name, &marks, now_ms()).await?;
+        batch.unmarked = batch.claimed - batch.dispatched - batch.refused;
+        DB::finish(pool, claim, &self.name, &marks).await?;
         metrics::counter!(OUTBOX_TOTAL, "outcome" => "dispatched").increment(batch.dispatched as u64);
         metrics::counter!(OUTBOX_TOTAL, "outcome" => "refused").increment(batch.refused as u64);
         self.measure().await?;
@@ -428,14 +447,16 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
     }
 
     /// Publishes the rows as one window: every row written, then every
-    /// confirm awaited. A row whose lease would run out under its publish is
-    /// left out (unmarked: it is claimed again later).
-    async fn publish(&self, rows: &[store::Row], until_ms: i64) -> Vec<(i64, Mark)> {
-        let publish_timeout = millis(self.conn.config().publish_timeout);
+    /// confirm awaited, all before `lease_ends` (SQLite's lease; none on
+    /// PostgreSQL). A row whose lease would run out under its publish is
+    /// left out, and one whose confirm has not come when the lease ends is
+    /// left unmarked: either is claimed again later.
+    async fn publish(&self, rows: &[store::Row], lease_ends: Option<tokio::time::Instant>) -> Vec<(i64, Mark)> {
+        let publish_timeout = self.conn.config().publish_timeout;
         let mut written = Vec::with_capacity(rows.len());
         let mut marks = Vec::with_capacity(rows.len());
         for row in rows {
-            if now_ms().saturating_add(publish_timeout) >= until_ms {
+            if lease_ends.is_some_and(|end| tokio::time::Instant::now() + publish_timeout >= end) {
                 tracing::debug!(relay = %self.name, message_id = %row.message_id, "lease too short to publish; left for later");
                 continue;
             }
@@ -453,7 +474,18 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
             }
         }
         for (row, write) in written {
-            let mark = match write.confirmed(&self.conn).await {
+            let confirmed = write.confirmed(&self.conn);
+            let confirmed = match lease_ends {
+                Some(end) => match tokio::time::timeout_at(end, confirmed).await {
+                    Ok(confirmed) => confirmed,
+                    Err(_) => {
+                        tracing::warn!(relay = %self.name, message_id = %row.message_id, "lease ran out before the confirm; the row is left for a later claim");
+                        continue;
+                    }
+                },
+                None => confirmed.await,
+            };
+            let mark = match confirmed {
                 Ok(_) => Mark::Dispatched,
                 Err(err) => self.refused(row, err.to_string()),
             };
@@ -471,7 +503,7 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
         tracing::warn!(relay = %self.name, message_id = %row.message_id, attempts = refusals + 1, %error, retry_in = ?delay, "outbox row refused");
         Mark::Refused {
             error,
-            next_attempt_ms: now_ms().saturating_add(millis(delay)),
+            retry_in_ms: millis(delay),
         }
     }
 
@@ -480,8 +512,8 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
         let backlog = DB::backlog(&self.outbox.pool).await?;
         metrics::gauge!(OUTBOX_WAITING).set(backlog.waiting as f64);
         let lag = backlog
-            .oldest_created_ms
-            .map(|oldest| (now_ms() - oldest).max(0) as f64 / 1000.0)
+            .oldest_age_ms
+            .map(|age| age.max(0) as f64 / 1000.0)
             .unwrap_or(0.0);
         metrics::gauge!(OUTBOX_LAG_SECONDS).set(lag);
         Ok(())
@@ -491,9 +523,8 @@ impl<DB: OutboxDatabase> OutboxRelay<DB> {
     /// many of each.
     pub async fn clean_up(&self) -> Result<(u64, u64), OutboxError> {
         let pool = &self.outbox.pool;
-        let now = now_ms();
-        let outbox = DB::remove_dispatched(pool, now - millis(self.retention)).await?;
-        let inbox = DB::remove_inbox(pool, now - millis(self.inbox_retention)).await?;
+        let outbox = DB::remove_dispatched(pool, millis(self.retention)).await?;
+        let inbox = DB::remove_inbox(pool, millis(self.inbox_retention)).await?;
         metrics::counter!(OUTBOX_REMOVED_TOTAL, "table" => "outbox").increment(outbox);
         metrics::counter!(OUTBOX_REMOVED_TOTAL, "table" => "inbox").increment(inbox);
         Ok((outbox, inbox))
@@ -547,10 +578,6 @@ fn row_message(row: &store::Row) -> Result<(BasicPublish, BasicProperties, Bytes
         ..Default::default()
     };
     Ok((publish, properties, Bytes::from(row.body.clone())))
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(millis).unwrap_or(0)
 }
 
 fn millis(d: Duration) -> i64 {
