@@ -48,7 +48,13 @@ pub const MAX_ERROR_TEXT: usize = 16 * 1024;
 pub struct Message<T> {
     /// The decoded payload.
     pub payload: T,
-    /// The envelope; `attempt` includes broker redeliveries.
+    /// The envelope. Its `attempt` counts every earlier handler call and
+    /// every broker redelivery once: the attempt written on the message
+    /// (retries write it advanced), plus, for a copy the broker delivered
+    /// before, a quorum queue's `x-delivery-count`, or one where the queue
+    /// keeps no count (a classic queue's redeliveries of one copy count as
+    /// one). A handler that panics has made an attempt. Headers of another
+    /// type or out of range are read as absent (see [`Envelope::read_from`]).
     pub envelope: Envelope,
     /// Whether the broker delivered this copy before.
     pub redelivered: bool,
@@ -451,7 +457,7 @@ fn inline_waker() -> Option<std::task::Waker> {
 }
 
 /// The `x-stream-offset` header of a delivery from a stream.
-fn stream_offset(delivery: &Delivery) -> Option<i64> {
+pub(crate) fn stream_offset(delivery: &Delivery) -> Option<i64> {
     let properties = delivery.properties.as_ref().ok()?.view();
     properties.headers?.get("x-stream-offset")?.as_i64()
 }
@@ -481,7 +487,7 @@ const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 ///   redeliveries of one copy count as one.
 ///
 /// A count that is not a non-negative integer is read as absent.
-fn delivered_attempt(written: u32, headers: &FieldTable, redelivered: bool) -> u32 {
+pub(crate) fn delivered_attempt(written: u32, headers: &FieldTable, redelivered: bool) -> u32 {
     if !redelivered {
         return written;
     }
@@ -503,7 +509,7 @@ struct RetryFacts {
 /// The envelope's id of a delivery, for the paths that republish it (made
 /// again from the properties rather than kept from the envelope: an
 /// accepted message never needs it).
-fn id_of(delivery: &Delivery, properties: &BasicProperties) -> String {
+pub(crate) fn id_of(delivery: &Delivery, properties: &BasicProperties) -> String {
     Envelope::id_of(&properties.view(), &delivery.body)
 }
 
@@ -621,7 +627,7 @@ where
 
 /// The envelope as the handler sees it: the attempt counts redeliveries
 /// (see [`delivered_attempt`]).
-fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delivery) -> Envelope {
+pub(crate) fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delivery) -> Envelope {
     let mut envelope = Envelope::read_from_message_view(properties, &delivery.body);
     envelope.attempt = delivered_attempt(envelope.attempt, &envelope.headers, delivery.redelivered);
     let span = tracing::Span::current();
@@ -835,7 +841,7 @@ async fn wait_unless_closing<T, F, C>(shared: &Shared<T, F, C>, wait: Duration) 
 /// hop, and the error text (bounded) for set-asides; without the broker's
 /// `x-delivery-count`, which belongs to the copy received, not to the new one
 /// (see [`delivered_attempt`]).
-fn hop_properties(
+pub(crate) fn hop_properties(
     original: &BasicProperties,
     delivery: &Delivery,
     queue: &str,

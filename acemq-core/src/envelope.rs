@@ -361,6 +361,50 @@ mod tests {
     }
 
     #[test]
+    fn values_of_another_type_or_out_of_range_read_as_absent() {
+        let first_seen = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for (attempt, seen) in [
+            (FieldValue::from("three"), FieldValue::from("yesterday")),
+            (FieldValue::I32(-4), FieldValue::I64(-1)),
+            (FieldValue::I64(i64::MAX), FieldValue::Timestamp(u64::MAX)),
+            (FieldValue::U32(u32::MAX), FieldValue::Timestamp((1 << 63) + 1)),
+            (FieldValue::I32(0), FieldValue::Timestamp(LATEST_READABLE_SECOND + 1)),
+        ] {
+            let mut headers = FieldTable::new();
+            headers.insert(ATTEMPT_HEADER, attempt.clone());
+            headers.insert(FIRST_SEEN_HEADER, seen.clone());
+            headers.insert(CAUSATION_HEADER, FieldValue::I32(7));
+            let props = BasicProperties {
+                headers: Some(headers),
+                timestamp: Some(1_700_000_000),
+                ..Default::default()
+            };
+            let envelope = Envelope::read_from_message(&props, b"{}");
+            assert_eq!(envelope.attempt, 1, "{attempt:?}");
+            assert_eq!(
+                envelope.first_seen, first_seen,
+                "{seen:?}: the timestamp property instead"
+            );
+            assert_eq!(envelope.causation_id, None);
+        }
+        for timestamp in [1 << 63, (1 << 63) + 1, u64::MAX, LATEST_READABLE_SECOND + 1] {
+            let props = BasicProperties {
+                timestamp: Some(timestamp),
+                ..Default::default()
+            };
+            let before = whole_seconds(SystemTime::now());
+            let envelope = Envelope::read_from_message(&props, b"{}");
+            assert!(
+                envelope.first_seen >= before,
+                "{timestamp}: read as absent, first seen now"
+            );
+        }
+        let last = UNIX_EPOCH + Duration::from_secs(LATEST_READABLE_SECOND);
+        assert_eq!(time_of_secs(LATEST_READABLE_SECOND), Some(last));
+        assert_eq!(attempt_of(Some(i64::from(i32::MAX))), Some(i32::MAX as u32));
+    }
+
+    #[test]
     fn a_message_from_elsewhere_reads_as_a_first_attempt() {
         let envelope = Envelope::read_from(&BasicProperties::default());
         assert_eq!(envelope.attempt, 1);

@@ -83,7 +83,7 @@ pub(crate) fn next_hop(
         None => (None, None),
     };
     if let Some(((steps, at), allow)) = slips.and_then(|allow| Some((slip_of(properties)?, allow))) {
-        let next = at + 1;
+        let next = at.saturating_add(1);
         let Some(step) = steps.0.get(next) else {
             return Ok(None);
         };

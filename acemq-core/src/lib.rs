@@ -54,6 +54,8 @@ pub mod consume;
 mod declaration;
 pub mod envelope;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod hop;
 pub mod hops;
 pub mod io;

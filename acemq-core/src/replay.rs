@@ -166,7 +166,7 @@ pub struct SetAside {
 }
 
 impl SetAside {
-    fn read(delivery: &Delivery) -> SetAside {
+    pub(crate) fn read(delivery: &Delivery) -> SetAside {
         let properties = match &delivery.properties {
             Ok(p) => p.as_ref().clone(),
             Err(raw) => raw.salvage().properties,
@@ -211,7 +211,7 @@ impl SetAside {
 
     /// Where a replay from `from` sends it (see the module docs), or why it
     /// cannot go back.
-    fn destination(&self, from: &str, to_original: bool) -> Result<(String, String), String> {
+    pub(crate) fn destination(&self, from: &str, to_original: bool) -> Result<(String, String), String> {
         // The scheduler's set-asides: their source queue is the scheduler's
         // own; they go to the destination they were scheduled for.
         let scheduled = from == format!("{}.dlq", crate::schedule::DELIVERY);
@@ -233,7 +233,7 @@ impl SetAside {
     }
 
     /// The properties of the replayed copy.
-    fn replay_properties(&self) -> BasicProperties {
+    pub(crate) fn replay_properties(&self) -> BasicProperties {
         let mut props = self.properties.clone();
         if props.message_id.is_none() {
             props.message_id = Some(self.envelope.id.as_str().into());

@@ -650,15 +650,26 @@ async fn deliver(shared: Arc<Shared>, delivery: Delivery) {
 }
 
 /// Where a due message goes, from its headers.
-struct Target {
+pub(crate) struct Target {
     exchange: ShortString,
     routing_key: ShortString,
     /// `x-acemq-deliver-at`, seconds.
     deliver_at: Option<u64>,
 }
 
-/// The destination in `properties`, or why there is none.
-fn target_of(properties: &BasicProperties) -> Result<Target, String> {
+impl Target {
+    /// When it falls due: `x-acemq-deliver-at`, or `None` (due now) when
+    /// there is none or it is no time a clock can hold (past
+    /// 9999-12-31T23:59:59Z).
+    pub(crate) fn due(&self) -> Option<SystemTime> {
+        self.deliver_at.and_then(crate::envelope::time_of_secs)
+    }
+}
+
+/// The destination in `properties`, or why there is none. A
+/// `x-acemq-deliver-at` that is not a non-negative integer or timestamp is
+/// read as absent.
+pub(crate) fn target_of(properties: &BasicProperties) -> Result<Target, String> {
     let headers = properties.headers.as_ref();
     let text = |name: &str| -> Result<ShortString, String> {
         let value = headers
@@ -711,7 +722,7 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
             return Ok("dead_lettered");
         }
     };
-    if let Some(due) = target.deliver_at.map(|secs| UNIX_EPOCH + Duration::from_secs(secs)) {
+    if let Some(due) = target.due() {
         if let Ok(early) = due.duration_since(wall_clock()) {
             if early > HOLD_AT_MOST {
                 reschedule(shared, delivery, properties, &input_id, early).await?;
@@ -798,7 +809,7 @@ fn delivered_id(input_id: &str, target: &Target) -> String {
 }
 
 /// The properties of the delivered copy (see the module docs).
-fn delivered_properties(input: &BasicProperties, input_id: &str, target: &Target) -> BasicProperties {
+pub(crate) fn delivered_properties(input: &BasicProperties, input_id: &str, target: &Target) -> BasicProperties {
     let mut output = input.clone();
     output.message_id = Some(delivered_id(input_id, target).as_str().into());
     output.expiration = None;

@@ -1,23 +1,47 @@
-//! Replays the `connection` fuzz target's committed seeds
-//! (`fuzz/corpus/connection/`) and saved crash inputs
-//! (`fuzz/regressions/connection/`) through the entry point the target calls,
-//! on stable, in every `cargo test`. A missing or empty corpus is a failure,
-//! so this cannot silently check nothing.
+//! Replays the committed seeds (`fuzz/corpus/<target>/`) and saved crash
+//! inputs (`fuzz/regressions/<target>/`) of acemq-core's fuzz targets through
+//! the entry points the targets call, on stable, in every `cargo test`:
+//! `connection` (`acemq_core::proto::fuzzing`) and `delivery`
+//! (`acemq_core::fuzzing`). A missing or empty corpus is a failure, so this
+//! cannot silently check nothing.
 //!
-//! The seeds are written by `acemq_core::proto::fuzzing::seeds()`:
+//! The seeds the generators write (`proto::fuzzing::seeds()`,
+//! `fuzzing::seeds()`) must be in the corpus as written:
 //! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-core --test fuzz_corpus` rewrites
-//! them after the input format changes.
+//! them after an input format changes. The `delivery` corpus also keeps what
+//! the fuzzer found (minimised with `cargo fuzz cmin`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use acemq_core::proto::fuzzing;
+use acemq_core::fuzzing;
+use acemq_core::proto::fuzzing as proto_fuzzing;
 
-fn dir(kind: &str) -> PathBuf {
+/// A target: its name, its entry point and its seed generator.
+struct Target {
+    name: &'static str,
+    entry: fn(&[u8]),
+    seeds: fn() -> Vec<(&'static str, Vec<u8>)>,
+}
+
+const TARGETS: [Target; 2] = [
+    Target {
+        name: "connection",
+        entry: proto_fuzzing::client_connection,
+        seeds: proto_fuzzing::seeds,
+    },
+    Target {
+        name: "delivery",
+        entry: fuzzing::delivery,
+        seeds: fuzzing::seeds,
+    },
+];
+
+fn dir(kind: &str, target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fuzz")
         .join(kind)
-        .join("connection")
+        .join(target)
 }
 
 /// The files of `dir`, dotfiles (`.gitkeep`) left out; panics if it is missing.
@@ -31,14 +55,14 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Runs every file through the entry point; panics listing those that panicked.
-fn replay(files: &[PathBuf]) {
+/// Runs every file through `entry`; panics listing those that panicked.
+fn replay(files: &[PathBuf], entry: fn(&[u8])) {
     eprintln!("replaying {} inputs", files.len());
     let failed: Vec<String> = files
         .iter()
         .filter(|path| {
             let data = std::fs::read(path).expect("a readable input");
-            catch_unwind(AssertUnwindSafe(|| fuzzing::client_connection(&data))).is_err()
+            catch_unwind(AssertUnwindSafe(|| entry(&data))).is_err()
         })
         .map(|path| path.display().to_string())
         .collect();
@@ -51,34 +75,42 @@ fn replay(files: &[PathBuf]) {
 
 #[test]
 fn the_corpus_replays_without_panics() {
-    let files = inputs(&dir("corpus"));
-    assert!(!files.is_empty(), "the corpus {} is empty", dir("corpus").display());
-    replay(&files);
+    for target in &TARGETS {
+        let corpus = dir("corpus", target.name);
+        let files = inputs(&corpus);
+        assert!(!files.is_empty(), "the corpus {} is empty", corpus.display());
+        replay(&files, target.entry);
+    }
 }
 
 #[test]
 fn the_regressions_replay_without_panics() {
-    // Committed with a .gitkeep: it may be empty, never missing.
-    replay(&inputs(&dir("regressions")));
+    for target in &TARGETS {
+        // Committed with a .gitkeep: it may be empty, never missing.
+        replay(&inputs(&dir("regressions", target.name)), target.entry);
+    }
 }
 
 #[test]
 fn the_committed_seeds_are_the_generators() {
-    let corpus = dir("corpus");
     let write = std::env::var_os("ACEMQ_WRITE_SEEDS").is_some();
-    for (name, bytes) in fuzzing::seeds() {
-        let path = corpus.join(name);
-        if write {
-            std::fs::create_dir_all(&corpus).expect("the corpus directory");
-            std::fs::write(&path, &bytes).expect("a written seed");
-        } else {
-            let committed = std::fs::read(&path).ok();
-            assert_eq!(
-                committed.as_deref(),
-                Some(&bytes[..]),
-                "{} is not what fuzzing::seeds() writes; rerun with ACEMQ_WRITE_SEEDS=1",
-                path.display()
-            );
+    for target in &TARGETS {
+        let corpus = dir("corpus", target.name);
+        for (name, bytes) in (target.seeds)() {
+            let path = corpus.join(name);
+            if write {
+                std::fs::create_dir_all(&corpus).expect("the corpus directory");
+                std::fs::write(&path, &bytes).expect("a written seed");
+            } else {
+                let committed = std::fs::read(&path).ok();
+                assert_eq!(
+                    committed.as_deref(),
+                    Some(&bytes[..]),
+                    "{} is not what {}'s seeds() writes; rerun with ACEMQ_WRITE_SEEDS=1",
+                    path.display(),
+                    target.name
+                );
+            }
         }
     }
 }

@@ -7,10 +7,14 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use acemq_core::envelope::ATTEMPT_HEADER;
-use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, RetryPolicy, Topology};
+use acemq_core::envelope::{
+    ATTEMPT_HEADER, CAUSATION_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER, REPLAYED_HEADER,
+};
+use acemq_core::hops::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
+use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{brokers, unique, Broker, Kind};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
@@ -376,6 +380,310 @@ fn a_delivery_count_written_by_a_producer_is_not_counted() {
                 *seen.lock().unwrap(),
                 [(1, false, 1), (2, true, 2)],
                 "{:?}: only the broker's count of this copy counts",
+                b.kind
+            );
+        });
+    })
+}
+
+/// Publishes `body` to `q` with `properties`, confirmed, as another
+/// producer would (nothing of acemq's envelope added).
+async fn publish_raw(conn: &Conn, q: &str, properties: BasicProperties, body: String) {
+    let raw = conn.publishing_connection().channel().await.unwrap();
+    raw.confirm_select().await.unwrap();
+    raw.publish("", q, false, properties, body)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let _ = raw.close().await;
+}
+
+/// One call of a handler, as recorded.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: u32,
+    attempt: u32,
+    first_seen: SystemTime,
+    causation: Option<String>,
+}
+
+/// Waits until `seen` holds `n` calls, at most `limit`.
+async fn calls(seen: &Arc<Mutex<Vec<Seen>>>, n: usize, limit: Duration, what: &str) -> Vec<Seen> {
+    let until = Instant::now() + limit;
+    loop {
+        let now = seen.lock().unwrap().clone();
+        if now.len() >= n {
+            return now;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: {} of {n} calls within {limit:?}: {now:?}",
+            now.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// 2^63 + 1 seconds: no clock can hold it.
+const FAR_TIMESTAMP: u64 = (1 << 63) + 1;
+
+#[test]
+fn a_timestamp_out_of_range_is_read_as_absent_and_keeps_no_prefetch_slot() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b, _scale| async move {
+            let conn = b.conn_with(Config::default()).await;
+            let q = unique("hostile");
+            let policy = RetryPolicy::immediate();
+            declare(&conn, &q, QueueType::Quorum, &policy).await;
+            // Six with a timestamp of 2^63 + 1 ahead of ten good ones.
+            for id in 1..=16 {
+                let timestamp = if id <= 6 { FAR_TIMESTAMP } else { 1_700_000_000 };
+                let properties = BasicProperties {
+                    timestamp: Some(timestamp),
+                    ..Default::default()
+                };
+                publish_raw(&conn, &q, properties, format!("{{\"id\":{id}}}")).await;
+            }
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = seen.clone();
+            let started = SystemTime::now();
+            let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                record.lock().unwrap().push(Seen {
+                    id: m.payload.id,
+                    attempt: m.envelope.attempt,
+                    first_seen: m.envelope.first_seen,
+                    causation: None,
+                });
+                async { Ack::accept() }
+            })
+            .prefetch(5)
+            .await
+            .unwrap();
+            let mut all = calls(&seen, 16, Duration::from_secs(15), "sixteen messages").await;
+            consumer.close().await.unwrap();
+            cleanup(&conn, &q, &policy).await;
+            all.sort_by_key(|s| s.id);
+            assert_eq!(
+                all.iter().map(|s| s.id).collect::<Vec<_>>(),
+                (1..=16).collect::<Vec<_>>(),
+                "{:?}: every message handled once",
+                b.kind
+            );
+            for s in &all {
+                assert_eq!(s.attempt, 1, "{:?}: {s:?}", b.kind);
+                if s.id <= 6 {
+                    // Read as absent: first seen is when it was read.
+                    let read_at = s.first_seen.duration_since(started - Duration::from_secs(1));
+                    assert!(read_at.is_ok(), "{:?}: {s:?}", b.kind);
+                } else {
+                    assert_eq!(
+                        s.first_seen,
+                        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                        "{:?}",
+                        b.kind
+                    );
+                }
+            }
+        });
+    })
+}
+
+#[test]
+fn envelope_headers_of_another_type_or_out_of_range_are_read_as_absent() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b, _scale| async move {
+            let conn = b.conn_with(Config::default()).await;
+            let q = unique("hostile");
+            let policy = RetryPolicy::fixed(3, Duration::from_millis(10))
+                .with_jitter(0.0)
+                .wait_in_broker_from(Duration::from_secs(3600));
+            declare(&conn, &q, QueueType::Quorum, &policy).await;
+            let given = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            // (header, value, timestamp property): each read as if the
+            // header were not there.
+            let cases: Vec<(&str, FieldValue, Option<u64>)> = vec![
+                (ATTEMPT_HEADER, FieldValue::from("three"), None),
+                (ATTEMPT_HEADER, FieldValue::I32(-4), None),
+                (ATTEMPT_HEADER, FieldValue::I64(i64::MAX), None),
+                (ATTEMPT_HEADER, FieldValue::U32(3_000_000_000), None),
+                (ATTEMPT_HEADER, FieldValue::Timestamp(u64::MAX), None),
+                (FIRST_SEEN_HEADER, FieldValue::from("yesterday"), Some(1_700_000_000)),
+                (FIRST_SEEN_HEADER, FieldValue::Timestamp(u64::MAX), Some(1_700_000_000)),
+                (
+                    FIRST_SEEN_HEADER,
+                    FieldValue::Timestamp(FAR_TIMESTAMP),
+                    Some(1_700_000_000),
+                ),
+                (FIRST_SEEN_HEADER, FieldValue::I64(-1), Some(1_700_000_000)),
+                (FIRST_SEEN_HEADER, FieldValue::Bool(true), Some(1_700_000_000)),
+                (CAUSATION_HEADER, FieldValue::I32(7), Some(1_700_000_000)),
+                (ROUTING_SLIP_HEADER, FieldValue::from("not a slip"), Some(1_700_000_000)),
+                (ROUTING_SLIP_STEP_HEADER, FieldValue::from("two"), Some(1_700_000_000)),
+                (ROUTING_SLIP_STEP_HEADER, FieldValue::I64(-9), Some(1_700_000_000)),
+            ];
+            for (n, (name, value, timestamp)) in cases.iter().enumerate() {
+                let mut headers = FieldTable::new();
+                headers.insert(*name, value.clone());
+                let properties = BasicProperties {
+                    headers: Some(headers),
+                    timestamp: *timestamp,
+                    ..Default::default()
+                };
+                publish_raw(&conn, &q, properties, format!("{{\"id\":{n}}}")).await;
+            }
+            // Each is retried once, then accepted: the retried copy reads
+            // cleanly too.
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = seen.clone();
+            let started = SystemTime::now() - Duration::from_secs(1);
+            let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                let ack = if m.envelope.attempt == 1 {
+                    Ack::retry(Boom("once"))
+                } else {
+                    Ack::accept()
+                };
+                record.lock().unwrap().push(Seen {
+                    id: m.payload.id,
+                    attempt: m.envelope.attempt,
+                    first_seen: m.envelope.first_seen,
+                    causation: m.envelope.causation_id.clone(),
+                });
+                async move { ack }
+            })
+            .retry_with(policy.clone())
+            .routing_slips(|_: &str, _: &str| true)
+            .prefetch(3)
+            .await
+            .unwrap();
+            let all = calls(&seen, 2 * cases.len(), Duration::from_secs(15), "each case twice").await;
+            consumer.close().await.unwrap();
+            cleanup(&conn, &q, &policy).await;
+            for (n, (name, value, timestamp)) in cases.iter().enumerate() {
+                let case: Vec<&Seen> = all.iter().filter(|s| s.id as usize == n).collect();
+                let what = format!("{:?}: {name} = {value:?}", b.kind);
+                assert_eq!(
+                    case.iter().map(|s| s.attempt).collect::<Vec<_>>(),
+                    [1, 2],
+                    "{what}: read as attempt 1, retried as 2"
+                );
+                assert!(case.iter().all(|s| s.causation.is_none()), "{what}");
+                match timestamp {
+                    // Without the header, first seen is the timestamp property...
+                    Some(_) => assert!(case.iter().all(|s| s.first_seen == given), "{what}: {case:?}"),
+                    // ...or when it was read, and the retry keeps it.
+                    None => {
+                        assert!(case[0].first_seen >= started, "{what}: {case:?}");
+                        let apart = case[1].first_seen.duration_since(case[0].first_seen);
+                        assert!(apart.is_ok_and(|d| d <= Duration::from_secs(2)), "{what}: {case:?}");
+                    }
+                }
+            }
+        });
+    })
+}
+
+#[test]
+fn a_handler_that_panics_is_retried_then_dead_lettered_per_policy() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b, scale| async move {
+            let conn = b.conn_with(Config::default()).await;
+            let q = unique("hostile");
+            let policy = RetryPolicy::fixed(3, Duration::from_millis(20))
+                .with_jitter(0.0)
+                .wait_in_broker_from(Duration::from_secs(3600));
+            declare(&conn, &q, QueueType::Quorum, &policy).await;
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = seen.clone();
+            let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                record.lock().unwrap().push(Seen {
+                    id: m.payload.id,
+                    attempt: m.envelope.attempt,
+                    first_seen: m.envelope.first_seen,
+                    causation: None,
+                });
+                let id = m.payload.id;
+                async move {
+                    if id == 1 {
+                        panic!("order {id} is cursed");
+                    }
+                    Ack::accept()
+                }
+            })
+            .retry_with(policy.clone())
+            .prefetch(1)
+            .await
+            .unwrap();
+            let publisher = conn.publisher::<Order>("", &q);
+            publisher.send(&Order { id: 1 }).await.unwrap();
+            publisher.send(&Order { id: 2 }).await.unwrap();
+            let dead = take_eventually(&conn, &format!("{q}.dlq"), secs(60, scale) + Duration::from_secs(10)).await;
+            // The one prefetch slot was freed each time: order 2 got through.
+            let all = calls(&seen, 4, Duration::from_secs(10), "three panics and order 2").await;
+            consumer.close().await.unwrap();
+            cleanup(&conn, &q, &policy).await;
+            let panicked: Vec<u32> = all.iter().filter(|s| s.id == 1).map(|s| s.attempt).collect();
+            assert_eq!(panicked, [1, 2, 3], "{:?}: a panic is a failed attempt", b.kind);
+            assert!(all.iter().any(|s| s.id == 2), "{:?}", b.kind);
+            let error = header(&dead, ERROR_HEADER)
+                .and_then(FieldValue::as_str)
+                .unwrap_or_default();
+            assert!(
+                error.contains("the handler panicked: order 1 is cursed") && error.contains("3 attempts"),
+                "{:?}: {error}",
+                b.kind
+            );
+            assert_eq!(
+                header(&dead, ATTEMPT_HEADER).and_then(FieldValue::as_i64),
+                Some(3),
+                "{:?}",
+                b.kind
+            );
+        });
+    })
+}
+
+#[test]
+fn peek_and_replay_read_a_set_aside_message_with_times_out_of_range() {
+    acemq_tests::deadline_blocking(|| {
+        on_every_broker(|b, _scale| async move {
+            let conn = b.conn_with(Config::default()).await;
+            let q = unique("hostile");
+            let policy = RetryPolicy::immediate();
+            declare(&conn, &q, QueueType::Quorum, &policy).await;
+            let dlq = format!("{q}.dlq");
+            let mut headers = FieldTable::new();
+            headers.insert(ATTEMPT_HEADER, FieldValue::from("many"));
+            headers.insert(REPLAYED_HEADER, FieldValue::I64(-3));
+            headers.insert(ORIGINAL_EXCHANGE_HEADER, FieldValue::from(""));
+            headers.insert(ORIGINAL_ROUTING_KEY_HEADER, FieldValue::from(q.as_str()));
+            headers.insert("x-delivery-count", FieldValue::I64(9));
+            let properties = BasicProperties {
+                timestamp: Some(FAR_TIMESTAMP),
+                headers: Some(headers),
+                ..Default::default()
+            };
+            publish_raw(&conn, &dlq, properties, "{\"id\":1}".to_string()).await;
+            let until = Instant::now() + Duration::from_secs(10);
+            let listed = loop {
+                let listed = conn.peek(&dlq, 10).await.unwrap();
+                if !listed.is_empty() || Instant::now() > until {
+                    break listed;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            assert_eq!(listed.len(), 1, "{:?}", b.kind);
+            assert_eq!(listed[0].envelope.attempt, 1, "{:?}", b.kind);
+            assert_eq!(listed[0].replayed, 0, "{:?}", b.kind);
+            let report = conn.replay(&dlq, ReplayOptions::default()).await.unwrap();
+            assert_eq!((report.examined, report.replayed), (1, 1), "{:?}: {report:?}", b.kind);
+            let back = take_eventually(&conn, &q, Duration::from_secs(10)).await;
+            cleanup(&conn, &q, &policy).await;
+            assert_eq!(header(&back, ATTEMPT_HEADER), Some(&FieldValue::I32(1)), "{:?}", b.kind);
+            let first_seen = header(&back, FIRST_SEEN_HEADER).and_then(FieldValue::as_i64);
+            assert!(
+                first_seen.is_some_and(|s| s > 1_700_000_000 && s < 4_000_000_000),
+                "{:?}: {first_seen:?}",
                 b.kind
             );
         });

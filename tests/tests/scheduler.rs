@@ -899,3 +899,48 @@ fn statement_26_a_scheduler_rides_through_a_recovery_of_its_connection() {
         conn.close().await.unwrap();
     });
 }
+
+#[test]
+fn a_scheduled_message_whose_times_are_out_of_range_is_delivered_now() {
+    on_brokers(false, |b, _| async move {
+        let kind = b.kind;
+        let conn = b.conn().await;
+        let scheduler = Scheduler::start(&conn).await.unwrap();
+        let to = dest(&conn).await;
+        // Another producer's: no message-id, a timestamp of 2^63 + 1, and
+        // a due time that is no time (past 9999-12-31T23:59:59Z, negative,
+        // or not a number): read as absent, so due now.
+        for (n, deliver_at) in [
+            FieldValue::Timestamp(u64::MAX),
+            FieldValue::Timestamp((1 << 63) + 1),
+            FieldValue::I64(i64::MAX),
+            FieldValue::Timestamp(253_402_300_800),
+            FieldValue::I64(-5),
+            FieldValue::from("tomorrow"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut headers = FieldTable::new();
+            headers.insert(DELIVER_TO_EXCHANGE_HEADER, "");
+            headers.insert(DELIVER_TO_ROUTING_KEY_HEADER, to.q.as_str());
+            headers.insert(DELIVER_AT_HEADER, deliver_at);
+            let properties = BasicProperties {
+                timestamp: Some((1 << 63) + 1),
+                headers: Some(headers),
+                ..Default::default()
+            };
+            conn.publish_confirmed(DELIVERY, "by-hand", true, properties, n.to_string().into())
+                .await
+                .unwrap();
+        }
+        let got = to.wait_for(6, Duration::from_secs(10)).await;
+        let mut payloads: Vec<u64> = got.iter().map(|g| g.payload).collect();
+        payloads.sort();
+        assert_eq!(payloads, [0, 1, 2, 3, 4, 5], "{kind:?}: each delivered at once");
+        assert!(got.iter().all(|g| g.envelope.attempt == 1), "{kind:?}");
+        to.remove(&conn).await;
+        scheduler.close().await.unwrap();
+        conn.close().await.unwrap();
+    });
+}

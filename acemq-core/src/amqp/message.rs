@@ -226,6 +226,18 @@ pub(crate) struct Acker {
 }
 
 impl Acker {
+    /// An acker of no connection, whose settlements go nowhere: for a
+    /// delivery made up outside the driver ([`crate::fuzzing`]'s).
+    pub(crate) fn detached() -> Acker {
+        let (commands, _) = super::lane::with_side::<Command, Outgoing>();
+        let shared = super::driver::Shared::new(Default::default(), commands.downgrade());
+        Acker {
+            shared: Arc::new(shared),
+            channel: 1,
+            generation: 0,
+        }
+    }
+
     /// Whether the connection the delivery came on has ended.
     pub(crate) fn connection_gone(&self) -> bool {
         self.shared.connection_gone()
