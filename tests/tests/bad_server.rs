@@ -765,3 +765,34 @@ async fn a_sqlite_outbox_batch_never_outlives_its_lease_and_leaves_unconfirmed_r
     })
     .await
 }
+
+#[tokio::test]
+async fn the_drain_s_basic_cancel_is_bounded_by_the_drain_timeout() {
+    acemq_tests::deadline(async {
+        use acemq_core::{consume, Ack, Conn};
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (url, server) = stalling_server(silent.clone(), true, false).await;
+        // The cancel's own call timeout is long: only the drain timeout can end it.
+        let mut engine = call_impatient();
+        engine.call_timeout = Duration::from_secs(30);
+        let config = acemq_core::Config {
+            engine,
+            without_recovery: true,
+            ..acemq_core::Config::default()
+        };
+        let conn = Conn::open(&url, config).await.unwrap();
+        let consumer = consume(&conn, "q", |_: acemq_core::Message<serde_json::Value>| async {
+            Ack::accept()
+        })
+        .drain_timeout(Duration::from_millis(300))
+        .await
+        .unwrap();
+        silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        consumer.close().await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        conn.close().await.unwrap();
+        server.abort();
+    })
+    .await
+}
