@@ -1,26 +1,43 @@
 #!/usr/bin/env bash
 # The project's test command. It sets up everything the tests need, so a
 # green run never depends on something done by hand: it installs Debian's
-# rabbitmq-server when missing, starts a private node and a private
-# three-node cluster (scripts/rabbitmq.sh), installs Debian's postgresql when
-# missing and starts a private cluster for the outbox (scripts/postgres.sh),
-# runs every test of the workspace against them, and stops them again unless
-# they were already running before.
+# rabbitmq-server when missing, starts a private RabbitMQ 3.10 node and a
+# private three-node cluster (scripts/rabbitmq.sh), a private RabbitMQ 4.0
+# node (scripts/rabbitmq.sh 4.0; Debian trixie's rabbitmq-server, installed
+# with debootstrap into target/trixie-root on first use), installs Debian's
+# postgresql when missing and starts a private cluster for the outbox
+# (scripts/postgres.sh), runs every test of the workspace against them, and
+# stops them again unless they were already running before.
+#
+# Which suites run on which RabbitMQ: every suite of tests/ runs against
+# both versions, each over TCP and over TLS (the harness's `brokers()`
+# yields RabbitTcp, RabbitTls, Rabbit4Tcp and Rabbit4Tls beside
+# acemq-memory), except where a suite itself picks fewer: the failover test
+# runs on the 3.10 cluster only, the differential test against 3.10 only,
+# and the outbox load test against 3.10 over TCP only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started_here=0
+started4_here=0
 cluster_here=0
 postgres_here=0
 stop_node() {
     if [ "$postgres_here" = 1 ]; then scripts/postgres.sh stop || true; fi
     if [ "$cluster_here" = 1 ]; then scripts/rabbitmq.sh cluster stop || true; fi
+    if [ "$started4_here" = 1 ]; then scripts/rabbitmq.sh 4.0 stop || true; fi
     if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
 }
 trap stop_node EXIT
 if ! scripts/rabbitmq.sh status >/dev/null 2>&1; then
     scripts/rabbitmq.sh start
     started_here=1
+fi
+# RabbitMQ 4.0, after 3.10: it serves TLS with a copy of the 3.10 node's
+# certificates.
+if ! scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
+    scripts/rabbitmq.sh 4.0 start
+    started4_here=1
 fi
 # A private three-node cluster for the failover test (tests/tests/failover.rs).
 if ! scripts/rabbitmq.sh cluster status >/dev/null 2>&1; then
@@ -35,6 +52,8 @@ fi
 
 # ACEMQ_RABBITMQ_URL, ACEMQ_RABBITMQ_TLS_URL, ACEMQ_RABBITMQ_CA, ...
 eval "$(scripts/rabbitmq.sh env | sed 's/^/export /')"
+# ACEMQ_RABBITMQ4_URL, ACEMQ_RABBITMQ4_TLS_URL, ACEMQ_RABBITMQ4_CA, ...
+eval "$(scripts/rabbitmq.sh 4.0 env | sed 's/^/export /')"
 # ACEMQ_RABBITMQ_CLUSTER_URL, ACEMQ_RABBITMQ_CLUSTER_PORTS
 eval "$(scripts/rabbitmq.sh cluster env | sed 's/^/export /')"
 # ACEMQ_POSTGRES_URL
@@ -43,9 +62,10 @@ eval "$(scripts/postgres.sh env | sed 's/^/export /')"
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
 # The README's first command: the example service, against the in-process
-# broker and against the RabbitMQ started above.
+# broker and against both RabbitMQ nodes started above.
 cargo run --quiet --example orders
 AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
+AMQP_URL="$ACEMQ_RABBITMQ4_URL" cargo run --quiet --example orders
 # Recovery: connections cut three times while it publishes and consumes.
 cargo run --quiet --example recovery
 # The hops: a pipeline, a routing slip and a scheduled message.
