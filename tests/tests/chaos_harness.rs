@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection};
 use acemq_tests::chaos::{self, host_port, Proxy};
-use acemq_tests::{brokers, deadline, depth, step, unique, Kind};
+use acemq_tests::{all_brokers, deadline, depth, step, unique, Kind};
 use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete, ReplyCode};
 use bytes::Bytes;
 
@@ -122,7 +122,10 @@ async fn kill_and_restart_keeps_durable_queues_persistent_messages_and_tls() {
         for (v, url) in chaos::rabbitmq_nodes().await {
             // The TLS broker's settings, read before the kill: the restarted node
             // must still present the same certificates.
-            let tls = brokers().await.into_iter().find(|b| b.kind == Kind::rabbit(v, true));
+            let tls = all_brokers()
+                .await
+                .into_iter()
+                .find(|b| b.kind == Kind::rabbit(v, true));
             let queue = unique("chaos.survives");
             let conn = open(&url).await;
             let ch = conn.channel().await.unwrap();

@@ -1,4 +1,5 @@
-//! The engine scenarios of the behaviour suite, run against every broker:
+//! The engine scenarios of the behaviour suite, run against every broker
+//! (RabbitMQ 4.0 over TLS included: `all_brokers`):
 //! handshake and tuning, channels, heartbeats, round trips with every
 //! property and field type, confirms, returns, channel and connection errors,
 //! a broker-forced close, and TLS verification.
@@ -6,7 +7,7 @@
 use std::time::Duration;
 
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error, Properties, TlsConfig};
-use acemq_tests::{brokers, exclusive_queue, unique, Broker, Kind, RabbitVersion};
+use acemq_tests::{all_brokers, exclusive_queue, unique, Broker, Kind, RabbitVersion};
 use amqp_codec::{
     BasicConsume, BasicProperties, BasicQos, Decimal, ExchangeDeclare, FieldArray, FieldTable, FieldValue, QueueBind,
     QueueDeclare, ReplyCode,
@@ -26,7 +27,7 @@ fn encoded(p: &BasicProperties) -> BytesMut {
 #[tokio::test(flavor = "multi_thread")]
 async fn handshake_negotiates_tune_values_and_opens_many_channels() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let url = format!("{}?heartbeat=30&frame_max=65536&channel_max=100", b.url);
             let conn = Connection::open(&url, b.config()).await.unwrap();
             let tuned = conn.tuned();
@@ -67,7 +68,7 @@ async fn handshake_negotiates_tune_values_and_opens_many_channels() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frame_max_below_8192_is_raised_to_8192() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = Connection::open(&format!("{}?frame_max=4096", b.url), b.config())
                 .await
                 .unwrap();
@@ -92,7 +93,7 @@ async fn a_frame_max_below_8192_is_raised_to_8192() {
 #[tokio::test(flavor = "multi_thread")]
 async fn heartbeat_keeps_an_idle_connection_up_past_three_intervals() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = Connection::open(&format!("{}?heartbeat=1", b.url), b.config())
                 .await
                 .unwrap();
@@ -183,7 +184,7 @@ fn all_properties(id: &str) -> BasicProperties {
 #[tokio::test(flavor = "multi_thread")]
 async fn properties_shared_by_many_publishes_come_back_on_each_and_are_released() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -244,7 +245,7 @@ async fn properties_given_by_value_come_back_as_given_whether_or_not_they_equal_
             BasicProperties::default(),
             plain("1000", "a"),
         ];
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -278,7 +279,7 @@ async fn properties_given_by_value_come_back_as_given_whether_or_not_they_equal_
 #[tokio::test(flavor = "multi_thread")]
 async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -347,7 +348,7 @@ async fn all_14_properties_and_every_field_type_come_back_byte_identical() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ack_nack_and_reject_settle_deliveries_as_asked() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -408,7 +409,7 @@ async fn publish_numbered_and_confirmed(ch: &acemq_core::amqp::Channel, queue: &
 #[tokio::test(flavor = "multi_thread")]
 async fn pipelined_publishes_are_all_confirmed_in_order() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -424,7 +425,7 @@ async fn pipelined_publishes_are_all_confirmed_in_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_publish_with_room_is_queued_as_it_is_called_not_as_it_is_awaited() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -463,7 +464,7 @@ async fn publishes_taken_together_settle_as_one_by_one_without_confirms_and_behi
             .expect("settled within 5 s")
     };
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             let q = exclusive_queue(&ch).await;
@@ -527,7 +528,7 @@ async fn publishes_taken_together_settle_as_one_by_one_without_confirms_and_behi
 #[tokio::test(flavor = "multi_thread")]
 async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             // A publish buffer of one byte: a publish waits until the one
             // before it is written, so a borrowed body is kept as a copy.
             let conn = b
@@ -573,7 +574,7 @@ async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_needing_the_whole_publish_buffer_is_not_held_back_by_room_small_publishes_took_ahead() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             const BUFFER: usize = 64 * 1024;
             let conn = b
                 .connect_with(Config {
@@ -618,7 +619,7 @@ async fn a_message_needing_the_whole_publish_buffer_is_not_held_back_by_room_sma
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_with_reject_publish_nacks() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -655,7 +656,7 @@ async fn a_full_queue_with_reject_publish_nacks() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unroutable_mandatory_publish_is_returned_312_and_paired_with_its_own_publish() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -700,7 +701,7 @@ async fn an_unroutable_mandatory_publish_is_returned_312_and_paired_with_its_own
 #[tokio::test(flavor = "multi_thread")]
 async fn a_channel_error_closes_only_that_channel() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             let name = unique("inequivalent");
@@ -761,7 +762,7 @@ async fn a_channel_error_closes_only_that_channel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hard_error_closes_the_connection_with_its_code() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             // RabbitMQ does not implement a prefetch window in bytes: 540, a hard error.
@@ -790,7 +791,7 @@ async fn a_hard_error_closes_the_connection_with_its_code() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_forced_close_is_reported_as_320_and_ends_cleanly() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let name = unique("forced");
             let conn = b
                 .connect_with(Config {
@@ -820,7 +821,7 @@ async fn a_broker_forced_close_is_reported_as_320_and_ends_cleanly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -862,7 +863,7 @@ async fn consumers_get_their_own_deliveries_on_a_shared_channel() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_verifies_the_server_certificate_and_its_name() {
     acemq_tests::deadline(async {
-        for b in brokers().await.into_iter().filter(|b| b.kind.is_tls()) {
+        for b in all_brokers().await.into_iter().filter(|b| b.kind.is_tls()) {
             // Trusted through the generated CA (the other tests connect this way too).
             let conn = b.connect().await;
             conn.close().await.unwrap();
@@ -953,7 +954,7 @@ async fn a_consumer_that_does_not_take_its_deliveries_holds_at_most_its_buffer_a
     const TOTAL: usize = 3000;
     const BUFFER: usize = 100;
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let (conn, mut consumer, q) = stalled_consumer(&b, BUFFER, TOTAL).await;
             tokio::time::sleep(Duration::from_secs(3)).await;
             assert_eq!(consumer.buffered(), BUFFER, "{:?}", b.kind);
@@ -986,7 +987,7 @@ async fn cancelling_a_consumer_whose_queue_is_full_does_not_wait_for_it_to_be_dr
     const TOTAL: usize = 3000;
     const BUFFER: usize = 100;
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let (conn, mut consumer, q) = stalled_consumer(&b, BUFFER, TOTAL).await;
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while consumer.buffered() < BUFFER {
@@ -1037,7 +1038,7 @@ async fn cancelling_a_consumer_whose_queue_is_full_does_not_wait_for_it_to_be_dr
 async fn settlements_given_just_before_a_channel_close_go_out_before_it() {
     const TOTAL: usize = 600;
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let conn = b.connect().await;
             let setup = conn.channel().await.unwrap();
             let q = exclusive_queue(&setup).await;
@@ -1093,7 +1094,7 @@ async fn settlements_given_just_before_a_channel_close_go_out_before_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_connection_whose_runtime_shuts_down_says_it_is_over() {
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let (url, config) = (b.url.clone(), b.config());
             let conn = std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -1169,7 +1170,7 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
             .build()
             .unwrap();
         runtime.block_on(acemq_tests::deadline(async {
-            for b in brokers().await {
+            for b in all_brokers().await {
                 let config = Config {
                     busy_poll: BUSY_POLL,
                     ..b.config()
@@ -1208,7 +1209,7 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
 async fn a_read_interval_carries_the_same_traffic_spaces_reads_and_reads_at_once_after_a_quiet_spell() {
     const INTERVAL: Duration = Duration::from_millis(200);
     acemq_tests::deadline(async {
-        for b in brokers().await {
+        for b in all_brokers().await {
             let config = Config {
                 read_interval: INTERVAL,
                 ..b.config()
