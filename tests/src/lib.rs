@@ -3,7 +3,8 @@
 //!
 //! Brokers: acemq-memory (a fresh in-process broker for every scenario, so
 //! scenarios never see each other's faults), and two RabbitMQ releases,
-//! each over TCP and over TLS: 3.10 (the private node started by
+//! each over TCP and over TLS (4.0 over TLS only for the suites that ask
+//! for [`all_brokers`]): 3.10 (the private node started by
 //! `scripts/rabbitmq.sh`, found through the `ACEMQ_RABBITMQ_*` variables
 //! that `scripts/test.sh` exports) and 4.0 (the node of
 //! `scripts/rabbitmq.sh 4.0`, found through `ACEMQ_RABBITMQ4_*`). Every
