@@ -14,7 +14,8 @@
 #
 # Environment (all optional):
 #   ACEMQ_POSTGRES_PORT   port            (default 55432)
-#   ACEMQ_POSTGRES_DIR    directory       (default $ROOT/target/postgres)
+#   ACEMQ_POSTGRES_DIR    directory       (default $ROOT/target/postgres, or a folder
+#                         under /var/tmp when the postgres user cannot reach $ROOT)
 #   ACEMQ_POSTGRES_START_TIMEOUT  seconds to wait for start (default 60)
 #
 # Needs Debian's postgresql (installed with apt-get when missing, which needs
@@ -23,7 +24,12 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="${ACEMQ_POSTGRES_DIR:-$ROOT/target/postgres}"
+# $ROOT/target, or a folder under /var/tmp when the postgres user cannot
+# reach the repository (scripts/state-dir.sh).
+# shellcheck source=scripts/state-dir.sh
+. "$ROOT/scripts/state-dir.sh"
+BASE="$(state_base "$ROOT")" || { echo "postgres.sh: no place for the cluster's files" >&2; exit 1; }
+DIR="${ACEMQ_POSTGRES_DIR:-$BASE/postgres}"
 PORT="${ACEMQ_POSTGRES_PORT:-55432}"
 START_TIMEOUT="${ACEMQ_POSTGRES_START_TIMEOUT:-60}"
 DATA="$DIR/data"

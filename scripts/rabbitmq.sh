@@ -71,7 +71,9 @@
 #   ACEMQ_RABBITMQ_TLS_PORT    AMQPS port           (default 5671)
 #   ACEMQ_RABBITMQ_DIST_PORT   Erlang distribution  (default: first free port from 25682)
 #   ACEMQ_RABBITMQ_NODENAME    node name            (default acemq-test@localhost)
-#   ACEMQ_RABBITMQ_DIR         data directory       (default $ROOT/target/rabbitmq)
+#   ACEMQ_RABBITMQ_DIR         data directory       (default $ROOT/target/rabbitmq, or a
+#                              folder under /var/tmp when the rabbitmq user cannot
+#                              reach $ROOT: see scripts/state-dir.sh)
 #   ACEMQ_RABBITMQ_START_TIMEOUT  seconds to wait for boot (default 120)
 #   ACEMQ_RABBITMQ_KEEP_DATA=1 keep mnesia (queues, messages) across a fresh start
 #   ACEMQ_RABBITMQ_EPMD_PORT   use a private epmd on this port
@@ -106,6 +108,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf 'rabbitmq.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
+# BASE: $ROOT/target, or a folder under /var/tmp when the servers' users
+# cannot reach the repository (scripts/state-dir.sh).
+# shellcheck source=scripts/state-dir.sh
+. "$ROOT/scripts/state-dir.sh"
+BASE="$(state_base "$ROOT")" || die "no place for the node's files"
+
 VERSION="${ACEMQ_RABBITMQ_VERSION:-3.10}"
 case "${1:-}" in 3.10 | 4.0) VERSION="$1"; shift ;; esac
 case "$VERSION" in
@@ -128,10 +136,10 @@ if [ "$VERSION" = 4.0 ]; then
     NODENAME="${ACEMQ_RABBITMQ4_NODENAME:-acemq4-test@localhost}"
     WANT_DIST_PORT="${ACEMQ_RABBITMQ4_DIST_PORT:-}"
     # The 3.10 node's certificates, copied when they are there.
-    TLS_FROM="${ACEMQ_RABBITMQ_DIR:-$ROOT/target/rabbitmq}/tls"
+    TLS_FROM="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq}/tls"
 else
     R4=""
-    DIR="${ACEMQ_RABBITMQ_DIR:-$ROOT/target/rabbitmq}"
+    DIR="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq}"
     NODE_DIR="$DIR"
     PORT="${ACEMQ_RABBITMQ_PORT:-5672}"
     TLS_PORT="${ACEMQ_RABBITMQ_TLS_PORT:-5671}"
@@ -139,7 +147,7 @@ else
     WANT_DIST_PORT="${ACEMQ_RABBITMQ_DIST_PORT:-}"
 fi
 
-CLUSTER_DIR="${ACEMQ_RABBITMQ_CLUSTER_DIR:-$ROOT/target/rabbitmq-cluster}"
+CLUSTER_DIR="${ACEMQ_RABBITMQ_CLUSTER_DIR:-$BASE/rabbitmq-cluster}"
 read -r -a CLUSTER_PORTS <<<"${ACEMQ_RABBITMQ_CLUSTER_PORTS:-5701 5702 5703}"
 CLUSTER_NODE=""                 # 1..3 while a command acts on a cluster node
 
