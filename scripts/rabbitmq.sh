@@ -882,6 +882,7 @@ use_cluster_node() {
         || die "ACEMQ_RABBITMQ_CLUSTER_PORTS must name $CLUSTER_SIZE ports, not '${CLUSTER_PORTS[*]}'"
     CLUSTER_NODE="$1"
     DIR="$CLUSTER_DIR/$1"
+    NODE_DIR="$DIR"
     PORT="${CLUSTER_PORTS[$(($1 - 1))]}"
     TLS_PORT=""
     NODENAME="acemq-c$1@localhost"
