@@ -577,6 +577,35 @@ pub mod differential;
 /// operations, the runner, the model.
 pub mod model;
 
+/// Runs `scenario` on every broker: acemq-memory on a paused clock with
+/// `scale` 1, RabbitMQ on a real clock with `scale` 100 (divide delays by it).
+pub fn on_every_broker<F, Fut>(scenario: F)
+where
+    F: Fn(Broker, u32) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+    for b in all {
+        let kind = b.kind;
+        let runtime = if kind == Kind::Memory {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        }
+        .unwrap();
+        let scale = if kind == Kind::Memory { 1 } else { 100 };
+        runtime.block_on(deadline(scenario(b, scale)));
+    }
+}
+
+/// `n` seconds on a broker run with `scale` (see [`on_every_broker`]).
+pub fn secs(n: u64, scale: u32) -> Duration {
+    Duration::from_secs(n) / scale
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

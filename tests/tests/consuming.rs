@@ -3,7 +3,6 @@
 //! full scale: a 160 s rung takes no real time) and on RabbitMQ with the same
 //! shape a hundred times faster.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -11,7 +10,7 @@ use acemq_core::amqp::Confirmation;
 use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
 use acemq_core::topology::Declaration;
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Error, Message, RetryPolicy, Topology};
-use acemq_tests::{brokers, counter_total, depth, unique, Broker, Kind, Moment, RabbitVersion};
+use acemq_tests::{brokers, counter_total, depth, on_every_broker, secs, unique, Broker, Kind, Moment, RabbitVersion};
 use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -19,34 +18,6 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Order {
     id: u32,
-}
-
-/// Runs `scenario` on every broker: acemq-memory on a paused clock with
-/// `scale` 1, RabbitMQ on a real clock with `scale` 100 (divide delays by it).
-fn on_every_broker<F, Fut>(scenario: F)
-where
-    F: Fn(Broker, u32) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
-    for b in all {
-        let kind = b.kind;
-        let runtime = if kind == Kind::Memory {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-        } else {
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()
-        }
-        .unwrap();
-        let scale = if kind == Kind::Memory { 1 } else { 100 };
-        runtime.block_on(acemq_tests::deadline(scenario(b, scale)));
-    }
-}
-
-fn secs(n: u64, scale: u32) -> Duration {
-    Duration::from_secs(n) / scale
 }
 
 /// A fresh source queue with acemq's topology (quorum, dead letters, the rungs of `policy`).

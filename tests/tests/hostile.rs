@@ -5,7 +5,6 @@
 //! went through; and no property, header or body a producer can publish
 //! makes a consumer panic, stall or keep a prefetch slot.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +14,7 @@ use acemq_core::envelope::{
 };
 use acemq_core::hops::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, ReplayOptions, RetryPolicy, Topology};
-use acemq_tests::{brokers, unique, Broker, Kind};
+use acemq_tests::{on_every_broker, secs, unique, Broker};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -34,34 +33,6 @@ impl std::fmt::Display for Boom {
     }
 }
 impl std::error::Error for Boom {}
-
-/// Runs `scenario` on every broker: acemq-memory on a paused clock with
-/// `scale` 1, RabbitMQ on a real clock with `scale` 100 (divide delays by it).
-fn on_every_broker<F, Fut>(scenario: F)
-where
-    F: Fn(Broker, u32) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
-    for b in all {
-        let kind = b.kind;
-        let runtime = if kind == Kind::Memory {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-        } else {
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()
-        }
-        .unwrap();
-        let scale = if kind == Kind::Memory { 1 } else { 100 };
-        runtime.block_on(acemq_tests::deadline(scenario(b, scale)));
-    }
-}
-
-fn secs(n: u64, scale: u32) -> Duration {
-    Duration::from_secs(n) / scale
-}
 
 /// The queue types a source queue can have.
 #[derive(Debug, Clone, Copy, PartialEq)]
