@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Capture known-answer frames from a real RabbitMQ for amqp-codec's tests.
+"""Capture known-answer frames from a real RabbitMQ for acemq-codec's tests.
 
     scripts/rabbitmq.sh start
     pip install pika            # capture only; CI never runs this script

@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use acemq_codec::{BasicProperties, QueueDeclare, QueueDelete};
 use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
-use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete};
 use bytes::Bytes;
 
 /// The wire floor, with the CPU accounting and figures this bench shares
@@ -368,7 +368,7 @@ async fn then_hop(conn: &acemq_core::Conn, watch: &Connection, input: &str, outp
 }
 
 async fn purge(channel: &acemq_core::amqp::Channel, queue: &str) {
-    let purge = amqp_codec::QueuePurge {
+    let purge = acemq_codec::QueuePurge {
         queue: queue.into(),
         ..Default::default()
     };

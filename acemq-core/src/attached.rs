@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use amqp_codec::BasicConsume;
+use acemq_codec::BasicConsume;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 

@@ -35,7 +35,7 @@
 
 use std::fmt;
 
-use amqp_codec::{BasicProperties, ExchangeDeclare, FieldTable, FieldValue, QueueDeclare};
+use acemq_codec::{BasicProperties, ExchangeDeclare, FieldTable, FieldValue, QueueDeclare};
 use bytes::Bytes;
 
 use crate::amqp::{self, Confirmation};

@@ -8,7 +8,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use amqp_codec::ShortString;
+use acemq_codec::ShortString;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use amqp_codec::FieldTable;
+use acemq_codec::FieldTable;
 use tokio::sync::watch;
 
 use crate::amqp::{self, AmqpUrl};

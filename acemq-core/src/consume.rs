@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use amqp_codec::{
+use acemq_codec::{
     BasicConsume, BasicProperties, BasicPropertiesRef, BasicPublish, FieldTable, FieldValue, ShortString,
 };
 use serde::de::DeserializeOwned;
@@ -694,7 +694,7 @@ async fn carry_out<T, F, C>(
     delivery: &Delivery,
     // As received: built into `BasicProperties` only on the paths that
     // republish (an accept without a routing slip never builds them).
-    properties: &amqp_codec::Properties,
+    properties: &acemq_codec::Properties,
     facts: &RetryFacts,
     verdict: Ack,
 ) -> Result<&'static str, Error> {

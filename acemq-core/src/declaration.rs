@@ -2,7 +2,7 @@
 //! declare, and what `Conn` records (in order) for recovery to replay. A
 //! leaf: it knows channels, not connections or topologies.
 
-use amqp_codec::{ExchangeBind, ExchangeDeclare, FieldTable, QueueBind, QueueDeclare};
+use acemq_codec::{ExchangeBind, ExchangeDeclare, FieldTable, QueueBind, QueueDeclare};
 
 use crate::amqp::Channel;
 use crate::error::Error;

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicProperties, BasicPropertiesRef, FieldTable, FieldValue, FieldValueRef, ShortString};
+use acemq_codec::{BasicProperties, BasicPropertiesRef, FieldTable, FieldValue, FieldValueRef, ShortString};
 use bytes::Bytes;
 
 /// Header: the attempt number, 1 on first publish (`I`).
@@ -135,7 +135,7 @@ impl Envelope {
     }
 
     /// [`Envelope::read_from_message`] over properties as received, read
-    /// straight from their bytes (see [`amqp_codec::Properties::view`]),
+    /// straight from their bytes (see [`acemq_codec::Properties::view`]),
     /// building nothing but the envelope.
     pub fn read_from_message_view(properties: &BasicPropertiesRef<'_>, body: &[u8]) -> Envelope {
         let (mut envelope, has_first_seen) = Envelope::read_view(properties);

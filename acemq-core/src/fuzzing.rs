@@ -31,7 +31,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use amqp_codec::{
+use acemq_codec::{
     encode_content_raw, BasicDeliver, BasicProperties, Decimal, FieldArray, FieldTable, FieldValue, Frame,
     FrameDecoder, LongString, ShortString,
 };

@@ -6,7 +6,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicProperties, BasicPublish, FieldArray, FieldTable, FieldValue};
+use acemq_codec::{BasicProperties, BasicPublish, FieldArray, FieldTable, FieldValue};
 use bytes::Bytes;
 
 use crate::conn::Conn;

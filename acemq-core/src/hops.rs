@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use amqp_codec::{BasicProperties, BasicPublish, FieldArray, FieldTable, FieldValue};
+use acemq_codec::{BasicProperties, BasicPublish, FieldArray, FieldTable, FieldValue};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;

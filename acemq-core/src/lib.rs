@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use acemq_core::amqp::{Config, Confirmation, Connection};
-//! use amqp_codec::{BasicProperties, QueueDeclare};
+//! use acemq_codec::{BasicProperties, QueueDeclare};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), acemq_core::amqp::Error> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicProperties, BasicPublish, ShortString};
+use acemq_codec::{BasicProperties, BasicPublish, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;

@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
+use acemq_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
 use bytes::Bytes;
 use rand::Rng;
 use tokio::sync::{broadcast, mpsc, watch};

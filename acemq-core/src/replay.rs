@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, QueueDeclare};
+use acemq_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, QueueDeclare};
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
@@ -432,7 +432,7 @@ impl Conn {
     pub async fn purge(&self, queue: &str) -> Result<u32, Error> {
         let channel = self.consuming_connection().channel().await?;
         let ok = channel
-            .queue_purge(amqp_codec::QueuePurge {
+            .queue_purge(acemq_codec::QueuePurge {
                 queue: queue.into(),
                 ..Default::default()
             })

@@ -118,7 +118,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, ShortString};
+use acemq_codec::{BasicConsume, BasicProperties, BasicPublish, ExchangeDeclare, FieldTable, FieldValue, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::{watch, OnceCell};

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use amqp_codec::{BasicProperties, BasicPublish, FieldValue, FRAME_OVERHEAD};
+use acemq_codec::{BasicProperties, BasicPublish, FieldValue, FRAME_OVERHEAD};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
 
@@ -280,7 +280,7 @@ fn set_error(properties: &mut BasicProperties, text: &str, keep: usize, note: &s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amqp_codec::FieldTable;
+    use acemq_codec::FieldTable;
 
     fn with_headers(pairs: &[(&str, usize)], error: usize) -> BasicProperties {
         let mut headers = FieldTable::new();

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use amqp_codec::{FieldTable, FieldValue};
+use acemq_codec::{FieldTable, FieldValue};
 
 use crate::conn::Conn;
 pub use crate::declaration::Declaration;

@@ -1,6 +1,6 @@
 //! Load test: 1,000,000 messages of 256 bytes published with confirms and
 //! consumed with acks through the in-process transport, by a minimal raw-frame
-//! client written with amqp-codec. Prints messages per second and peak
+//! client written with acemq-codec. Prints messages per second and peak
 //! memory (VmHWM), and resident memory once the queue has drained.
 //!
 //! `cargo bench -p acemq-memory --bench load` (set `ACEMQ_BENCH_MESSAGES` for
@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     encode_content, encode_method, BasicAck, BasicConsume, BasicProperties, BasicPublish, BasicQos, ChannelOpen,
     ConfirmSelect, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, Frame, FrameDecoder, Method, QueueDeclare,
     PROTOCOL_HEADER,
 };
+use acemq_memory::Broker;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf};
 use tokio::sync::Semaphore;

@@ -4,7 +4,7 @@
 
 use std::fmt::Display;
 
-use amqp_codec::{ChannelClose, ConnectionClose, ErrorScope, Method, ReplyCode, ShortString};
+use acemq_codec::{ChannelClose, ConnectionClose, ErrorScope, Method, ReplyCode, ShortString};
 
 /// An AMQP error as the broker reports it in `channel.close` or
 /// `connection.close`.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use amqp_codec::{
+use acemq_codec::{
     encode_content, encode_method, BasicAck, BasicCancel, BasicConsume, BasicGet, BasicNack, BasicProperties,
     BasicPublish, BasicQos, BasicRecover, BasicReject, ChannelClose, ChannelOpen, ConfirmSelect, ConnectionClose,
     ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, ExchangeBind, ExchangeDeclare, ExchangeDelete, FieldArray,

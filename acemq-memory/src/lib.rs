@@ -3,7 +3,7 @@
 //! An in-process AMQP 0-9-1 broker that behaves like RabbitMQ 3.10 or 4.0
 //! (you choose: [`BrokerConfig::rabbitmq_version`], 4.0 by default), for
 //! fast, deterministic tests. It is a broker, not a mock: clients talk AMQP
-//! frames to it (through [`amqp_codec`]) over an in-process duplex stream
+//! frames to it (through [`acemq_codec`]) over an in-process duplex stream
 //! ([`Broker::connect`]) or a loopback TCP port ([`Broker::listen_tcp`]), so
 //! any AMQP 0-9-1 client can use it.
 //!
@@ -187,7 +187,7 @@
 //!
 //! ```
 //! use acemq_memory::Broker;
-//! use amqp_codec::{encode_method, ConnectionStartOk, Frame, FrameDecoder, Method, PROTOCOL_HEADER};
+//! use acemq_codec::{encode_method, ConnectionStartOk, Frame, FrameDecoder, Method, PROTOCOL_HEADER};
 //! use bytes::BytesMut;
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!

@@ -2,7 +2,7 @@
 //! `start`/`tune`/`open` handshake, channel lifecycles, heartbeats, the
 //! close handshakes, and blocking a publisher during a memory alarm. Frames
 //! on open channels go to the [`BrokerMachine`]; a publish is put together
-//! from its frames by the channel's `amqp_codec::track::ContentAssembler`.
+//! from its frames by the channel's `acemq_codec::track::ContentAssembler`.
 //!
 //! ```text
 //! ExpectProtocolHeader --AMQP0091--> ExpectStartOk --start-ok--> ExpectTuneOk
@@ -11,12 +11,12 @@
 //!
 //! It never panics on input: every byte sequence ends in a frame, a close, or
 //! a dropped socket. It never reads or writes a frame's bytes itself: frames
-//! come from amqp-codec's decoder and replies go out through its encoders.
+//! come from acemq-codec's decoder and replies go out through its encoders.
 
 use std::time::{Duration, Instant};
 
-use amqp_codec::track::{AssembleError, Assembly, Content, ContentError, Decoded};
-use amqp_codec::{
+use acemq_codec::track::{AssembleError, Assembly, Content, ContentError, Decoded};
+use acemq_codec::{
     check_protocol_header, BasicPublish, ChannelCloseOk, ChannelOpenOk, ConnectionBlocked, ConnectionCloseOk,
     ConnectionOpenOk, ConnectionStart, ConnectionTune, ConnectionUnblocked, ConnectionUpdateSecretOk,
     Error as DecodeError, FieldTable, FieldValue, Frame, FrameDecoder, Method, ReplyCode, PROTOCOL_HEADER,
@@ -416,7 +416,7 @@ impl Session {
         }
     }
 
-    fn start_ok(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionStartOk) {
+    fn start_ok(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionStartOk) {
         let caps = m.client_properties.get("capabilities").and_then(FieldValue::as_table);
         let flag = |name: &str| caps.and_then(|c| c.get(name)).and_then(FieldValue::as_bool) == Some(true);
         let capabilities = Capabilities {
@@ -468,7 +468,7 @@ impl Session {
         self.state = State::ExpectTuneOk;
     }
 
-    fn tune_ok(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionTuneOk, now: Instant) {
+    fn tune_ok(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionTuneOk, now: Instant) {
         let config = machine.config();
         let frame_ok = negotiated_ok(
             u64::from(m.frame_max),
@@ -493,7 +493,7 @@ impl Session {
         self.state = State::ExpectOpen;
     }
 
-    fn open(&mut self, machine: &mut BrokerMachine, m: amqp_codec::ConnectionOpen, now: Instant) {
+    fn open(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionOpen, now: Instant) {
         let vhost = m.virtual_host.to_string_lossy().into_owned();
         let Some(conn) = machine.conns.get(&self.id) else {
             return;
@@ -647,7 +647,7 @@ impl Session {
 
     /// `basic.publish`, or a content header or body frame while no publish
     /// is in progress (which the assembler refuses): fed to the channel's
-    /// [`amqp_codec::track::ContentAssembler`]. Starting a publish during a
+    /// [`acemq_codec::track::ContentAssembler`]. Starting a publish during a
     /// memory alarm blocks the connection.
     #[inline(always)]
     fn content_frame(
@@ -853,7 +853,7 @@ fn plain_credentials(response: &[u8]) -> Option<(String, String)> {
 
 /// AMQPLAIN: a field table without its length prefix, with `LOGIN` and `PASSWORD`.
 fn amqplain_credentials(response: &[u8]) -> Option<(String, String)> {
-    let table = amqp_codec::sasl::decode_amqplain(response, 8).ok()?;
+    let table = acemq_codec::sasl::decode_amqplain(response, 8).ok()?;
     let text = |key: &str| match table.get(key)? {
         FieldValue::LongString(s) => s.as_str().map(str::to_owned),
         _ => None,

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use amqp_codec::{encode_method, ConnectionTuneOk, Frame, FrameDecoder, Method, PROTOCOL_HEADER};
+use acemq_codec::{encode_method, ConnectionTuneOk, Frame, FrameDecoder, Method, PROTOCOL_HEADER};
 use bytes::BytesMut;
 
 use crate::broker::{BrokerMachine, ConnId};
@@ -79,7 +79,7 @@ fn a_refused_tune_ok_waits_then_drops_without_a_frame() {
     let mut tune = BytesMut::new();
     encode_method(
         0,
-        &amqp_codec::ConnectionStartOk {
+        &acemq_codec::ConnectionStartOk {
             mechanism: "PLAIN".into(),
             response: b"\0guest\0guest".as_slice().into(),
             ..Default::default()
@@ -132,11 +132,11 @@ fn close_for(input: impl FnOnce(&mut BytesMut)) -> (u16, String, u16, u16) {
 }
 
 fn publish(out: &mut BytesMut) {
-    encode_method(1, &amqp_codec::BasicPublish::default().into(), out).unwrap();
+    encode_method(1, &acemq_codec::BasicPublish::default().into(), out).unwrap();
 }
 
 fn header(out: &mut BytesMut, body_size: u64) {
-    let header = amqp_codec::ContentHeader::basic(body_size, amqp_codec::BasicProperties::default());
+    let header = acemq_codec::ContentHeader::basic(body_size, acemq_codec::BasicProperties::default());
     Frame::Header(1, header).encode(out).unwrap();
 }
 
@@ -148,13 +148,13 @@ fn content_out_of_sequence_is_refused_in_rabbitmqs_words() {
         unexpected("expected method frame, got content header frame instead")
     );
     assert_eq!(
-        close_for(|out| amqp_codec::encode_body(1, b"x", out).unwrap()),
+        close_for(|out| acemq_codec::encode_body(1, b"x", out).unwrap()),
         unexpected("expected method frame, got content body frame instead")
     );
     assert_eq!(
         close_for(|out| {
             publish(out);
-            encode_method(1, &amqp_codec::BasicQos::default().into(), out).unwrap();
+            encode_method(1, &acemq_codec::BasicQos::default().into(), out).unwrap();
         }),
         unexpected("expected content header for class 60, got non content header frame instead")
     );
@@ -168,7 +168,7 @@ fn content_out_of_sequence_is_refused_in_rabbitmqs_words() {
     assert_eq!(
         close_for(|out| {
             publish(out);
-            amqp_codec::encode_body(1, b"x", out).unwrap();
+            acemq_codec::encode_body(1, b"x", out).unwrap();
         }),
         unexpected("expected content header frame, got content body frame instead")
     );
@@ -184,7 +184,7 @@ fn content_out_of_sequence_is_refused_in_rabbitmqs_words() {
         close_for(|out| {
             publish(out);
             header(out, 1);
-            amqp_codec::encode_body(1, b"xy", out).unwrap();
+            acemq_codec::encode_body(1, b"xy", out).unwrap();
         }),
         unexpected("content body of 2 bytes exceeds the announced 1")
     );
@@ -266,7 +266,7 @@ fn a_body_frame_of_frame_max_bytes_of_payload_is_taken_and_one_more_is_a_frame_e
 #[test]
 fn channel_flow_active_false_closes_the_connection_with_540() {
     let flow =
-        |active| move |out: &mut BytesMut| encode_method(1, &amqp_codec::ChannelFlow { active }.into(), out).unwrap();
+        |active| move |out: &mut BytesMut| encode_method(1, &acemq_codec::ChannelFlow { active }.into(), out).unwrap();
     assert_eq!(
         close_for(flow(false)),
         (540, "NOT_IMPLEMENTED - active=false".to_owned(), 20, 20)
@@ -279,7 +279,7 @@ fn channel_flow_active_false_closes_the_connection_with_540() {
         frames(&mut machine, session.id()),
         [Frame::Method(
             1,
-            Method::ChannelFlowOk(amqp_codec::ChannelFlowOk { active: true })
+            Method::ChannelFlowOk(acemq_codec::ChannelFlowOk { active: true })
         )]
     );
 }

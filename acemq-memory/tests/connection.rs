@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use acemq_memory::{Broker, BrokerConfig};
-use amqp_codec::{
+use acemq_codec::{
     ChannelClose, ChannelCloseOk, ChannelOpen, ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk,
     ConnectionTuneOk, FieldTable, FieldValue, Frame, Method, QueueDeclare, PROTOCOL_HEADER,
 };
+use acemq_memory::{Broker, BrokerConfig};
 use bytes::{BufMut, BytesMut};
 use common::{close_of, start_ok_plain, Client};
 
@@ -347,7 +347,7 @@ async fn the_404_close_frame_is_byte_identical_to_rabbitmqs() {
             )
             .await;
         let mut ours = BytesMut::new();
-        amqp_codec::encode_method(1, &reply, &mut ours).unwrap();
+        acemq_codec::encode_method(1, &reply, &mut ours).unwrap();
         assert_eq!(&ours[..], &expected[..]);
     })
     .await
@@ -480,7 +480,7 @@ async fn consume_reusing_a_tag_is_530() {
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
         client.declare_queue(1, "tags", FieldTable::new()).await;
-        let consume = amqp_codec::BasicConsume {
+        let consume = acemq_codec::BasicConsume {
             queue: "tags".into(),
             consumer_tag: "t".into(),
             ..Default::default()

@@ -2,11 +2,11 @@
 
 mod common;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicAck, BasicCancel, BasicConsume, BasicGet, BasicNack, BasicQos, BasicRecover, BasicReject, ChannelClose,
     FieldTable, Method,
 };
+use acemq_memory::Broker;
 use common::{close_of, Client};
 use std::time::Duration;
 

@@ -2,10 +2,10 @@
 
 mod common;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicGet, ExchangeBind, ExchangeDeclare, ExchangeDelete, FieldTable, FieldValue, Method, QueueBind, QueueDeclare,
 };
+use acemq_memory::Broker;
 use common::{args, close_of, Client};
 
 async fn exchange(client: &mut Client, ch: u16, name: &str, kind: &str) {
@@ -55,14 +55,14 @@ async fn drain(client: &mut Client, ch: u16, queue: &str) -> Vec<String> {
             .await;
         let frame = client.next().await;
         match frame {
-            amqp_codec::Frame::Method(_, Method::BasicGetEmpty(_)) => return bodies,
-            amqp_codec::Frame::Method(_, Method::BasicGetOk(_)) => {
+            acemq_codec::Frame::Method(_, Method::BasicGetEmpty(_)) => return bodies,
+            acemq_codec::Frame::Method(_, Method::BasicGetOk(_)) => {
                 let header = client.next().await;
-                let amqp_codec::Frame::Header(_, header) = header else {
+                let acemq_codec::Frame::Header(_, header) = header else {
                     panic!()
                 };
                 if header.body_size > 0 {
-                    let amqp_codec::Frame::Body(_, body) = client.next().await else {
+                    let acemq_codec::Frame::Body(_, body) = client.next().await else {
                         panic!()
                     };
                     bodies.push(String::from_utf8_lossy(&body).into_owned());
@@ -134,17 +134,17 @@ async fn default_direct_fanout_topic_and_headers_exchanges_route_as_rabbitmq() {
         c.publish(1, "x.topic", "orders.eu.x.placed", b"t-hash2").await;
         let mut headers = FieldTable::new();
         headers.insert("a", FieldValue::I64(1));
-        let props = amqp_codec::BasicProperties {
+        let props = acemq_codec::BasicProperties {
             headers: Some(headers.clone()),
             ..Default::default()
         };
-        let publish = amqp_codec::BasicPublish {
+        let publish = acemq_codec::BasicPublish {
             exchange: "x.headers".into(),
             ..Default::default()
         };
         c.publish_with(1, publish.clone(), props, b"h-a").await;
         headers.insert("b", "x");
-        let props = amqp_codec::BasicProperties {
+        let props = acemq_codec::BasicProperties {
             headers: Some(headers),
             ..Default::default()
         };
@@ -460,13 +460,13 @@ async fn cc_and_bcc_headers_add_routing_keys_and_bcc_is_removed() {
             c.declare_queue(1, q, FieldTable::new()).await;
         }
         let mut headers = FieldTable::new();
-        headers.insert("CC", FieldValue::Array(amqp_codec::FieldArray(vec!["cc".into()])));
-        headers.insert("BCC", FieldValue::Array(amqp_codec::FieldArray(vec!["bcc".into()])));
-        let props = amqp_codec::BasicProperties {
+        headers.insert("CC", FieldValue::Array(acemq_codec::FieldArray(vec!["cc".into()])));
+        headers.insert("BCC", FieldValue::Array(acemq_codec::FieldArray(vec!["bcc".into()])));
+        let props = acemq_codec::BasicProperties {
             headers: Some(headers),
             ..Default::default()
         };
-        let publish = amqp_codec::BasicPublish {
+        let publish = acemq_codec::BasicPublish {
             routing_key: "main".into(),
             ..Default::default()
         };

@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicConsume, BasicProperties, BasicPublish, ConfirmSelect, ConnectionCloseOk, ExchangeDeclare, FieldTable, Frame,
     Method, QueueDeclare,
 };
+use acemq_memory::Broker;
 use bytes::BytesMut;
 use common::{close_of, Client};
 
@@ -255,7 +255,7 @@ async fn the_tcp_listener_speaks_amqp() {
         c.publish(1, "", "over-tcp", b"hello").await;
         c.send(
             1,
-            amqp_codec::BasicGet {
+            acemq_codec::BasicGet {
                 queue: "over-tcp".into(),
                 no_ack: true,
                 ..Default::default()

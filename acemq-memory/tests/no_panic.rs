@@ -2,13 +2,13 @@
 //! sequences of well-formed frames with arbitrary fields, after a valid
 //! handshake or without one.
 
-use acemq_memory::fuzzing::client_bytes;
-use amqp_codec::{
+use acemq_codec::{
     encode_content, encode_method, BasicAck, BasicCancel, BasicConsume, BasicGet, BasicNack, BasicProperties,
     BasicPublish, BasicQos, BasicRecover, BasicReject, ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen,
     ConfirmSelect, ExchangeBind, ExchangeDeclare, ExchangeDelete, FieldTable, FieldValue, Method, QueueBind,
     QueueDeclare, QueueDelete, QueuePurge, QueueUnbind, TxCommit, TxRollback, TxSelect,
 };
+use acemq_memory::fuzzing::client_bytes;
 use bytes::BytesMut;
 use proptest::prelude::*;
 

@@ -2,10 +2,10 @@
 
 mod common;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicProperties, BasicPublish, ConfirmSelect, FieldTable, FieldValue, Frame, Method, TxCommit, TxSelect,
 };
+use acemq_memory::Broker;
 use bytes::BytesMut;
 use common::{args, Client};
 
@@ -27,7 +27,7 @@ async fn confirms_number_from_one_and_acks_are_coalesced_with_multiple() {
                 routing_key: "cq".into(),
                 ..Default::default()
             };
-            amqp_codec::encode_content(1, &publish.into(), &BasicProperties::default(), b"x", 131_072, &mut out)
+            acemq_codec::encode_content(1, &publish.into(), &BasicProperties::default(), b"x", 131_072, &mut out)
                 .unwrap();
         }
         c.send_bytes(&out).await;
@@ -143,7 +143,7 @@ async fn bodies_larger_than_frame_max_arrive_split_and_whole() {
         c.publish(1, "", "big", &body).await;
         c.send(
             1,
-            amqp_codec::BasicGet {
+            acemq_codec::BasicGet {
                 queue: "big".into(),
                 no_ack: true,
                 ..Default::default()
@@ -176,7 +176,7 @@ async fn a_transaction_publishes_on_commit() {
     assert!(matches!(c.call(1, TxSelect {}).await, Method::TxSelectOk(_)));
     c.publish(1, "", "txq", b"x").await;
     assert!(
-        matches!(c.call(1, amqp_codec::QueueDeclare { queue: "txq".into(), passive: true, ..Default::default() }).await,
+        matches!(c.call(1, acemq_codec::QueueDeclare { queue: "txq".into(), passive: true, ..Default::default() }).await,
         Method::QueueDeclareOk(ok) if ok.message_count == 0)
     );
     assert!(matches!(c.call(1, TxCommit {}).await, Method::TxCommitOk(_)));

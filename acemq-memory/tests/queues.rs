@@ -3,11 +3,11 @@
 
 mod common;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicAck, BasicCancel, BasicConsume, BasicNack, BasicQos, BasicReject, FieldTable, FieldValue, Method,
     QueueDeclare, QueueDelete, QueuePurge,
 };
+use acemq_memory::Broker;
 use common::{args, close_of, Client};
 
 fn quorum() -> FieldTable {

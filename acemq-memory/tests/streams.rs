@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use acemq_codec::{BasicAck, BasicConsume, BasicGet, BasicQos, FieldTable, FieldValue, Method, QueueDeclare};
 use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
-use amqp_codec::{BasicAck, BasicConsume, BasicGet, BasicQos, FieldTable, FieldValue, Method, QueueDeclare};
 use common::{args, close_of, Client};
 
 fn stream() -> FieldTable {

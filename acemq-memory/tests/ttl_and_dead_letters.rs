@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     BasicConsume, BasicGet, BasicProperties, BasicPublish, BasicReject, ExchangeDeclare, FieldTable, FieldValue, Frame,
     FrameDecoder, Method, QueueBind,
 };
+use acemq_memory::Broker;
 use bytes::{Bytes, BytesMut};
 use common::{args, Client};
 
@@ -464,7 +464,7 @@ async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
                     entry.insert("time", FieldValue::Timestamp(1_796_045_003));
                     headers.insert(
                         "x-death",
-                        FieldValue::Array(amqp_codec::FieldArray(vec![FieldValue::Table(entry)])),
+                        FieldValue::Array(acemq_codec::FieldArray(vec![FieldValue::Table(entry)])),
                     );
                     Frame::Header(1, h)
                 }
@@ -528,7 +528,7 @@ async fn requeued_messages_keep_their_original_expiry() {
         let d = c.content().await;
         c.send(
             1,
-            amqp_codec::BasicNack {
+            acemq_codec::BasicNack {
                 delivery_tag: d.delivery_tag(),
                 multiple: false,
                 requeue: true,

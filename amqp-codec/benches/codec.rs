@@ -6,8 +6,8 @@
 //! before, the same day: 7.34x, 6.70x, 2.53x).
 //!
 //! ```text
-//! cargo bench -p amqp-codec --bench codec -- --warm-up-time 1 --measurement-time 5
-//! cargo bench -p amqp-codec --bench codec -- 'parse_lazy|parse_all_read|serialize/'
+//! cargo bench -p acemq-codec --bench codec -- --warm-up-time 1 --measurement-time 5
+//! cargo bench -p acemq-codec --bench codec -- 'parse_lazy|parse_all_read|serialize/'
 //! ```
 //!
 //! How to read it: each comparison is a criterion group with two functions
@@ -44,14 +44,14 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
-use amq_protocol::protocol::{basic as amq_basic, AMQPClass};
-use amq_protocol::types::AMQPValue;
-use amqp_codec::track::{Assembly, Content, ContentAssembler, Decoded};
-use amqp_codec::{
+use acemq_codec::track::{Assembly, Content, ContentAssembler, Decoded};
+use acemq_codec::{
     encode_content, BasicDeliver, BasicProperties, BasicPublish, FieldTable, FieldValue, FieldValueRef, FrameDecoder,
     LongString, Method, DEFAULT_FRAME_MAX,
 };
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
+use amq_protocol::protocol::{basic as amq_basic, AMQPClass};
+use amq_protocol::types::AMQPValue;
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, BatchSize, BenchmarkGroup, Criterion, Throughput};
 
@@ -389,7 +389,7 @@ fn amq_publish_frames(props: &BasicProperties) -> [AMQPFrame; 3] {
         };
         headers.insert(key.as_str().expect("utf-8").into(), value);
     }
-    let str_of = |s: &Option<amqp_codec::ShortString>| s.as_ref().expect("set").as_str().expect("utf-8").into();
+    let str_of = |s: &Option<acemq_codec::ShortString>| s.as_ref().expect("set").as_str().expect("utf-8").into();
     let amq_props = amq_basic::AMQPProperties::default()
         .with_content_type(str_of(&props.content_type))
         .with_delivery_mode(props.delivery_mode.expect("set"))

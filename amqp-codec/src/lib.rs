@@ -1,4 +1,4 @@
-//! # amqp-codec
+//! # acemq-codec
 //!
 //! AMQP 0-9-1 as RabbitMQ speaks it, bytes to frames and back, in both
 //! directions (a client or a broker can be written with it), plus the
@@ -33,7 +33,7 @@
 //!   `complete` for payloads); nom never appears in a public signature.
 //!
 //! ```
-//! use amqp_codec::{encode_method, BasicDeliver, Frame, FrameDecoder, Method};
+//! use acemq_codec::{encode_method, BasicDeliver, Frame, FrameDecoder, Method};
 //! use bytes::BytesMut;
 //!
 //! // Encode a basic.deliver on channel 1 ...

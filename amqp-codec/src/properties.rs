@@ -359,7 +359,7 @@ properties! {
 /// [`crate::UndecodableHeader::salvage`].
 ///
 /// ```
-/// use amqp_codec::BasicProperties;
+/// use acemq_codec::BasicProperties;
 /// // Flags: headers (bit 13) and message-id (bit 7). The headers table holds
 /// // one entry of type 'Z', which RabbitMQ does not define.
 /// let mut raw = vec![0x20, 0x80];
@@ -395,7 +395,7 @@ impl BasicProperties {
     /// be missed.
     ///
     /// ```
-    /// use amqp_codec::BasicProperties;
+    /// use acemq_codec::BasicProperties;
     /// let a = BasicProperties { delivery_mode: Some(2), ..Default::default() };
     /// assert!(a.encodes_like(&a.clone()));
     /// assert!(!a.encodes_like(&BasicProperties::default()));
@@ -491,7 +491,7 @@ pub(crate) fn unknown_class() -> SalvagedProperties {
 /// its fields.
 ///
 /// ```
-/// use amqp_codec::{BasicProperties, ContentHeader, Frame, FrameDecoder, Properties};
+/// use acemq_codec::{BasicProperties, ContentHeader, Frame, FrameDecoder, Properties};
 /// let sent = BasicProperties { message_id: Some("m-1".into()), ..Default::default() };
 /// let mut wire = bytes::BytesMut::new();
 /// Frame::Header(1, ContentHeader::basic(0, sent.clone())).encode(&mut wire).unwrap();
@@ -589,7 +589,7 @@ impl Properties {
     /// fields.
     ///
     /// ```
-    /// use amqp_codec::{BasicProperties, ContentHeader, FieldTable, FieldValue, Frame, FrameDecoder};
+    /// use acemq_codec::{BasicProperties, ContentHeader, FieldTable, FieldValue, Frame, FrameDecoder};
     /// let mut headers = FieldTable::new();
     /// headers.push("x-attempt", FieldValue::I32(3));
     /// let sent = BasicProperties { message_id: Some("m-1".into()), headers: Some(headers), ..Default::default() };

@@ -15,8 +15,8 @@ use crate::types::FieldTable;
 /// AMQPLAIN response. On error nothing is appended.
 ///
 /// ```
-/// use amqp_codec::sasl::{decode_amqplain, encode_amqplain};
-/// use amqp_codec::{FieldTable, FieldValue};
+/// use acemq_codec::sasl::{decode_amqplain, encode_amqplain};
+/// use acemq_codec::{FieldTable, FieldValue};
 /// let mut credentials = FieldTable::new();
 /// credentials.push("LOGIN", "guest");
 /// credentials.push("PASSWORD", "guest");

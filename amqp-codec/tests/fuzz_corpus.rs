@@ -8,7 +8,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use amqp_codec::{fuzzing, FieldTable, Frame, FrameDecoder};
+use acemq_codec::{fuzzing, FieldTable, Frame, FrameDecoder};
 use bytes::Bytes;
 
 type Entry = fn(&[u8]);
@@ -114,8 +114,8 @@ fn regressions_replay_without_panics() {
 fn decoder_for(selector: u8) -> FrameDecoder {
     let frame_max = match selector & 0x3 {
         0 => 0,
-        1 => amqp_codec::FRAME_MIN_SIZE,
-        2 => amqp_codec::DEFAULT_FRAME_MAX,
+        1 => acemq_codec::FRAME_MIN_SIZE,
+        2 => acemq_codec::DEFAULT_FRAME_MAX,
         _ => 1 << 20,
     };
     FrameDecoder::new(frame_max).with_max_depth(1 + usize::from(selector >> 2) % 64)
@@ -128,7 +128,7 @@ fn decode_frames_seeds_are_frames() {
     let dir = fuzz_dir().join("corpus").join("decode_frames");
     let files = files_under(&dir);
     assert!(!files.is_empty(), "corpus directory {} is empty", dir.display());
-    // `CORPUS_STATS=1 cargo test -p amqp-codec --test fuzz_corpus -- --nocapture`
+    // `CORPUS_STATS=1 cargo test -p acemq-codec --test fuzz_corpus -- --nocapture`
     // lists every seed with its frame count and how decoding stopped.
     let verbose = std::env::var_os("CORPUS_STATS").is_some();
     let (mut decoding, mut frames_total) = (0, 0);

@@ -7,8 +7,8 @@
 //! every byte the server sent. The README beside them says exactly how each
 //! scenario was produced. Nothing was edited.
 
-use amqp_codec::track::{Assembly, Confirms, ContentAssembler, Outcome, ReturnKey, ReturnMatch, Returns};
-use amqp_codec::{FieldValue, Frame, FrameDecoder, Method, ReplyCode};
+use acemq_codec::track::{Assembly, Confirms, ContentAssembler, Outcome, ReturnKey, ReturnMatch, Returns};
+use acemq_codec::{FieldValue, Frame, FrameDecoder, Method, ReplyCode};
 use bytes::{Bytes, BytesMut};
 
 fn capture(name: &str) -> Bytes {
@@ -139,7 +139,7 @@ fn dead_lettered_delivery_carries_x_death_and_every_published_type() {
     assert_eq!(h.get("T-timestamp"), Some(&FieldValue::Timestamp(1_704_164_645)));
     assert_eq!(
         h.get("D-decimal"),
-        Some(&FieldValue::Decimal(amqp_codec::Decimal { scale: 3, value: 12345 }))
+        Some(&FieldValue::Decimal(acemq_codec::Decimal { scale: 3, value: 12345 }))
     );
     assert_eq!(
         h.get("x-bytes"),
@@ -245,14 +245,14 @@ fn channel_close_for_a_missing_queue_is_404_with_rabbitmqs_text() {
 
 #[test]
 fn connection_blocked_and_unblocked_as_rabbitmq_sends_them() {
-    let mut state = amqp_codec::track::Blocked::new();
+    let mut state = acemq_codec::track::Blocked::new();
     let blocked = frames("connection_blocked.bin");
     let [Frame::Method(0, method)] = &blocked[..] else {
         panic!("{blocked:?}");
     };
     assert_eq!(
         state.handle(method),
-        Some(amqp_codec::track::BlockedChange::Blocked {
+        Some(acemq_codec::track::BlockedChange::Blocked {
             reason: "low on memory".into()
         })
     );
@@ -260,5 +260,5 @@ fn connection_blocked_and_unblocked_as_rabbitmq_sends_them() {
     let [Frame::Method(0, method)] = &unblocked[..] else {
         panic!("{unblocked:?}");
     };
-    assert_eq!(state.handle(method), Some(amqp_codec::track::BlockedChange::Unblocked));
+    assert_eq!(state.handle(method), Some(acemq_codec::track::BlockedChange::Unblocked));
 }

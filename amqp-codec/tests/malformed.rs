@@ -2,7 +2,7 @@
 //! overflow: truncated frames, a wrong end byte, oversized frames, unknown
 //! ids and field types, lengths that lie, and nesting bombs.
 
-use amqp_codec::{
+use acemq_codec::{
     encode_method, BasicProperties, ContentHeader, DecodeErrorKind, Error, FieldTable, FieldValue, Frame, FrameDecoder,
     QueueDeclare, ReplyCode,
 };
@@ -455,10 +455,10 @@ fn other_property_faults_are_per_message_errors_too() {
 
 #[test]
 fn a_bad_protocol_header_is_reported_with_the_bytes_received() {
-    assert_eq!(amqp_codec::check_protocol_header(b"AMQP\x00\x00"), Ok(false));
-    assert_eq!(amqp_codec::check_protocol_header(b"AMQP\x00\x00\x09\x01"), Ok(true));
+    assert_eq!(acemq_codec::check_protocol_header(b"AMQP\x00\x00"), Ok(false));
+    assert_eq!(acemq_codec::check_protocol_header(b"AMQP\x00\x00\x09\x01"), Ok(true));
     assert_eq!(
-        amqp_codec::check_protocol_header(b"GET / HTTP/1.1"),
+        acemq_codec::check_protocol_header(b"GET / HTTP/1.1"),
         Err(Error::BadProtocolHeader { found: *b"GET / HT" })
     );
 }
@@ -476,7 +476,7 @@ fn values_the_wire_cannot_carry_fail_to_encode_and_write_nothing() {
     let mut out = BytesMut::from(&b"prefix"[..]);
     assert_eq!(
         encode_method(1, &declare.into(), &mut out),
-        Err(amqp_codec::EncodeError::ShortStringTooLong(256))
+        Err(acemq_codec::EncodeError::ShortStringTooLong(256))
     );
     assert_eq!(&out[..], b"prefix");
 }
@@ -495,7 +495,7 @@ fn a_header_announcing_4_gib_without_frame_max_reserves_a_bounded_amount() {
 /// bytes after the frame must never leak into a value.
 #[test]
 fn strings_never_reach_past_their_frame_into_the_next_one() {
-    use amqp_codec::{BasicDeliver, Method};
+    use acemq_codec::{BasicDeliver, Method};
     let deliver = BasicDeliver {
         consumer_tag: "ctag".into(),
         delivery_tag: 7,

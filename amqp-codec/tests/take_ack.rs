@@ -3,7 +3,7 @@
 //! `basic.nack` with the same fields from the same bytes, and leaves
 //! everything else (a corrupt frame included) to `decode`.
 
-use amqp_codec::{encode_method, AckFrame, BasicAck, BasicNack, Frame, FrameDecoder, Method};
+use acemq_codec::{encode_method, AckFrame, BasicAck, BasicNack, Frame, FrameDecoder, Method};
 use bytes::{BufMut, BytesMut};
 use proptest::prelude::*;
 

@@ -1,10 +1,10 @@
 //! Tracker scenarios: publisher confirms, return pairing, content assembly and
 //! the blocked state, driven with the frames a broker would send.
 
-use amqp_codec::track::{
+use acemq_codec::track::{
     Assembly, ConfirmError, Confirms, ContentAssembler, ContentError, Outcome, ReturnKey, ReturnMatch, Returns,
 };
-use amqp_codec::{
+use acemq_codec::{
     BasicAck, BasicDeliver, BasicNack, BasicProperties, BasicPublish, BasicQosOk, BasicReturn, ContentHeader, Frame,
     Method, ReplyCode, ShortString,
 };
@@ -409,17 +409,17 @@ fn a_header_for_another_class_is_refused() {
 
 #[test]
 fn a_message_with_undecodable_properties_is_assembled_with_its_raw_header() {
-    let decoder = amqp_codec::FrameDecoder::new(0);
+    let decoder = acemq_codec::FrameDecoder::new(0);
     // Deliver, then a header whose headers table holds an unknown type 'Z', then the body.
     let mut wire = bytes::BytesMut::new();
-    amqp_codec::encode_method(2, &BasicDeliver::default().into(), &mut wire).unwrap();
+    acemq_codec::encode_method(2, &BasicDeliver::default().into(), &mut wire).unwrap();
     let header_payload = [
         0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0x20, 0, 0, 0, 0, 4, 1, b'k', b'Z', 0,
     ];
     wire.extend_from_slice(&[2, 0, 2, 0, 0, 0, header_payload.len() as u8]);
     wire.extend_from_slice(&header_payload);
     wire.extend_from_slice(&[0xCE]);
-    amqp_codec::encode_body(2, b"body", &mut wire).unwrap();
+    acemq_codec::encode_body(2, b"body", &mut wire).unwrap();
 
     let mut channel = ContentAssembler::new();
     let mut last = None;
@@ -430,7 +430,7 @@ fn a_message_with_undecodable_properties_is_assembled_with_its_raw_header() {
         panic!("{last:?}")
     };
     let raw = content.header.unwrap_err();
-    assert_eq!(raw.error, amqp_codec::DecodeErrorKind::UnknownFieldType(b'Z'));
+    assert_eq!(raw.error, acemq_codec::DecodeErrorKind::UnknownFieldType(b'Z'));
     assert_eq!(&raw.raw_properties[..], &header_payload[12..]);
     assert_eq!(
         &content.body[..],
@@ -443,7 +443,7 @@ fn a_message_with_undecodable_properties_is_assembled_with_its_raw_header() {
 /// with an ack for a publisher on channel 3 and a heartbeat between them, as
 /// a broker might write them.
 fn interleaved_stream() -> bytes::BytesMut {
-    use amqp_codec::{encode_content, encode_method};
+    use acemq_codec::{encode_content, encode_method};
     let mut one = bytes::BytesMut::new();
     let mut two = bytes::BytesMut::new();
     let deliver = |tag: u64| -> Method {
@@ -460,7 +460,7 @@ fn interleaved_stream() -> bytes::BytesMut {
     };
     encode_content(1, &deliver(1), &props, &[1; 5000], 4096, &mut one).unwrap();
     encode_content(2, &deliver(2), &BasicProperties::default(), b"two", 4096, &mut two).unwrap();
-    let decoder = amqp_codec::FrameDecoder::new(0);
+    let decoder = acemq_codec::FrameDecoder::new(0);
     let (mut ones, mut twos) = (Vec::new(), Vec::new());
     while let Some(f) = decoder.decode(&mut one).unwrap() {
         ones.push(f);
@@ -483,8 +483,8 @@ fn interleaved_stream() -> bytes::BytesMut {
 
 #[test]
 fn decode_assembled_builds_the_same_messages_as_decode_and_push_and_leaves_other_frames() {
-    use amqp_codec::track::Decoded;
-    let decoder = amqp_codec::FrameDecoder::new(4096);
+    use acemq_codec::track::Decoded;
+    let decoder = acemq_codec::FrameDecoder::new(4096);
 
     // Frame by frame.
     let mut wire = interleaved_stream();
@@ -552,8 +552,8 @@ fn decode_assembled_builds_the_same_messages_as_decode_and_push_and_leaves_other
 
 #[test]
 fn a_finished_message_blocks_its_channel_until_taken_and_nothing_is_lost() {
-    use amqp_codec::track::Decoded;
-    let decoder = amqp_codec::FrameDecoder::new(0);
+    use acemq_codec::track::Decoded;
+    let decoder = acemq_codec::FrameDecoder::new(0);
     let mut wire = bytes::BytesMut::new();
     for tag in [1, 2] {
         let deliver: Method = BasicDeliver {
@@ -561,7 +561,7 @@ fn a_finished_message_blocks_its_channel_until_taken_and_nothing_is_lost() {
             ..Default::default()
         }
         .into();
-        amqp_codec::encode_content(5, &deliver, &BasicProperties::default(), b"x", 0, &mut wire).unwrap();
+        acemq_codec::encode_content(5, &deliver, &BasicProperties::default(), b"x", 0, &mut wire).unwrap();
     }
     let mut assembler = ContentAssembler::new();
     let step = |wire: &mut bytes::BytesMut, assembler: &mut ContentAssembler| {
@@ -586,13 +586,13 @@ fn a_finished_message_blocks_its_channel_until_taken_and_nothing_is_lost() {
 
 #[test]
 fn decode_assembled_reports_a_sequence_error_with_its_channel_and_resets_that_assembler() {
-    use amqp_codec::track::{AssembleError, Decoded};
-    let decoder = amqp_codec::FrameDecoder::new(0);
+    use acemq_codec::track::{AssembleError, Decoded};
+    let decoder = acemq_codec::FrameDecoder::new(0);
     let mut wire = bytes::BytesMut::new();
     // A body frame on channel 4 with no message in progress.
     Frame::Body(4, Bytes::from_static(b"stray")).encode(&mut wire).unwrap();
     // Then a whole message, which must still assemble.
-    amqp_codec::encode_content(
+    acemq_codec::encode_content(
         4,
         &BasicDeliver::default().into(),
         &BasicProperties::default(),
@@ -630,15 +630,15 @@ fn decode_assembled_reports_a_sequence_error_with_its_channel_and_resets_that_as
 
 #[test]
 fn a_malformed_delivery_out_of_sequence_is_a_stream_error_as_with_decode() {
-    use amqp_codec::track::AssembleError;
-    use amqp_codec::{DecodeErrorKind, Error};
+    use acemq_codec::track::AssembleError;
+    use acemq_codec::{DecodeErrorKind, Error};
     let deliver: Method = BasicDeliver::default().into();
     let mut first = bytes::BytesMut::new();
-    amqp_codec::encode_method(1, &deliver, &mut first).unwrap();
+    acemq_codec::encode_method(1, &deliver, &mut first).unwrap();
     // A second basic.deliver before the first one's header, cut short: its
     // payload ends inside the delivery tag.
     let mut second = bytes::BytesMut::new();
-    amqp_codec::encode_method(1, &deliver, &mut second).unwrap();
+    acemq_codec::encode_method(1, &deliver, &mut second).unwrap();
     let payload_len = 4 + 1 + 3; // ids, empty consumer tag, 3 of the tag's 8 bytes
     let mut wire = first.clone();
     wire.extend_from_slice(&[1, 0, 1]);
@@ -646,7 +646,7 @@ fn a_malformed_delivery_out_of_sequence_is_a_stream_error_as_with_decode() {
     wire.extend_from_slice(&second[7..7 + payload_len]);
     wire.extend_from_slice(&[0xCE]);
 
-    let decoder = amqp_codec::FrameDecoder::new(0);
+    let decoder = acemq_codec::FrameDecoder::new(0);
     let mut by_frames = wire.clone();
     let mut assembler = ContentAssembler::new();
     assembler

@@ -2,4 +2,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| amqp_codec::fuzzing::decode_frames(data));
+fuzz_target!(|data: &[u8]| acemq_codec::fuzzing::decode_frames(data));

@@ -483,7 +483,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// Declares a server-named exclusive queue on `ch` and returns its name.
 pub async fn exclusive_queue(ch: &acemq_core::amqp::Channel) -> String {
-    ch.queue_declare(amqp_codec::QueueDeclare {
+    ch.queue_declare(acemq_codec::QueueDeclare {
         exclusive: true,
         ..Default::default()
     })
@@ -496,7 +496,7 @@ pub async fn exclusive_queue(ch: &acemq_core::amqp::Channel) -> String {
 
 /// How many messages `queue` holds (a passive declare).
 pub async fn depth(ch: &acemq_core::amqp::Channel, queue: &str) -> u32 {
-    let passive = amqp_codec::QueueDeclare {
+    let passive = acemq_codec::QueueDeclare {
         queue: queue.into(),
         passive: true,
         ..Default::default()

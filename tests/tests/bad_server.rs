@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use acemq_codec::*;
 use acemq_core::amqp::{CloseReason, Config, Connection, Error};
-use amqp_codec::*;
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use acemq_codec::{BasicProperties, QueueDeclare};
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
 use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker};
-use amqp_codec::{BasicProperties, QueueDeclare};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -224,7 +224,7 @@ async fn blocked_publishes(b: &Broker) {
     }
     publisher.send(&"after".to_string()).await.unwrap();
     consume_ch
-        .queue_delete(amqp_codec::QueueDelete {
+        .queue_delete(acemq_codec::QueueDelete {
             queue: q.as_str().into(),
             ..Default::default()
         })

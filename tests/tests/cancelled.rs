@@ -9,9 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_codec::QueueDelete;
 use acemq_core::{consume, Ack, Config, Error, Message, OnCancel, RecoveryEvent, Topology};
 use acemq_tests::{brokers, deadline, unique, Broker};
-use amqp_codec::QueueDelete;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -245,9 +245,9 @@ fn past_the_consumer_timeout(version: acemq_tests::RabbitVersion) {
             let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
                 let conn = b.conn_with(events.config()).await;
                 let queue = unique("cancel-406");
-                let mut arguments = amqp_codec::FieldTable::new();
+                let mut arguments = acemq_codec::FieldTable::new();
                 if !v3 {
-                    arguments.insert("x-consumer-timeout", amqp_codec::FieldValue::I64(1000));
+                    arguments.insert("x-consumer-timeout", acemq_codec::FieldValue::I64(1000));
                 }
                 Topology::new()
                     .queue_with_arguments(&queue, arguments)

@@ -8,10 +8,10 @@
 
 use std::time::{Duration, Instant};
 
+use acemq_codec::{BasicProperties, QueueDeclare, QueueDelete, ReplyCode};
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection};
 use acemq_tests::chaos::{self, host_port, Proxy};
 use acemq_tests::{all_brokers, deadline, depth, step, unique, Kind};
-use amqp_codec::{BasicProperties, QueueDeclare, QueueDelete, ReplyCode};
 use bytes::Bytes;
 
 fn config() -> Config {

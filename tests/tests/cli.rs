@@ -11,9 +11,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use acemq_codec::{ExchangeDelete, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete, QueueUnbind};
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, Topology};
 use acemq_tests::{brokers, depth, step, unique, RabbitVersion};
-use amqp_codec::{ExchangeDelete, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete, QueueUnbind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -6,12 +6,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use acemq_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::amqp::Confirmation;
 use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
 use acemq_core::topology::Declaration;
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Error, Message, RetryPolicy, Topology};
 use acemq_tests::{brokers, counter_total, depth, on_every_broker, secs, unique, Broker, Kind, Moment, RabbitVersion};
-use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 

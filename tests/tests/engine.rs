@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error, Properties, TlsConfig};
-use acemq_tests::{all_brokers, exclusive_queue, unique, Broker, Kind, RabbitVersion};
-use amqp_codec::{
+use acemq_codec::{
     BasicConsume, BasicProperties, BasicQos, Decimal, ExchangeDeclare, FieldArray, FieldTable, FieldValue, QueueBind,
     QueueDeclare, ReplyCode,
 };
+use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error, Properties, TlsConfig};
+use acemq_tests::{all_brokers, exclusive_queue, unique, Broker, Kind, RabbitVersion};
 use bytes::{Bytes, BytesMut};
 
 fn props_of(p: &Properties) -> &BasicProperties {

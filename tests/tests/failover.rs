@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_codec::{FieldTable, FieldValue};
 use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, Topology};
 use acemq_tests::{chaos, deadline, unique};
-use amqp_codec::{FieldTable, FieldValue};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread")]

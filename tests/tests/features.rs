@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
+use acemq_codec::{BasicConsume, BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::amqp::{Channel, Connection, Consumer, Delivery, Error};
 use acemq_tests::{brokers, step, unique, Broker, Kind, RabbitVersion};
-use amqp_codec::{BasicConsume, BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use bytes::Bytes;
 
 /// How long a consumer is watched to show that nothing comes to it.

@@ -6,11 +6,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_codec::{FieldValue, QueueDeclare};
 use acemq_core::envelope::{hop_id, ERROR_HEADER};
 use acemq_core::hops::{Pipeline, RoutingSlip, ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{brokers, chaos, deadline, depth, unique, Broker};
-use amqp_codec::{FieldValue, QueueDeclare};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -599,20 +599,20 @@ async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_betw
 /// the producer itself: step 0 is `queue`, step 1 `next`.
 async fn publish_with_forged_slip(conn: &Conn, queue: &str, next: &str, id: u32) {
     let slip = RoutingSlip::new().to_queue(queue).to_queue(next);
-    let mut headers = amqp_codec::FieldTable::new();
+    let mut headers = acemq_codec::FieldTable::new();
     let mut steps = Vec::new();
     for key in [queue, next] {
-        let mut step = amqp_codec::FieldTable::new();
+        let mut step = acemq_codec::FieldTable::new();
         step.push("exchange", FieldValue::from(""));
         step.push("routing-key", FieldValue::from(key));
         steps.push(FieldValue::Table(step));
     }
     assert_eq!(slip.len(), steps.len());
-    headers.insert(ROUTING_SLIP_HEADER, FieldValue::Array(amqp_codec::FieldArray(steps)));
+    headers.insert(ROUTING_SLIP_HEADER, FieldValue::Array(acemq_codec::FieldArray(steps)));
     headers.insert(ROUTING_SLIP_STEP_HEADER, FieldValue::I32(0));
     let ch = conn.publishing_connection().channel().await.unwrap();
     ch.confirm_select().await.unwrap();
-    let props = amqp_codec::BasicProperties {
+    let props = acemq_codec::BasicProperties {
         message_id: Some(format!("forged-{id}").as_str().into()),
         headers: Some(headers),
         ..Default::default()

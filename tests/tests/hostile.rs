@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use acemq_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::envelope::{
     ATTEMPT_HEADER, CAUSATION_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER, REPLAYED_HEADER,
@@ -15,7 +16,6 @@ use acemq_core::envelope::{
 use acemq_core::hops::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{on_every_broker, secs, unique, Broker};
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;

@@ -11,10 +11,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use acemq_codec::{BasicProperties, QueueDeclare};
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection};
 use acemq_core::{consume, Ack, Conn, Message};
 use acemq_tests::{step, unique};
-use amqp_codec::{BasicProperties, QueueDeclare};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use acemq_codec::*;
 use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error};
 use acemq_tests::{brokers, exclusive_queue, unique};
-use amqp_codec::*;
 use bytes::Bytes;
 
 fn with_credentials(url: &str, user: &str, pass: &str) -> String {
@@ -325,7 +325,7 @@ fn config_is_clone(c: &Config) -> Config {
 /// is refused with 406.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redeclare_compares_the_queue_type_as_rabbitmq_does() {
-    use amqp_codec::{FieldTable, FieldValue, QueueDeclare};
+    use acemq_codec::{FieldTable, FieldValue, QueueDeclare};
     acemq_tests::deadline(async {
         for b in brokers().await {
             let conn = b.connect().await;

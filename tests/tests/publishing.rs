@@ -3,11 +3,11 @@
 //! without confirms, library publishes confirmed regardless, mandatory
 //! errors that name the message, and the envelope on the wire.
 
+use acemq_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare};
 use acemq_core::amqp::Channel;
 use acemq_core::envelope::{ATTEMPT_HEADER, CAUSATION_HEADER, FIRST_SEEN_HEADER};
 use acemq_core::{Config, Conn, Envelope, Error, SendResult};
 use acemq_tests::{brokers, counts_by_outcome, depth, unique};
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,7 +49,7 @@ fn full_after_one() -> FieldTable {
 }
 
 async fn delete(ch: &Channel, queue: &str) {
-    ch.queue_delete(amqp_codec::QueueDelete {
+    ch.queue_delete(acemq_codec::QueueDelete {
         queue: queue.into(),
         ..Default::default()
     })

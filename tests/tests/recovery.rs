@@ -8,10 +8,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::{consume, Ack, Config, Conn, Error, Message, RecoveryEvent, Topology};
 use acemq_tests::chaos::{self, Proxy};
 use acemq_tests::{brokers, deadline, depth, unique, Broker};
-use amqp_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_codec::{BasicProperties, ExchangeDelete, FieldTable, FieldValue};
 use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, REPLAYED_HEADER};
 use acemq_core::{consume, Ack, Conn, Consumer, Message, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{brokers, deadline, depth, unique, Broker};
-use amqp_codec::{BasicProperties, ExchangeDelete, FieldTable, FieldValue};
 use tokio::time::Instant;
 
 #[derive(Debug)]

@@ -13,13 +13,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use acemq_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::schedule::{
     level_name, wall_clock, DELIVERY, DELIVER_AT_HEADER, DELIVER_TO_EXCHANGE_HEADER, DELIVER_TO_ROUTING_KEY_HEADER,
     MAX_DELAY,
 };
 use acemq_core::{consume, Ack, Conn, Consumer, Envelope, Error, Message, ReplayOptions, Scheduler};
 use acemq_tests::{brokers, counts_by_outcome, depth, unique, Broker, Kind, Moment};
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use tokio::time::Instant;
 
 const HOUR: u64 = 3600;
@@ -777,7 +777,7 @@ fn measure_scheduled_deliveries_per_second_of_10000_messages_due_at_once() {
         // A consumer without acks counts them in as they come.
         let ch = conn.consuming_connection().channel().await.unwrap();
         let mut deliveries = ch
-            .basic_consume(amqp_codec::BasicConsume {
+            .basic_consume(acemq_codec::BasicConsume {
                 queue: q.as_str().into(),
                 no_ack: true,
                 ..Default::default()

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use acemq_codec::{BasicProperties, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete};
 use acemq_core::envelope::{ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, SOURCE_QUEUE_HEADER};
 use acemq_core::metrics_names::SET_ASIDE_FAILED_TOTAL;
 use acemq_core::{consume, fatal, Ack, Codec, CodecError, Conn, Json, Message, RetryPolicy, Topology};
 use acemq_tests::{brokers, counted_by, unique, Broker};
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete};
 use tokio::time::Instant;
 
 /// Runs `scenario` once per broker, each on a runtime of its own under the

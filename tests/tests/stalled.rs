@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
+use acemq_codec::{ExchangeDeclare, QueueBind, QueueDeclare, QueuePurge};
 use acemq_core::amqp::{Config, Error};
 use acemq_core::proto::Wait;
 use acemq_core::{consume, Ack, Topology};
 use acemq_tests::{brokers, chaos, deadline, unique, RabbitVersion};
-use amqp_codec::{ExchangeDeclare, QueueBind, QueueDeclare, QueuePurge};
 use tokio::time::Instant;
 
 fn impatient(base: Config) -> Config {
@@ -110,7 +110,7 @@ async fn on_a_paused_rabbitmq_every_call_fails_after_the_call_timeout_and_close_
             let conn = b.connect().await;
             let ch = conn.channel().await.unwrap();
             let _ = ch
-                .queue_delete(amqp_codec::QueueDelete {
+                .queue_delete(acemq_codec::QueueDelete {
                     queue: queue.as_str().into(),
                     ..Default::default()
                 })

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use amqp_codec::{
+use acemq_codec::{
     decode_frame, encode_content, encode_method, BasicConsume, BasicProperties, BasicPublish, BasicQos, ChannelOpen,
     ConfirmSelect, ConnectionClose, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, FieldTable, Frame, Method,
     DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER,
@@ -564,7 +564,7 @@ impl Taken {
         if !due {
             return Ok(false);
         }
-        let ack = amqp_codec::BasicAck {
+        let ack = acemq_codec::BasicAck {
             delivery_tag: self.last_tag,
             multiple: true,
         };

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use amqp_codec::*;
+use acemq_codec::*;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
@@ -90,9 +90,9 @@ pub trait PublishBody: sealed::SealedBody {
 
 mod sealed {
     pub trait Sealed {}
-    impl Sealed for amqp_codec::BasicProperties {}
-    impl Sealed for std::sync::Arc<amqp_codec::BasicProperties> {}
-    impl Sealed for &std::sync::Arc<amqp_codec::BasicProperties> {}
+    impl Sealed for acemq_codec::BasicProperties {}
+    impl Sealed for std::sync::Arc<acemq_codec::BasicProperties> {}
+    impl Sealed for &std::sync::Arc<acemq_codec::BasicProperties> {}
 
     pub trait SealedBody {}
     impl SealedBody for bytes::Bytes {}
@@ -217,7 +217,7 @@ impl Route<'_> {
     /// What a `basic.return` of a mandatory publish is matched by, boxed
     /// as a [`Published`] record keeps it; `None` when not mandatory.
     #[inline]
-    fn return_key(self, properties: &BasicProperties) -> Option<Box<amqp_codec::track::ReturnKey>> {
+    fn return_key(self, properties: &BasicProperties) -> Option<Box<acemq_codec::track::ReturnKey>> {
         let mandatory = match self {
             Route::Method(publish) => publish.mandatory,
             Route::Parts { mandatory, .. } => mandatory,
@@ -231,7 +231,7 @@ impl Route<'_> {
 
     #[cold]
     #[inline(never)]
-    fn mandatory_return_key(self, properties: &BasicProperties) -> Option<Box<amqp_codec::track::ReturnKey>> {
+    fn mandatory_return_key(self, properties: &BasicProperties) -> Option<Box<acemq_codec::track::ReturnKey>> {
         let key = match self {
             Route::Method(publish) => crate::proto::return_key(publish, properties),
             parts => crate::proto::return_key(&parts.to_method(), properties),
@@ -618,7 +618,7 @@ impl Channel {
     /// # async fn main() -> Result<(), acemq_core::amqp::Error> {
     /// use std::sync::Arc;
     /// use acemq_core::amqp::{Config, Confirmation, Connection};
-    /// use amqp_codec::{BasicProperties, QueueDeclare};
+    /// use acemq_codec::{BasicProperties, QueueDeclare};
     /// let conn = Connection::open("memory://publish-doc", Config::default()).await?;
     /// let ch = conn.channel().await?;
     /// ch.confirm_select().await?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use amqp_codec::FieldTable;
+use acemq_codec::FieldTable;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{broadcast, oneshot};
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use amqp_codec::{FieldTable, Method, ShortString};
+use acemq_codec::{FieldTable, Method, ShortString};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
@@ -952,7 +952,7 @@ impl Driver {
         &mut self,
         channel: u16,
         generation: u64,
-        method: amqp_codec::BasicConsume,
+        method: acemq_codec::BasicConsume,
         reply: Reply1<(ShortString, DeliveryQueue)>,
     ) {
         let Some(routes) = self.routes(channel, generation) else {
@@ -1044,7 +1044,7 @@ impl Driver {
     }
 
     #[inline]
-    fn deliver(&mut self, channel: u16, content: amqp_codec::track::Content) {
+    fn deliver(&mut self, channel: u16, content: acemq_codec::track::Content) {
         let generation = match self.channels.get(usize::from(channel)).and_then(Option::as_ref) {
             Some(routes) => routes.generation,
             None => return,
@@ -1171,8 +1171,8 @@ impl Driver {
         &mut self,
         channel: u16,
         seq: u64,
-        outcome: amqp_codec::track::Outcome,
-        returned: Option<amqp_codec::track::Content>,
+        outcome: acemq_codec::track::Outcome,
+        returned: Option<acemq_codec::track::Content>,
     ) {
         let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
             return;
@@ -1181,7 +1181,7 @@ impl Driver {
             return;
         };
         let confirmation = match (outcome, returned.and_then(ReturnedMessage::from_content)) {
-            (amqp_codec::track::Outcome::Nack, _) => Confirmation::Nack,
+            (acemq_codec::track::Outcome::Nack, _) => Confirmation::Nack,
             (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
             (_, None) => Confirmation::Ack,
         };
@@ -1192,7 +1192,7 @@ impl Driver {
     /// Confirms `first..=last` (sequence numbers the broker confirmed
     /// together, none of them returned): when they are the oldest unsettled
     /// and acked, one move of the line's watermark.
-    fn confirm_run(&mut self, channel: u16, first: u64, last: u64, outcome: amqp_codec::track::Outcome) {
+    fn confirm_run(&mut self, channel: u16, first: u64, last: u64, outcome: acemq_codec::track::Outcome) {
         let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
             return;
         };
@@ -1200,8 +1200,8 @@ impl Driver {
             return;
         };
         let confirmation = match outcome {
-            amqp_codec::track::Outcome::Nack => Confirmation::Nack,
-            amqp_codec::track::Outcome::Ack => Confirmation::Ack,
+            acemq_codec::track::Outcome::Nack => Confirmation::Nack,
+            acemq_codec::track::Outcome::Ack => Confirmation::Ack,
         };
         routes
             .line
@@ -1209,7 +1209,7 @@ impl Driver {
         wake_all(&mut self.wake);
     }
 
-    fn unmatched_return(&mut self, channel: u16, content: amqp_codec::track::Content) {
+    fn unmatched_return(&mut self, channel: u16, content: acemq_codec::track::Content) {
         if let Some(message) = ReturnedMessage::from_content(content) {
             tracing::warn!(channel, exchange = %message.exchange, routing_key = %message.routing_key, "returned message matches no publish");
             let _ = self.shared.events.send(ConnectionEvent::Returned {

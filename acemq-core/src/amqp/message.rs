@@ -6,8 +6,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use amqp_codec::track::{Content, ReturnKey};
-use amqp_codec::{BasicConsume, Method, PublishEncoder, ShortString, UndecodableHeader};
+use acemq_codec::track::{Content, ReturnKey};
+use acemq_codec::{BasicConsume, Method, PublishEncoder, ShortString, UndecodableHeader};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::oneshot;
 
@@ -121,11 +121,11 @@ pub enum ConnectionEvent {
 }
 
 /// Properties as received: validated, as the codec hands them over (they
-/// dereference to [`amqp_codec::BasicProperties`], built on first access),
+/// dereference to [`acemq_codec::BasicProperties`], built on first access),
 /// or the raw header when the codec refused them (too deeply nested, an
 /// unknown field type). Such a message can still be acknowledged or set
 /// aside; the connection is fine.
-pub type Properties = Result<amqp_codec::Properties, UndecodableHeader>;
+pub type Properties = Result<acemq_codec::Properties, UndecodableHeader>;
 
 /// A message delivered to a consumer.
 #[derive(Debug)]
@@ -290,14 +290,14 @@ impl SettleOp {
     pub(crate) fn method(&self) -> Method {
         let delivery_tag = self.tag;
         match self.kind {
-            SettleKind::Ack { multiple } => amqp_codec::BasicAck { delivery_tag, multiple }.into(),
-            SettleKind::Nack { multiple, requeue } => amqp_codec::BasicNack {
+            SettleKind::Ack { multiple } => acemq_codec::BasicAck { delivery_tag, multiple }.into(),
+            SettleKind::Nack { multiple, requeue } => acemq_codec::BasicNack {
                 delivery_tag,
                 multiple,
                 requeue,
             }
             .into(),
-            SettleKind::Reject { requeue } => amqp_codec::BasicReject { delivery_tag, requeue }.into(),
+            SettleKind::Reject { requeue } => acemq_codec::BasicReject { delivery_tag, requeue }.into(),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), acemq_core::amqp::Error> {
 //! use acemq_core::amqp::{Config, Connection, Confirmation};
-//! use amqp_codec::{BasicProperties, QueueDeclare};
+//! use acemq_codec::{BasicProperties, QueueDeclare};
 //!
 //! // or "amqp://guest:guest@localhost:5672/%2f"
 //! let conn = Connection::open("memory://amqp-doc", Config::default()).await?;

@@ -117,7 +117,7 @@ mod store;
 
 use std::time::Duration;
 
-use amqp_codec::{BasicProperties, BasicPublish};
+use acemq_codec::{BasicProperties, BasicPublish};
 use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 use sqlx::{Pool, Transaction};
@@ -158,7 +158,7 @@ pub enum OutboxError {
     /// The properties could not be encoded (a header table too deep, a
     /// string too long for AMQP).
     #[error("cannot enqueue: {0}")]
-    Properties(#[from] amqp_codec::EncodeError),
+    Properties(#[from] acemq_codec::EncodeError),
 }
 
 /// The outbox of one database: enqueues messages in the caller's

@@ -4,8 +4,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use amqp_codec::track::{Confirms, Content, ContentAssembler, Returns};
-use amqp_codec::{class, Method};
+use acemq_codec::track::{Confirms, Content, ContentAssembler, Returns};
+use acemq_codec::{class, Method};
 
 use super::settle::Settlements;
 

@@ -18,10 +18,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amqp_codec::track::{
+use acemq_codec::track::{
     AssembleError, Assembly, Blocked, BlockedChange, Content, Decoded, Outcome, ReturnKey, ReturnMatch,
 };
-use amqp_codec::{
+use acemq_codec::{
     encode_content, encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk,
     ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable,
     Frame, FrameDecoder, Method, PublishEncoder, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
@@ -581,7 +581,7 @@ impl Connection {
         if method.has_content() {
             return Err(CommandError::NotAllowed(method.name()));
         }
-        if method.class_id() == amqp_codec::class::CONNECTION || matches!(method, Method::ChannelOpen(_)) {
+        if method.class_id() == acemq_codec::class::CONNECTION || matches!(method, Method::ChannelOpen(_)) {
             return Err(CommandError::NotAllowed(method.name()));
         }
         match self.channel(channel) {
@@ -622,7 +622,7 @@ impl Connection {
                 }
             }
         }
-        let ack = amqp_codec::BasicAck {
+        let ack = acemq_codec::BasicAck {
             delivery_tag,
             multiple: false,
         };
@@ -1077,7 +1077,7 @@ impl Connection {
         };
         self.send(
             channel,
-            amqp_codec::BasicAck {
+            acemq_codec::BasicAck {
                 delivery_tag: tag,
                 multiple: true,
             },
@@ -1197,7 +1197,7 @@ impl Connection {
         }
     }
 
-    fn on_start(&mut self, start: amqp_codec::ConnectionStart) {
+    fn on_start(&mut self, start: acemq_codec::ConnectionStart) {
         if (start.version_major, start.version_minor) != (0, 9) {
             self.protocol_error(
                 ReplyCode::NotImplemented,
@@ -1295,7 +1295,7 @@ impl Connection {
                 if !cancel.no_wait {
                     self.send(
                         channel,
-                        amqp_codec::BasicCancelOk {
+                        acemq_codec::BasicCancelOk {
                             consumer_tag: cancel.consumer_tag.clone(),
                         },
                     );

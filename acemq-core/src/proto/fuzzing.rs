@@ -9,7 +9,7 @@
 //! what the broker's `connection.tune` offers and the client asks for, how
 //! far the handshake goes, how the client logs in, and how the broker's bytes
 //! are cut into reads. Each script step is an opcode byte (`Op`) and its
-//! operands: broker frames (built with amqp-codec's encoders, some broken on
+//! operands: broker frames (built with acemq-codec's encoders, some broken on
 //! purpose, or bytes taken straight from the input), application commands
 //! (`open_channel`, calls, publishes, acks, `close`) and the driver's inputs
 //! (time passing, end of file). The broker answers the client's calls as
@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use amqp_codec::{
+use acemq_codec::{
     encode_body, encode_content, encode_method, BasicAck, BasicCancel, BasicCancelOk, BasicConsume, BasicConsumeOk,
     BasicDeliver, BasicGet, BasicGetEmpty, BasicGetOk, BasicNack, BasicProperties, BasicPublish, BasicQos, BasicQosOk,
     BasicRecover, BasicRecoverAsync, BasicRecoverOk, BasicReject, BasicReturn, ChannelClose, ChannelCloseOk,
@@ -809,7 +809,7 @@ impl Harness {
                 );
                 let last = out.len() - 1;
                 out[last] = n;
-                if n == amqp_codec::FRAME_END {
+                if n == acemq_codec::FRAME_END {
                     out[last] = 0;
                 }
             }
@@ -1282,7 +1282,7 @@ impl App {
 mod seeds {
     //! The seed scripts, written with the same opcodes the harness reads.
 
-    use amqp_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, Frame, Method};
+    use acemq_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, Frame, Method};
     use bytes::BytesMut;
 
     use super::Op;
@@ -1820,7 +1820,7 @@ mod seeds {
                             delivery(1, 2, &[7; 300]),
                             method(
                                 1,
-                                amqp_codec::ChannelClose {
+                                acemq_codec::ChannelClose {
                                     reply_code: 406,
                                     reply_text: "PRECONDITION_FAILED - unknown delivery tag 9".into(),
                                     class_id: 60,

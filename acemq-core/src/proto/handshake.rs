@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use amqp_codec::{ConnectionTune, ConnectionTuneOk, FieldTable, FieldValue, LongString};
+use acemq_codec::{ConnectionTune, ConnectionTuneOk, FieldTable, FieldValue, LongString};
 
 /// The smallest `frame_max` acemq negotiates: RabbitMQ 4.1+ refuses less.
 pub const MIN_FRAME_MAX: u32 = 8192;
@@ -84,7 +84,7 @@ impl Auth {
                 let mut buf = bytes::BytesMut::new();
                 // Keys are short and values are strings: encoding cannot fail
                 // unless a credential is longer than 4 GiB.
-                if amqp_codec::sasl::encode_amqplain(&table, &mut buf).is_err() {
+                if acemq_codec::sasl::encode_amqplain(&table, &mut buf).is_err() {
                     return LongString::new();
                 }
                 LongString::from(buf.freeze())

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 
-use amqp_codec::Method;
+use acemq_codec::Method;
 
 /// What to do with a settling method the application sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +148,7 @@ impl Settlements {
 
 #[cfg(test)]
 mod tests {
-    use amqp_codec::{BasicAck, BasicConsume, BasicNack, BasicQos, BasicReject};
+    use acemq_codec::{BasicAck, BasicConsume, BasicNack, BasicQos, BasicReject};
 
     use super::*;
 

@@ -1,10 +1,10 @@
 //! The connection machine driven frame by frame with a virtual clock: no
-//! tokio, no socket. A scripted server side built with amqp-codec.
+//! tokio, no socket. A scripted server side built with acemq-codec.
 
 use std::time::{Duration, Instant};
 
-use amqp_codec::track::Outcome;
-use amqp_codec::*;
+use acemq_codec::track::Outcome;
+use acemq_codec::*;
 use bytes::{Bytes, BytesMut};
 
 use super::*;
@@ -545,7 +545,7 @@ fn a_run_of_encoded_publishes_writes_those_taken_in_order_and_none_of_those_left
     expected.extend_from_slice(&messages[0]);
     expected.extend_from_slice(&messages[1]);
     let mut qos = BytesMut::new();
-    amqp_codec::Frame::Method(
+    acemq_codec::Frame::Method(
         ch,
         BasicQos {
             prefetch_count: 7,

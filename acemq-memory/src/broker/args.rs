@@ -3,7 +3,7 @@
 //! value across widths, texts as RabbitMQ writes them). Must never accept a
 //! value RabbitMQ would refuse without saying so.
 
-use amqp_codec::{FieldTable, FieldValue, ShortString};
+use acemq_codec::{FieldTable, FieldValue, ShortString};
 
 use crate::error::{rs_queue, AmqpError};
 

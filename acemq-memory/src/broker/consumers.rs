@@ -5,7 +5,7 @@
 //! (one consumer gets everything; when it goes, the next takes over). It
 //! only chooses; delivering is the broker's.
 
-use amqp_codec::ShortString;
+use acemq_codec::ShortString;
 
 use super::args::QueueKind;
 use super::ids::ConnId;
@@ -152,7 +152,7 @@ impl BrokerMachine {
 mod tests {
     use std::time::Instant;
 
-    use amqp_codec::{
+    use acemq_codec::{
         BasicAck, BasicCancel, BasicConsume, BasicNack, BasicPublish, BasicQos, FieldTable, Method, Properties,
         QueueDeclare,
     };

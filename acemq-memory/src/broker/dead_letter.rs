@@ -3,7 +3,7 @@
 //! writes them (see amqp-codec/tests/data/rabbitmq-3.10/README.md), and
 //! RabbitMQ's cycle detection. Must never change the body.
 
-use amqp_codec::{FieldArray, FieldTable, FieldValue, LongString, ShortString};
+use acemq_codec::{FieldArray, FieldTable, FieldValue, LongString, ShortString};
 
 use super::args::{set_table_value, sort_table};
 use super::queue::{DeathReason, Header, Message};

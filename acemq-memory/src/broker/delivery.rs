@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use amqp_codec::{
+use acemq_codec::{
     BasicAck, BasicGetEmpty, BasicGetOk, BasicNack, BasicReturn, DeliverRef, FieldTable, FieldValue, ReplyCode,
     ShortString,
 };

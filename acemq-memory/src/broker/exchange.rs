@@ -2,7 +2,7 @@
 //! headers (`x-match` all/any), and exchange-to-exchange bindings. Routing is
 //! a pure function of the bindings; it must never touch a queue.
 
-use amqp_codec::{FieldTable, FieldValue, ShortString};
+use acemq_codec::{FieldTable, FieldValue, ShortString};
 
 /// The four exchange types RabbitMQ ships.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! texts (observed on the real broker). Must never accept a value RabbitMQ
 //! refuses, nor refuse one it takes.
 
-use amqp_codec::{FieldTable, FieldValue, ReplyCode, ShortString};
+use acemq_codec::{FieldTable, FieldValue, ReplyCode, ShortString};
 
 use super::args::{invalid, type_name};
 use crate::error::AmqpError;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use amqp_codec::{
+use acemq_codec::{
     BasicCancel, BasicCancelOk, BasicConsume, BasicConsumeOk, BasicGet, BasicQos, BasicQosOk, BasicRecoverOk,
     ChannelFlow, ChannelFlowOk, ConfirmSelect, ConfirmSelectOk, ExchangeBind, ExchangeBindOk, ExchangeDeclare,
     ExchangeDeclareOk, ExchangeDelete, ExchangeDeleteOk, ExchangeUnbind, ExchangeUnbindOk, FieldTable, FieldValue,

@@ -3,7 +3,7 @@
 //! delivery, dead-lettering, timers and faults.
 //!
 //! It is sans-IO: every input takes `now`, output is bytes appended to each
-//! connection's outbox by amqp-codec's encoders, and the driver asks
+//! connection's outbox by acemq-codec's encoders, and the driver asks
 //! [`BrokerMachine::poll_timeout`] when to call
 //! [`BrokerMachine::handle_timeout`]. It never sleeps, spawns or touches a
 //! socket, never lays out a frame by hand, and nothing a client sends may
@@ -25,8 +25,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use amqp_codec::track::ContentAssembler;
-use amqp_codec::{
+use acemq_codec::track::ContentAssembler;
+use acemq_codec::{
     encode_content_raw, encode_delivery, encode_method, BasicCancel, DeliverRef, FieldValue, Method, ReplyCode,
     ShortString,
 };
@@ -105,7 +105,7 @@ pub(crate) enum TxOp {
 /// A whole `basic.publish`: the method, the header, the body.
 #[derive(Debug)]
 pub(crate) struct Publication {
-    pub publish: amqp_codec::BasicPublish,
+    pub publish: acemq_codec::BasicPublish,
     pub header: Header,
     pub body: bytes::Bytes,
 }
@@ -218,7 +218,7 @@ pub struct QueueInfo {
     /// Whether it survives a restart.
     pub durable: bool,
     /// The arguments it was declared with, as received.
-    pub arguments: amqp_codec::FieldTable,
+    pub arguments: acemq_codec::FieldTable,
 }
 
 /// The broker state machine. One per broker, shared by every connection's

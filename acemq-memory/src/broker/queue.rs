@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amqp_codec::{BasicProperties, FieldTable, FieldValue, Properties, ShortString, UndecodableHeader};
+use acemq_codec::{BasicProperties, FieldTable, FieldValue, Properties, ShortString, UndecodableHeader};
 use bytes::{Bytes, BytesMut};
 
 use super::args::{set_table_value, Overflow, QueueKind, QueueSettings};

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use amqp_codec::FieldValue;
+use acemq_codec::FieldValue;
 use bytes::BytesMut;
 
 use super::args::QueueSettings;
@@ -207,7 +207,7 @@ fn entry_size(msg: &Message) -> u64 {
 mod tests {
     use super::*;
     use crate::broker::queue::Header;
-    use amqp_codec::{FieldTable, Properties};
+    use acemq_codec::{FieldTable, Properties};
 
     fn settings(segment: u64, max_bytes: Option<u64>, max_age_ms: Option<u64>) -> QueueSettings {
         let mut args = FieldTable::new();

@@ -1,14 +1,14 @@
 //! A frame-script client for driving the broker with raw AMQP frames built
-//! by amqp-codec: send methods and content, assert what comes back.
+//! by acemq-codec: send methods and content, assert what comes back.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use acemq_memory::Broker;
-use amqp_codec::{
+use acemq_codec::{
     encode_content, encode_method, BasicProperties, BasicPublish, ChannelOpen, ConnectionOpen, ConnectionStartOk,
     ConnectionTuneOk, FieldTable, FieldValue, Frame, FrameDecoder, Method, QueueDeclare, PROTOCOL_HEADER,
 };
+use acemq_memory::Broker;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;

@@ -68,7 +68,7 @@ const MAX_RESERVE: usize = 256 * 1024;
 /// Decodes frames from a read buffer, in place.
 ///
 /// ```
-/// use amqp_codec::{Frame, FrameDecoder};
+/// use acemq_codec::{Frame, FrameDecoder};
 /// let mut buf = bytes::BytesMut::from(&[8u8, 0, 0, 0, 0, 0, 0, 0xCE][..]);
 /// let decoder = FrameDecoder::new(131_072);
 /// assert_eq!(decoder.decode(&mut buf).unwrap(), Some(Frame::Heartbeat));
@@ -149,7 +149,7 @@ impl FrameDecoder {
     /// in a few comparisons, without building a [`Frame`].
     ///
     /// ```
-    /// use amqp_codec::{encode_method, AckFrame, BasicAck, FrameDecoder};
+    /// use acemq_codec::{encode_method, AckFrame, BasicAck, FrameDecoder};
     /// let mut buf = bytes::BytesMut::new();
     /// encode_method(3, &BasicAck { delivery_tag: 9, multiple: true }.into(), &mut buf).unwrap();
     /// let decoder = FrameDecoder::new(4096);
@@ -267,8 +267,8 @@ impl FrameDecoder {
     /// has been taken off `buf` either way.
     ///
     /// ```
-    /// use amqp_codec::track::{ContentAssembler, Decoded};
-    /// use amqp_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, FrameDecoder, Method};
+    /// use acemq_codec::track::{ContentAssembler, Decoded};
+    /// use acemq_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, FrameDecoder, Method};
     /// let mut buf = bytes::BytesMut::new();
     /// let deliver = BasicDeliver { delivery_tag: 7, ..Default::default() };
     /// encode_content(3, &deliver.into(), &BasicProperties::default(), b"hi", 4096, &mut buf).unwrap();

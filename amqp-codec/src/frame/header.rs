@@ -85,7 +85,7 @@ impl UndecodableHeader {
     /// `["property-flags"]`.
     ///
     /// ```
-    /// use amqp_codec::{Frame, FrameDecoder};
+    /// use acemq_codec::{Frame, FrameDecoder};
     /// // basic (60), a 0-byte body, flags for headers and message-id; the
     /// // headers table holds one entry of type 'Z', which RabbitMQ does not
     /// // define.

@@ -114,7 +114,7 @@ pub fn encode_body(channel: u16, body: &[u8], dst: &mut BytesMut) -> Result<(), 
 /// (0 = no limit). On error nothing is appended.
 ///
 /// ```
-/// use amqp_codec::{encode_content, BasicPublish, BasicProperties, FrameDecoder, Frame};
+/// use acemq_codec::{encode_content, BasicPublish, BasicProperties, FrameDecoder, Frame};
 /// let publish = BasicPublish { routing_key: "orders".into(), ..Default::default() };
 /// let mut out = bytes::BytesMut::new();
 /// encode_content(1, &publish.into(), &BasicProperties::default(), &[7u8; 10_000], 4096, &mut out).unwrap();

@@ -42,7 +42,7 @@ const BODY_SIZE_AT: usize = 7 + 2 + 2;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use amqp_codec::{encode_content, BasicProperties, BasicPublish, PublishEncoder};
+/// use acemq_codec::{encode_content, BasicProperties, BasicPublish, PublishEncoder};
 /// let publish = BasicPublish { routing_key: "orders".into(), ..Default::default() };
 /// let props = Arc::new(BasicProperties { delivery_mode: Some(2), ..Default::default() });
 /// let mut encoder = PublishEncoder::new();
@@ -72,7 +72,7 @@ pub struct PublishEncoder {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use amqp_codec::{BasicProperties, PropertiesRef};
+/// use acemq_codec::{BasicProperties, PropertiesRef};
 /// let shared = Arc::new(BasicProperties::default());
 /// assert!(matches!(PropertiesRef::from(&shared), PropertiesRef::Shared(_)));
 /// assert!(matches!(PropertiesRef::from(&*shared), PropertiesRef::Given(_)));
@@ -232,7 +232,7 @@ impl PublishEncoder {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use amqp_codec::{BasicProperties, BasicPublish, PublishEncoder};
+    /// use acemq_codec::{BasicProperties, BasicPublish, PublishEncoder};
     /// let props = Arc::new(BasicProperties::default());
     /// let publish = BasicPublish { exchange: "shop".into(), routing_key: "orders".into(), ..Default::default() };
     /// let (mut by_route, mut by_method) = (PublishEncoder::new(), PublishEncoder::new());

@@ -94,7 +94,7 @@ fn put_shortstr(s: &ShortString, dst: &mut BytesMut) -> Result<(), EncodeError> 
 /// error nothing is appended.
 ///
 /// ```
-/// use amqp_codec::{encode_delivery, BasicProperties, DeliverRef, Frame, FrameDecoder, Method, ShortString};
+/// use acemq_codec::{encode_delivery, BasicProperties, DeliverRef, Frame, FrameDecoder, Method, ShortString};
 /// let (tag, exchange, key) = (ShortString::from("ctag-1"), ShortString::from("orders"), ShortString::from("placed"));
 /// let deliver = DeliverRef { consumer_tag: &tag, delivery_tag: 7, redelivered: false, exchange: &exchange, routing_key: &key };
 /// // Properties as a broker keeps them: the flag word and list, encoded once.
@@ -142,7 +142,7 @@ pub fn encode_delivery(
 /// Only the body is split to `frame_max`. On error nothing is appended.
 ///
 /// ```
-/// use amqp_codec::{encode_content_raw, BasicReturn, Frame, FrameDecoder};
+/// use acemq_codec::{encode_content_raw, BasicReturn, Frame, FrameDecoder};
 /// let returned = BasicReturn { reply_code: 312, reply_text: "NO_ROUTE".into(), ..Default::default() };
 /// let mut out = bytes::BytesMut::new();
 /// encode_content_raw(1, &returned.into(), &[], b"hello", 4096, &mut out).unwrap();

@@ -21,8 +21,8 @@ pub enum BlockedChange {
 /// Whether the broker has blocked this connection, and why.
 ///
 /// ```
-/// use amqp_codec::track::{Blocked, BlockedChange};
-/// use amqp_codec::{ConnectionBlocked, ConnectionUnblocked, Method};
+/// use acemq_codec::track::{Blocked, BlockedChange};
+/// use acemq_codec::{ConnectionBlocked, ConnectionUnblocked, Method};
 /// let mut state = Blocked::new();
 /// let blocked = Method::from(ConnectionBlocked { reason: "low on memory".into() });
 /// assert!(matches!(state.handle(&blocked), Some(BlockedChange::Blocked { .. })));

@@ -48,7 +48,7 @@ pub enum ConfirmError {
 /// The publish sequence of one channel.
 ///
 /// ```
-/// use amqp_codec::track::{Confirms, Outcome};
+/// use acemq_codec::track::{Confirms, Outcome};
 /// let mut confirms = Confirms::new();
 /// confirms.select();
 /// let seqs: Vec<u64> = (0..3).map(|_| confirms.on_publish().unwrap()).collect();
@@ -100,7 +100,7 @@ impl Confirms {
     /// is recorded and the answer is `None`.
     ///
     /// ```
-    /// use amqp_codec::track::Confirms;
+    /// use acemq_codec::track::Confirms;
     /// let mut confirms = Confirms::new();
     /// confirms.select();
     /// assert_eq!(confirms.on_publishes(3), Some(1));
@@ -155,7 +155,7 @@ impl Confirms {
     /// oldest outstanding is one run however many it resolves.
     ///
     /// ```
-    /// use amqp_codec::track::{Confirms, Outcome};
+    /// use acemq_codec::track::{Confirms, Outcome};
     /// let mut confirms = Confirms::new();
     /// confirms.select();
     /// for _ in 0..10 {

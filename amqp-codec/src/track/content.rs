@@ -212,8 +212,8 @@ impl Body {
 /// Assembles the messages of one channel.
 ///
 /// ```
-/// use amqp_codec::track::{Assembly, ContentAssembler};
-/// use amqp_codec::{BasicDeliver, ContentHeader, Frame, BasicProperties};
+/// use acemq_codec::track::{Assembly, ContentAssembler};
+/// use acemq_codec::{BasicDeliver, ContentHeader, Frame, BasicProperties};
 /// let mut channel = ContentAssembler::new();
 /// let deliver = BasicDeliver { delivery_tag: 1, ..Default::default() };
 /// assert_eq!(channel.push(Frame::Method(1, deliver.into())).unwrap(), Assembly::Partial);

@@ -43,8 +43,8 @@ struct Pending {
 /// The outstanding mandatory publishes of one channel.
 ///
 /// ```
-/// use amqp_codec::track::{ReturnKey, ReturnMatch, Returns};
-/// use amqp_codec::BasicReturn;
+/// use acemq_codec::track::{ReturnKey, ReturnMatch, Returns};
+/// use acemq_codec::BasicReturn;
 /// let key = |id: &str| ReturnKey { exchange: "".into(), routing_key: "nowhere".into(), message_id: Some(id.into()) };
 /// let mut returns = Returns::new();
 /// returns.on_mandatory_publish(1, key("a"));
@@ -114,7 +114,7 @@ impl Returns {
     /// return to pair with, and [`Returns::settle`] would give none.
     ///
     /// ```
-    /// use amqp_codec::track::Returns;
+    /// use acemq_codec::track::Returns;
     /// assert!(Returns::new().is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {

@@ -126,7 +126,7 @@ impl FieldTable {
     /// zero-copy slice of `input` if not).
     ///
     /// ```
-    /// use amqp_codec::{FieldTable, FieldValue};
+    /// use acemq_codec::{FieldTable, FieldValue};
     /// let mut table = FieldTable::new();
     /// table.insert("x-attempt", FieldValue::I32(2));
     /// let mut buf = bytes::BytesMut::new();

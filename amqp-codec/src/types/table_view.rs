@@ -19,7 +19,7 @@ use crate::wire::PResult;
 /// received, without building a [`FieldTable`] (see [`FieldTable::view`]).
 ///
 /// ```
-/// use amqp_codec::{FieldTable, FieldValue, FieldValueRef};
+/// use acemq_codec::{FieldTable, FieldValue, FieldValueRef};
 /// let mut table = FieldTable::new();
 /// table.push("x-attempt", FieldValue::I32(2));
 /// table.push("tenant", FieldValue::LongString("acme".into()));

@@ -67,7 +67,7 @@ async fn version_of(url: &str) -> RabbitMqVersion {
         .server_properties()
         .get("version")
         .and_then(|v| match v {
-            amqp_codec::FieldValue::LongString(s) => Some(s.to_string_lossy().into_owned()),
+            acemq_codec::FieldValue::LongString(s) => Some(s.to_string_lossy().into_owned()),
             _ => None,
         })
         .unwrap_or_default();

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use amqp_codec::{BasicProperties, FieldArray, FieldTable, FieldValue};
+use acemq_codec::{BasicProperties, FieldArray, FieldTable, FieldValue};
 
 use super::ops::Q;
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use acemq_codec::*;
 use acemq_core::amqp::AmqpUrl;
-use amqp_codec::*;
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::timeout;

@@ -26,8 +26,8 @@
 
 use std::time::Duration;
 
+use acemq_codec::*;
 use acemq_core::amqp::{CloseReason, Confirmation, Connection, ConnectionEvent, Consumer, Error, Properties};
-use amqp_codec::*;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 use tokio::time::{timeout, Instant};

@@ -82,7 +82,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
-use amqp_codec::{BasicProperties, FieldValue, QueueDeclare, QueueDelete, QueuePurge};
+use acemq_codec::{BasicProperties, FieldValue, QueueDeclare, QueueDelete, QueuePurge};
 use bytes::Bytes;
 
 /// The wire floor, its CPU accounting and [`floor::Figures`], shared with
@@ -690,8 +690,8 @@ async fn engine_latency(conn: &Connection, queue: &str, warmup: usize, samples: 
 /// than sleep in the kernel: the latency of a client that never lets its
 /// thread sleep, whatever else it does.
 fn floor_latency(addr: &AmqpUrl, queue: &str, warmup: usize, samples: usize, spin: bool) -> std::io::Result<Latency> {
-    use amqp_codec::{encode_content, encode_method, BasicAck, BasicConsume, BasicPublish, BasicQos, ChannelOpen};
-    use amqp_codec::{Method, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD};
+    use acemq_codec::{encode_content, encode_method, BasicAck, BasicConsume, BasicPublish, BasicQos, ChannelOpen};
+    use acemq_codec::{Method, DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD};
     let mut wire = floor::Wire::open(addr)?;
     wire.spin(spin)?;
     wire.send(2, ChannelOpen::default())?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use acemq_core::amqp::AmqpUrl;
-use amqp_codec::{BasicProperties, FieldValue};
+use acemq_codec::{BasicProperties, FieldValue};
 
 use super::floor::{cpu_time, Figures};
 use super::{header_values, Latency, Props, Sampler, BODY, WINDOW};

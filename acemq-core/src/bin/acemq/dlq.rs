@@ -5,8 +5,8 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_codec::QueueDeclare;
 use acemq_core::{Conn, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
-use amqp_codec::QueueDeclare;
 use clap::Subcommand;
 use serde_json::json;
 

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use acemq_codec::{FieldTable, FieldValue};
 use acemq_core::SetAside;
-use amqp_codec::{FieldTable, FieldValue};
 use serde_json::{json, Map, Value};
 
 /// `2026-12-01T23:30:00Z` (UTC, whole seconds).

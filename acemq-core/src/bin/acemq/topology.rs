@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use acemq_codec::FieldValue;
 use acemq_core::check::check;
 use acemq_core::retry::DEFAULT_WAIT_IN_BROKER_FROM;
 use acemq_core::topology::Declaration;
 use acemq_core::{Conn, RetryPolicy, Topology};
-use amqp_codec::FieldValue;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
