@@ -1,12 +1,69 @@
-//! acemq-core: the acemq client engine.
+//! acemq-core: an AMQP 0-9-1 client for RabbitMQ, with the reliability a
+//! service needs built in.
 //!
-//! - [`proto`]: the sans-IO connection and channel machines (frames in,
-//!   frames and events out, `now` passed in);
-//! - [`io`]: the tokio driver and the transports (TCP, rustls TLS, any stream);
-//! - [`amqp`]: the low-level `Connection`/`Channel` API with every method.
+//! # The acemq API
 //!
-//! The acemq API (publishers, consumers, retries, recovery) builds on these.
-//! Two of its choices are about whom to trust:
+//! - [`Conn`]: a connection to RabbitMQ (`amqp://`, `amqps://`) or to an
+//!   in-process acemq-memory broker (`memory://name`, with the `memory`
+//!   feature). It keeps one AMQP connection for publishing and one for
+//!   consuming, recovers each when it is lost, and [`Conn::close`] drains
+//!   every consumer before it closes them.
+//! - [`Publisher`]: sends typed payloads (JSON by default, any [`Codec`])
+//!   to one exchange and routing key. [`Publisher::send`] returns once the
+//!   broker has confirmed the message; a nack, a mandatory message that
+//!   reaches no queue and a blocked broker are errors.
+//! - [`consume`](consume()): runs an async handler for each message of a queue. The
+//!   handler answers with an [`Ack`]: accept, retry (as the consumer's
+//!   [`RetryPolicy`] says: in the process, on a rung queue in the broker,
+//!   or to `{queue}.dlq` once the attempts are spent), or park. The
+//!   attempt counter travels on the message, in its [`Envelope`].
+//! - [`Topology`]: declares a service's queues with their dead-letter
+//!   queues and retry rungs, with the arguments every service (in any
+//!   language) sharing them must use, and records them so a recovery
+//!   declares them again.
+//!
+//! ```
+//! use std::time::Duration;
+//! use acemq_core::{consume, Ack, Config, Conn, Message, RetryPolicy, Topology};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct OrderPlaced {
+//!     id: u64,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), acemq_core::Error> {
+//! // `amqp://guest:guest@localhost:5672/%2f` for RabbitMQ; here an in-process broker.
+//! let conn = Conn::open("memory://crate-doc", Config::default()).await?;
+//! let policy = RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60));
+//! Topology::new().queue("orders").dead_letters("orders").declare(&conn).await?;
+//!
+//! let (handled, mut seen) = tokio::sync::mpsc::unbounded_channel();
+//! let consumer = consume(&conn, "orders", move |m: Message<OrderPlaced>| {
+//!     let _ = handled.send((m.payload.id, m.envelope.attempt));
+//!     async { Ack::accept() }
+//! })
+//! .retry_with(policy)
+//! .await?;
+//!
+//! let orders = conn.publisher::<OrderPlaced>("", "orders").mandatory();
+//! orders.send(&OrderPlaced { id: 7 }).await?; // confirmed by the broker
+//! let first = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await;
+//! assert_eq!(first.ok().flatten(), Some((7, 1))); // order 7, first attempt
+//!
+//! consumer.close().await?; // cancel, let running handlers finish, close
+//! conn.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`Config`] holds what a `Conn` is told: confirms, recovery's backoff,
+//! `publish_timeout`, `blocked_timeout`, the default retry policy, TLS and
+//! the engine's settings. [`Conn::replay`] moves dead letters and parked
+//! messages back; [`hops`] and [`Scheduler`] publish onward on a handler's
+//! behalf; the `outbox` feature adds a transactional outbox and inbox.
+//!
+//! Two choices are about whom to trust:
 //!
 //! - [`Conn::replay`] sends a set-aside message back **into the queue it was
 //!   set aside from** by default; [`ReplayOptions::to_original`] sends it to
@@ -18,14 +75,29 @@
 //!   destinations it allows; any other consumer treats the slip header as
 //!   an ordinary header.
 //!
+//! # Below it: the engine and the machine
+//!
+//! The acemq API is built on two layers you can use on their own, for
+//! instance to write a conformance suite that must see exactly what a
+//! broker did:
+//!
+//! - [`amqp`], the engine: [`amqp::Connection`] and [`amqp::Channel`] with
+//!   every method of AMQP 0-9-1 as RabbitMQ speaks it, each returning what
+//!   the broker said (a refusal with its reply code and text). It never
+//!   recovers: a loss is reported as it happened.
+//! - [`proto`], the machine: the sans-IO connection and channel state
+//!   machines (frames in, frames and events out, `now` passed in), which
+//!   never sleep, spawn or touch a socket.
+//! - [`io`]: the transports the engine's tokio driver runs over (TCP,
+//!   rustls TLS, any stream).
+//!
 //! ```
 //! use acemq_core::amqp::{Config, Confirmation, Connection};
 //! use acemq_codec::{BasicProperties, QueueDeclare};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), acemq_core::amqp::Error> {
-//! // `amqp://guest:guest@localhost:5672/%2f` for RabbitMQ; here an in-process broker.
-//! let conn = Connection::open("memory://crate-doc", Config::default()).await?;
+//! let conn = Connection::open("memory://crate-doc-engine", Config::default()).await?;
 //! let ch = conn.channel().await?;
 //! ch.confirm_select().await?;
 //! ch.queue_declare(QueueDeclare { queue: "orders".into(), durable: true, ..Default::default() }).await?;
@@ -72,6 +144,11 @@ mod set_aside;
 mod text;
 mod time;
 pub mod topology;
+
+/// The README's example, compiled and run with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
 pub use attached::OnCancel;
