@@ -469,10 +469,7 @@ async fn scenarios(url: String, messages: u64, benching: bool) {
     let read_interval = std::env::var("ACEMQ_BENCH_READ_INTERVAL_US")
         .map(|us| std::time::Duration::from_micros(us.parse().expect("ACEMQ_BENCH_READ_INTERVAL_US is a number")))
         .unwrap_or_default();
-    let config = Config {
-        read_interval,
-        ..Config::default()
-    };
+    let config = Config::default().with_read_interval(read_interval);
     let conn = match Connection::open(&url, config).await {
         Ok(conn) => conn,
         Err(err) => {

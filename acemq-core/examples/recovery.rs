@@ -18,14 +18,12 @@ const MESSAGES: u64 = 3_000;
 async fn main() -> Result<(), Error> {
     let broker = acemq_memory::Broker::named("recovery-example");
     let started = Instant::now();
-    let config = Config {
-        on_recovery: Some(Arc::new(move |event| {
+    let config = Config::default()
+        .with_on_recovery(move |event| {
             println!("recovery: +{:.3}s {event}", started.elapsed().as_secs_f64());
-        })),
-        recovery_delay: Duration::from_millis(100),
-        recovery_delay_max: Duration::from_secs(1),
-        ..Config::default()
-    };
+        })
+        .with_recovery_delay(Duration::from_millis(100))
+        .with_recovery_delay_max(Duration::from_secs(1));
     let conn = Conn::open("memory://recovery-example", config).await?;
     Topology::new().queue("payments").declare(&conn).await?;
 

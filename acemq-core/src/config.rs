@@ -177,7 +177,22 @@ impl std::fmt::Display for RecoveryEvent {
 pub type OnRecovery = Arc<dyn Fn(RecoveryEvent) + Send + Sync>;
 
 /// How a [`crate::Conn`] behaves.
+///
+/// `#[non_exhaustive]`: start from [`Config::default`] and change what you
+/// need with the `with_*` setters (or assign the public fields), so that a
+/// field added later breaks nobody.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let config = acemq_core::Config::default()
+///     .with_connection_name("orders")
+///     .with_recovery_give_up(Duration::from_secs(300))
+///     .with_on_recovery(|event| eprintln!("{event}"));
+/// assert_eq!(config.connection_name.as_deref(), Some("orders"));
+/// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Publish without publisher confirms: `send` returns once the bytes are
     /// queued, `SendResult::confirmed` is false and `routed` is always true.
@@ -233,6 +248,80 @@ impl Default for Config {
             engine: amqp::Config::default(),
             retry: None,
         }
+    }
+}
+
+impl Config {
+    /// Sets [`Config::without_confirms`].
+    pub fn with_without_confirms(mut self, without_confirms: bool) -> Self {
+        self.without_confirms = without_confirms;
+        self
+    }
+
+    /// Sets [`Config::blocked_timeout`].
+    pub fn with_blocked_timeout(mut self, timeout: Duration) -> Self {
+        self.blocked_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::recovery_delay`].
+    pub fn with_recovery_delay(mut self, delay: Duration) -> Self {
+        self.recovery_delay = delay;
+        self
+    }
+
+    /// Sets [`Config::recovery_delay_max`].
+    pub fn with_recovery_delay_max(mut self, delay: Duration) -> Self {
+        self.recovery_delay_max = delay;
+        self
+    }
+
+    /// Sets [`Config::recovery_give_up`]: recovery stops `after` a loss.
+    pub fn with_recovery_give_up(mut self, after: Duration) -> Self {
+        self.recovery_give_up = Some(after);
+        self
+    }
+
+    /// Sets [`Config::publish_timeout`].
+    pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::on_recovery`]: `callback` is called with every [`RecoveryEvent`].
+    pub fn with_on_recovery(mut self, callback: impl Fn(RecoveryEvent) + Send + Sync + 'static) -> Self {
+        self.on_recovery = Some(Arc::new(callback));
+        self
+    }
+
+    /// Sets [`Config::without_recovery`].
+    pub fn with_without_recovery(mut self, without_recovery: bool) -> Self {
+        self.without_recovery = without_recovery;
+        self
+    }
+
+    /// Sets [`Config::tls`].
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Sets [`Config::connection_name`].
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = Some(name.into());
+        self
+    }
+
+    /// Sets [`Config::engine`].
+    pub fn with_engine(mut self, engine: amqp::Config) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// Sets [`Config::retry`]: the retry policy of consumers that set none.
+    pub fn with_retry(mut self, policy: crate::retry::RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
     }
 }
 

@@ -100,7 +100,22 @@ impl std::str::FromStr for RabbitMqVersion {
 /// out-of-the-box shape: vhost `/`, user `guest`/`guest`, channel-max 2047,
 /// frame-max 131072, heartbeat 60 s; [`BrokerConfig::for_version`] gives
 /// another version's.
+///
+/// `#[non_exhaustive]`: start from [`BrokerConfig::default`] (or
+/// [`BrokerConfig::for_version`]) and change what you need with the `with_*`
+/// setters (or assign the public fields).
+///
+/// ```
+/// use acemq_memory::{BrokerConfig, RabbitMqVersion, User};
+///
+/// let config = BrokerConfig::default()
+///     .with_version(RabbitMqVersion::V3_10)
+///     .with_user(User::new("app", "secret"))
+///     .with_frame_max(8192);
+/// assert_eq!(config.users.len(), 2);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BrokerConfig {
     /// The RabbitMQ version imitated where versions differ.
     pub rabbitmq_version: RabbitMqVersion,
@@ -178,10 +193,77 @@ impl BrokerConfig {
         self
     }
 
-    /// The same configuration with one more user.
+    /// The same configuration with one more user (replacing one of the same name).
     pub fn with_user(mut self, user: User) -> Self {
         self.users.retain(|u| u.name != user.name);
         self.users.push(user);
+        self
+    }
+
+    /// The same configuration with these users only.
+    pub fn with_users(mut self, users: impl IntoIterator<Item = User>) -> Self {
+        self.users = users.into_iter().collect();
+        self
+    }
+
+    /// Sets [`BrokerConfig::channel_max`].
+    pub fn with_channel_max(mut self, channel_max: u16) -> Self {
+        self.channel_max = channel_max;
+        self
+    }
+
+    /// Sets [`BrokerConfig::frame_max`].
+    pub fn with_frame_max(mut self, frame_max: u32) -> Self {
+        self.frame_max = frame_max;
+        self
+    }
+
+    /// Sets [`BrokerConfig::frame_min`].
+    pub fn with_frame_min(mut self, frame_min: u32) -> Self {
+        self.frame_min = frame_min;
+        self
+    }
+
+    /// Sets [`BrokerConfig::heartbeat`], in seconds.
+    pub fn with_heartbeat(mut self, seconds: u16) -> Self {
+        self.heartbeat = seconds;
+        self
+    }
+
+    /// Sets [`BrokerConfig::handshake_timeout`].
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets [`BrokerConfig::close_timeout`].
+    pub fn with_close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
+
+    /// Sets [`BrokerConfig::max_message_size`], in bytes.
+    pub fn with_max_message_size(mut self, bytes: u64) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
+    /// Sets [`BrokerConfig::quorum_default_delivery_limit`] (`None`: no
+    /// limit). Call it after [`BrokerConfig::with_version`], which resets it.
+    pub fn with_quorum_default_delivery_limit(mut self, limit: Option<u64>) -> Self {
+        self.quorum_default_delivery_limit = limit;
+        self
+    }
+
+    /// Sets [`BrokerConfig::duplex_capacity`], in bytes.
+    pub fn with_duplex_capacity(mut self, bytes: usize) -> Self {
+        self.duplex_capacity = bytes;
+        self
+    }
+
+    /// Sets [`BrokerConfig::cluster_name`].
+    pub fn with_cluster_name(mut self, name: impl Into<String>) -> Self {
+        self.cluster_name = name.into();
         self
     }
 }

@@ -301,11 +301,9 @@ async fn reachable(url: &str) -> bool {
 impl Broker {
     /// The default connection config for this broker.
     pub fn config(&self) -> Config {
-        Config {
-            tls: self.tls.clone(),
-            connection_timeout: Duration::from_secs(10),
-            ..Config::default()
-        }
+        Config::default()
+            .with_tls(self.tls.clone())
+            .with_connection_timeout(Duration::from_secs(10))
     }
 
     /// Opens a connection with the default config.

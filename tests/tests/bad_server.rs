@@ -124,10 +124,7 @@ where
 }
 
 fn config() -> Config {
-    Config {
-        connection_timeout: Duration::from_secs(5),
-        ..Config::default()
-    }
+    Config::default().with_connection_timeout(Duration::from_secs(5))
 }
 
 async fn protocol_error_code(conn: &Connection) -> ReplyCode {
@@ -667,12 +664,10 @@ async fn conn_calls_and_confirms_fail_in_time_and_close_returns_when_the_broker_
         let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Nothing is answered once silent, not even a close.
         let (url, server) = stalling_server(silent.clone(), false, false).await;
-        let config = acemq_core::Config {
-            engine: call_impatient(),
-            publish_timeout: Duration::from_millis(500),
-            without_recovery: true,
-            ..acemq_core::Config::default()
-        };
+        let config = acemq_core::Config::default()
+            .with_engine(call_impatient())
+            .with_publish_timeout(Duration::from_millis(500))
+            .with_without_recovery(true);
         let conn = Conn::open(&url, config).await.unwrap();
         let consumer = consume(&conn, "q", |_: acemq_core::Message<serde_json::Value>| async {
             Ack::accept()
@@ -720,13 +715,11 @@ async fn a_sqlite_outbox_batch_never_outlives_its_lease_and_leaves_unconfirmed_r
         // Once silent it blocks the publishing connection at the first
         // publish: a confirm then waits for blocked_timeout, far past the lease.
         let (url, server) = stalling_server(silent.clone(), true, true).await;
-        let config = acemq_core::Config {
-            engine: call_impatient(),
-            publish_timeout: Duration::from_millis(500),
-            blocked_timeout: Duration::from_secs(60),
-            without_recovery: true,
-            ..acemq_core::Config::default()
-        };
+        let config = acemq_core::Config::default()
+            .with_engine(call_impatient())
+            .with_publish_timeout(Duration::from_millis(500))
+            .with_blocked_timeout(Duration::from_secs(60))
+            .with_without_recovery(true);
         let conn = Conn::open(&url, config).await.unwrap();
         let db = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(1)
@@ -775,11 +768,9 @@ async fn the_drain_s_basic_cancel_is_bounded_by_the_drain_timeout() {
         // The cancel's own call timeout is long: only the drain timeout can end it.
         let mut engine = call_impatient();
         engine.call_timeout = Duration::from_secs(30);
-        let config = acemq_core::Config {
-            engine,
-            without_recovery: true,
-            ..acemq_core::Config::default()
-        };
+        let config = acemq_core::Config::default()
+            .with_engine(engine)
+            .with_without_recovery(true);
         let conn = Conn::open(&url, config).await.unwrap();
         let consumer = consume(&conn, "q", |_: acemq_core::Message<serde_json::Value>| async {
             Ack::accept()

@@ -149,10 +149,7 @@ fn statement_16_while_blocked_a_new_publish_is_refused_at_once_and_a_written_one
 async fn blocked_publishes(b: &Broker) {
     let _turn = ALARM.lock().await;
     let conn = b
-        .conn_with(Config {
-            blocked_timeout: Duration::from_secs(2),
-            ..Config::default()
-        })
+        .conn_with(Config::default().with_blocked_timeout(Duration::from_secs(2)))
         .await;
     let consume_ch = conn.consuming_connection().channel().await.unwrap();
     let q = unique("blocked");
@@ -427,12 +424,7 @@ async fn a_publisher_that_never_awaits_its_confirms_is_held_back_while_the_broke
         let _turn = ALARM.lock().await;
         for b in brokers().await {
             let kind = b.kind;
-            let conn = b
-                .connect_with(acemq_core::amqp::Config {
-                    publish_buffer: BUFFER,
-                    ..b.config()
-                })
-                .await;
+            let conn = b.connect_with(b.config().with_publish_buffer(BUFFER)).await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;

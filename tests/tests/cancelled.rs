@@ -23,12 +23,10 @@ impl Events {
     /// `config` reporting here, with quick retries for tests.
     fn config(&self) -> Config {
         let seen = self.0.clone();
-        Config {
-            on_recovery: Some(Arc::new(move |event| seen.lock().unwrap().push(event))),
-            recovery_delay: Duration::from_millis(50),
-            recovery_delay_max: Duration::from_millis(400),
-            ..Config::default()
-        }
+        Config::default()
+            .with_on_recovery(move |event| seen.lock().unwrap().push(event))
+            .with_recovery_delay(Duration::from_millis(50))
+            .with_recovery_delay_max(Duration::from_millis(400))
     }
 
     fn all(&self) -> Vec<RecoveryEvent> {

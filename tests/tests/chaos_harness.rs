@@ -15,10 +15,7 @@ use acemq_tests::{all_brokers, deadline, depth, step, unique, Kind};
 use bytes::Bytes;
 
 fn config() -> Config {
-    Config {
-        connection_timeout: Duration::from_secs(10),
-        ..Config::default()
-    }
+    Config::default().with_connection_timeout(Duration::from_secs(10))
 }
 
 async fn open(url: &str) -> Connection {

@@ -10,7 +10,7 @@ use acemq_codec::{
     BasicConsume, BasicProperties, BasicQos, Decimal, ExchangeDeclare, FieldArray, FieldTable, FieldValue, QueueBind,
     QueueDeclare, ReplyCode,
 };
-use acemq_core::amqp::{CloseReason, Config, Confirmation, Connection, Error, Properties, TlsConfig};
+use acemq_core::amqp::{CloseReason, Confirmation, Connection, Error, Properties, TlsConfig};
 use acemq_tests::{all_brokers, exclusive_queue, unique, Broker, Kind, RabbitVersion};
 use bytes::{Bytes, BytesMut};
 
@@ -531,12 +531,7 @@ async fn every_kind_of_body_arrives_as_given_with_room_for_one_publish_at_a_time
         for b in all_brokers().await {
             // A publish buffer of one byte: a publish waits until the one
             // before it is written, so a borrowed body is kept as a copy.
-            let conn = b
-                .connect_with(Config {
-                    publish_buffer: 1,
-                    ..b.config()
-                })
-                .await;
+            let conn = b.connect_with(b.config().with_publish_buffer(1)).await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
@@ -576,12 +571,7 @@ async fn a_message_needing_the_whole_publish_buffer_is_not_held_back_by_room_sma
     acemq_tests::deadline(async {
         for b in all_brokers().await {
             const BUFFER: usize = 64 * 1024;
-            let conn = b
-                .connect_with(Config {
-                    publish_buffer: BUFFER,
-                    ..b.config()
-                })
-                .await;
+            let conn = b.connect_with(b.config().with_publish_buffer(BUFFER)).await;
             let ch = conn.channel().await.unwrap();
             ch.confirm_select().await.unwrap();
             let q = exclusive_queue(&ch).await;
@@ -793,12 +783,7 @@ async fn a_broker_forced_close_is_reported_as_320_and_ends_cleanly() {
     acemq_tests::deadline(async {
         for b in all_brokers().await {
             let name = unique("forced");
-            let conn = b
-                .connect_with(Config {
-                    connection_name: Some(name.clone()),
-                    ..b.config()
-                })
-                .await;
+            let conn = b.connect_with(b.config().with_connection_name(name.clone())).await;
             let ch = conn.channel().await.unwrap();
             let mut consumer = ch.consume(&exclusive_queue(&ch).await).await.unwrap();
             b.force_close(&name);
@@ -869,18 +854,14 @@ async fn tls_verifies_the_server_certificate_and_its_name() {
             conn.close().await.unwrap();
 
             // Webpki's public roots do not include the test CA.
-            let untrusted = Config {
-                tls: TlsConfig::new(),
-                ..b.config()
-            };
+            let untrusted = b.config().with_tls(TlsConfig::new());
             let err = Connection::open(&b.url, untrusted).await.unwrap_err();
             assert!(err.to_string().contains("certificate"), "{err}");
 
             // The right CA, the wrong name.
-            let wrong_name = Config {
-                tls: b.tls.clone().with_server_name("not-the-broker.example"),
-                ..b.config()
-            };
+            let wrong_name = b
+                .config()
+                .with_tls(b.tls.clone().with_server_name("not-the-broker.example"));
             let err = Connection::open(&b.url, wrong_name).await.unwrap_err();
             assert!(err.to_string().to_lowercase().contains("not valid for name"), "{err}");
 
@@ -888,10 +869,9 @@ async fn tls_verifies_the_server_certificate_and_its_name() {
             if let Some(dir) = b.tls_dir.clone().filter(|d| d.join("client.pem").exists()) {
                 let cert = std::fs::read(dir.join("client.pem")).unwrap();
                 let key = std::fs::read(dir.join("client.key")).unwrap();
-                let with_cert = Config {
-                    tls: b.tls.clone().with_client_cert_pem(&cert, &key).unwrap(),
-                    ..b.config()
-                };
+                let with_cert = b
+                    .config()
+                    .with_tls(b.tls.clone().with_client_cert_pem(&cert, &key).unwrap());
                 Connection::open(&b.url, with_cert)
                     .await
                     .unwrap()
@@ -916,10 +896,7 @@ fn assert_broker_is_send(b: Broker) -> impl Send {
 async fn stalled_consumer(b: &Broker, buffer: usize, total: usize) -> (Connection, acemq_core::amqp::Consumer, String) {
     let conn = Connection::open(
         &format!("{}?heartbeat=1", b.url),
-        Config {
-            delivery_buffer: buffer,
-            ..b.config()
-        },
+        b.config().with_delivery_buffer(buffer),
     )
     .await
     .unwrap();
@@ -1171,10 +1148,7 @@ fn busy_polling_carries_the_same_traffic_keeps_the_thread_busy_while_it_lasts_an
             .unwrap();
         runtime.block_on(acemq_tests::deadline(async {
             for b in all_brokers().await {
-                let config = Config {
-                    busy_poll: BUSY_POLL,
-                    ..b.config()
-                };
+                let config = b.config().with_busy_poll(BUSY_POLL);
                 let conn = b.connect_with(config).await;
                 let (_ch, _q, consumer) = carry_numbered(&conn, 100, b.kind).await;
                 // The driver polls for BUSY_POLL after the last traffic: a
@@ -1210,10 +1184,7 @@ async fn a_read_interval_carries_the_same_traffic_spaces_reads_and_reads_at_once
     const INTERVAL: Duration = Duration::from_millis(200);
     acemq_tests::deadline(async {
         for b in all_brokers().await {
-            let config = Config {
-                read_interval: INTERVAL,
-                ..b.config()
-            };
+            let config = b.config().with_read_interval(INTERVAL);
             let conn = b.connect_with(config).await;
             let (ch, q, consumer) = carry_numbered(&conn, 500, b.kind).await;
             consumer.cancel().await.unwrap();

@@ -18,16 +18,14 @@ async fn killing_the_node_a_conn_is_on_fails_over_to_another_host_of_its_url_wit
         let _serial = chaos::serial().await;
         let Some(url) = chaos::cluster_url().await else { return };
         let events: Arc<Mutex<Vec<RecoveryEvent>>> = Arc::default();
-        let config = Config {
-            on_recovery: Some({
+        let config = Config::default()
+            .with_on_recovery({
                 let events = events.clone();
-                Arc::new(move |e| events.lock().unwrap().push(e))
-            }),
-            recovery_delay: Duration::from_millis(100),
-            recovery_delay_max: Duration::from_secs(1),
-            publish_timeout: Duration::from_secs(60),
-            ..Config::default()
-        };
+                move |e| events.lock().unwrap().push(e)
+            })
+            .with_recovery_delay(Duration::from_millis(100))
+            .with_recovery_delay_max(Duration::from_secs(1))
+            .with_publish_timeout(Duration::from_secs(60));
         // Node 1 is the URL's first host: both connections are on it.
         let conn = Conn::open(&url, config).await.unwrap();
         let queue = unique("failover");

@@ -164,11 +164,9 @@ async fn statement_24_a_redelivered_input_yields_the_same_output_id_and_a_dedupi
     deadline(async {
         let _serial = chaos::serial().await;
         for b in brokers().await.into_iter().filter(|b| !b.kind.is_tls()) {
-            let config = Config {
-                recovery_delay: Duration::from_millis(50),
-                recovery_delay_max: Duration::from_millis(400),
-                ..Config::default()
-            };
+            let config = Config::default()
+                .with_recovery_delay(Duration::from_millis(50))
+                .with_recovery_delay_max(Duration::from_millis(400));
             let conn = b.conn_with(config).await;
             let (input, output) = (unique("then.redo.in"), unique("then.redo.out"));
             // Downstream dedupes on Envelope.id.
@@ -548,11 +546,9 @@ async fn statement_25_a_slip_survives_a_broker_restart_while_its_message_is_betw
     deadline(async {
         let _serial = chaos::serial().await;
         for b in brokers().await.into_iter().filter(|b| !b.kind.is_tls()) {
-            let config = Config {
-                recovery_delay: Duration::from_millis(100),
-                recovery_delay_max: Duration::from_secs(1),
-                ..Config::default()
-            };
+            let config = Config::default()
+                .with_recovery_delay(Duration::from_millis(100))
+                .with_recovery_delay_max(Duration::from_secs(1));
             let conn = b.conn_with(config).await;
             let log: Arc<Mutex<Vec<String>>> = Arc::default();
             let mut first = step(&conn, &unique("slipk.a"), &log, true).await;

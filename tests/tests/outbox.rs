@@ -22,11 +22,8 @@ use tokio::time::Instant;
 /// A `Conn` whose sends give up within a second, so that a relay's lease
 /// (several seconds in these tests) always has room for a publish.
 async fn conn(b: &Broker) -> Conn {
-    b.conn_with(Config {
-        publish_timeout: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
+    b.conn_with(Config::default().with_publish_timeout(Duration::from_secs(1)))
+        .await
 }
 
 /// A migrated outbox on `pool`, a [`conn`] to `b` and a fresh queue on it.
@@ -791,12 +788,12 @@ async fn relay_rides_through_recovery<DB: TestDb>(b: &Broker, _place: Place, poo
     let events: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = events.clone();
     let conn = b
-        .conn_with(Config {
-            recovery_delay: Duration::from_millis(100),
-            connection_name: Some(conn_name.clone()),
-            on_recovery: Some(Arc::new(move |event| seen.lock().unwrap().push(event.to_string()))),
-            ..Config::default()
-        })
+        .conn_with(
+            Config::default()
+                .with_recovery_delay(Duration::from_millis(100))
+                .with_connection_name(conn_name.clone())
+                .with_on_recovery(move |event| seen.lock().unwrap().push(event.to_string())),
+        )
         .await;
     let q = queue(&conn).await;
     let ids = enqueue_many(&outbox, &pool, &conn, &q, 2000).await;

@@ -111,12 +111,7 @@ async fn statement_13_a_nack_is_an_error() {
 async fn statement_13_without_confirms_confirmed_is_false_and_routed_is_always_true() {
     acemq_tests::deadline(async {
         for b in brokers().await {
-            let conn = b
-                .conn_with(Config {
-                    without_confirms: true,
-                    ..Config::default()
-                })
-                .await;
+            let conn = b.conn_with(Config::default().with_without_confirms(true)).await;
             assert!(!conn.confirms());
             let (q, ch) = queue(&conn, FieldTable::new()).await;
             let result = conn.publisher::<Order>("", &q).send_result(&order(1)).await.unwrap();
@@ -165,12 +160,7 @@ async fn memory_confirms_off_in_the_url_is_a_connection_without_confirms() {
 async fn statement_15_library_publishes_are_confirmed_even_on_a_connection_without_confirms() {
     acemq_tests::deadline(async {
         for b in brokers().await {
-            let conn = b
-                .conn_with(Config {
-                    without_confirms: true,
-                    ..Config::default()
-                })
-                .await;
+            let conn = b.conn_with(Config::default().with_without_confirms(true)).await;
             let args = full_after_one();
             let (q, ch) = queue(&conn, args).await;
             let props = |id: &str| BasicProperties {

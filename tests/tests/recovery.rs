@@ -261,10 +261,7 @@ async fn statement_17_without_recovery_a_consumer_whose_connection_died_ends_wit
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let events = Events::default();
-            let config = Config {
-                without_recovery: true,
-                ..events.config(Config::default())
-            };
+            let config = events.config(Config::default()).with_without_recovery(true);
             let conn = b.conn_with(config).await;
             let queue = unique("rec17-off");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -396,15 +393,11 @@ async fn a_consumer_that_could_not_be_reattached_is_reported_and_never_counted_a
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let events = Events::default();
-            let config = Config {
+            let config = events
+                .config(Config::default())
                 // Time to delete its queue while the connection is down.
-                recovery_delay: Duration::from_millis(800),
-                ..events.config(Config::default())
-            };
-            let config = Config {
-                recovery_delay_max: Duration::from_millis(800),
-                ..config
-            };
+                .with_recovery_delay(Duration::from_millis(800))
+                .with_recovery_delay_max(Duration::from_millis(800));
             let conn = b.conn_with(config).await;
             // Declared outside the Conn, so recovery cannot bring it back.
             let queue = unique("rec-gone");

@@ -74,16 +74,14 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
         for b in rabbits {
             let v = b.rabbit();
             let events: Arc<Mutex<Vec<(Instant, RecoveryEvent)>>> = Arc::default();
-            let config = Config {
-                on_recovery: Some({
+            let config = Config::default()
+                .with_on_recovery({
                     let events = events.clone();
-                    Arc::new(move |e| events.lock().unwrap().push((Instant::now(), e)))
-                }),
-                recovery_delay: Duration::from_millis(100),
-                recovery_delay_max: Duration::from_secs(1),
-                publish_timeout: Duration::from_secs(120),
-                ..Config::default()
-            };
+                    move |e| events.lock().unwrap().push((Instant::now(), e))
+                })
+                .with_recovery_delay(Duration::from_millis(100))
+                .with_recovery_delay_max(Duration::from_secs(1))
+                .with_publish_timeout(Duration::from_secs(120));
             let conn = b.conn_with(config).await;
             let queue = unique("load");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();

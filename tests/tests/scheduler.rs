@@ -869,12 +869,10 @@ fn statement_26_a_scheduler_rides_through_a_recovery_of_its_connection() {
     on_brokers(false, |b, _| async move {
         let kind = b.kind;
         let name = unique("sched.recover");
-        let config = acemq_core::Config {
-            connection_name: Some(name.clone()),
-            recovery_delay: Duration::from_millis(50),
-            recovery_delay_max: Duration::from_millis(400),
-            ..Default::default()
-        };
+        let config = acemq_core::Config::default()
+            .with_connection_name(name.clone())
+            .with_recovery_delay(Duration::from_millis(50))
+            .with_recovery_delay_max(Duration::from_millis(400));
         let conn = b.conn_with(config).await;
         let scheduler = Scheduler::start(&conn).await.unwrap();
         let to = dest(&conn).await;

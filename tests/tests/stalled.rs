@@ -38,10 +38,7 @@ async fn on_a_paused_rabbitmq_every_call_fails_after_the_call_timeout_and_close_
                 channels.push(conn.channel().await.unwrap());
             }
             let api = b
-                .conn_with(acemq_core::Config {
-                    engine: engine.clone(),
-                    ..acemq_core::Config::default()
-                })
+                .conn_with(acemq_core::Config::default().with_engine(engine.clone()))
                 .await;
             let queue = unique("stalled");
             Topology::new().queue(&queue).declare(&api).await.unwrap();

@@ -17,7 +17,20 @@ use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, 
 
 /// Connection settings that a URL does not carry (URL options override the
 /// matching fields here).
+///
+/// `#[non_exhaustive]`: start from [`Config::default`] and change what you
+/// need with the `with_*` setters (or assign the public fields).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let config = acemq_core::amqp::Config::default()
+///     .with_connection_timeout(Duration::from_secs(5))
+///     .with_connection_name("billing");
+/// assert_eq!(config.connection_timeout, Duration::from_secs(5));
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// What to ask for in `tune-ok`.
     pub tune: TuneRequest,
@@ -133,6 +146,78 @@ impl Default for Settings {
 }
 
 impl Config {
+    /// Sets [`Config::tune`].
+    pub fn with_tune(mut self, tune: TuneRequest) -> Self {
+        self.tune = tune;
+        self
+    }
+
+    /// Sets [`Config::connection_timeout`].
+    pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::channel_open_timeout`].
+    pub fn with_channel_open_timeout(mut self, timeout: Duration) -> Self {
+        self.channel_open_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::close_timeout`].
+    pub fn with_close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::call_timeout`].
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Config::tls`].
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Sets [`Config::connection_name`].
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = Some(name.into());
+        self
+    }
+
+    /// Sets [`Config::external_auth`].
+    pub fn with_external_auth(mut self, external_auth: bool) -> Self {
+        self.external_auth = external_auth;
+        self
+    }
+
+    /// Sets [`Config::publish_buffer`], in bytes.
+    pub fn with_publish_buffer(mut self, bytes: usize) -> Self {
+        self.publish_buffer = bytes;
+        self
+    }
+
+    /// Sets [`Config::delivery_buffer`], in deliveries per consumer.
+    pub fn with_delivery_buffer(mut self, deliveries: usize) -> Self {
+        self.delivery_buffer = deliveries;
+        self
+    }
+
+    /// Sets [`Config::busy_poll`].
+    pub fn with_busy_poll(mut self, busy_poll: Duration) -> Self {
+        self.busy_poll = busy_poll;
+        self
+    }
+
+    /// Sets [`Config::read_interval`].
+    pub fn with_read_interval(mut self, interval: Duration) -> Self {
+        self.read_interval = interval;
+        self
+    }
+
     pub(crate) fn settings(&self) -> Settings {
         Settings {
             publish: self.publish_buffer,

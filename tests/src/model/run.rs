@@ -334,10 +334,7 @@ impl Runner<'_> {
         let conn = match self.helper.take() {
             Some((conn, _)) if !conn.is_closed() => conn,
             _ => {
-                let config = EngineConfig {
-                    connection_timeout: Duration::from_secs(10),
-                    ..EngineConfig::default()
-                };
+                let config = EngineConfig::default().with_connection_timeout(Duration::from_secs(10));
                 Connection::open(&self.helper_url, config)
                     .await
                     .map_err(|e| format!("the test's connection to {}: {e}", self.helper_url))?
@@ -464,22 +461,16 @@ impl Runner<'_> {
     async fn start(&mut self) -> Result<(), String> {
         let recovered = self.recovered.clone();
         lock(&recovered).clear();
-        let on_recovery: acemq_core::OnRecovery = Arc::new(move |event| {
-            if let acemq_core::RecoveryEvent::Recovered { which, .. } = event {
-                lock(&recovered).push(which);
-            }
-        });
-        let config = Config {
-            on_recovery: Some(on_recovery),
-            recovery_delay: Duration::from_millis(20),
-            recovery_delay_max: Duration::from_millis(200),
-            connection_name: Some(crate::unique("model-consumer")),
-            engine: EngineConfig {
-                connection_timeout: Duration::from_secs(10),
-                ..EngineConfig::default()
-            },
-            ..Config::default()
-        };
+        let config = Config::default()
+            .with_on_recovery(move |event| {
+                if let acemq_core::RecoveryEvent::Recovered { which, .. } = event {
+                    lock(&recovered).push(which);
+                }
+            })
+            .with_recovery_delay(Duration::from_millis(20))
+            .with_recovery_delay_max(Duration::from_millis(200))
+            .with_connection_name(crate::unique("model-consumer"))
+            .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)));
         let conn = Conn::open(&self.conn_url, config)
             .await
             .map_err(|e| format!("Conn::open: {e}"))?;

@@ -344,17 +344,11 @@ impl Clients {
                 std::process::exit(1);
             }
         };
-        let busy_poll = Config {
-            busy_poll: BUSY_POLL,
-            ..Config::default()
-        };
+        let busy_poll = Config::default().with_busy_poll(BUSY_POLL);
         let engine_busy_poll = within("the busy-polling engine's connection", Connection::open(url, busy_poll))
             .await
             .expect("the engine connects");
-        let read_interval = Config {
-            read_interval: READ_INTERVAL,
-            ..Config::default()
-        };
+        let read_interval = Config::default().with_read_interval(READ_INTERVAL);
         let engine_read_interval = within(
             "the read-interval engine's connection",
             Connection::open(url, read_interval),

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use acemq_core::amqp::{AmqpUrl, TlsConfig};
+use acemq_core::amqp::{AmqpUrl, Config as EngineConfig, TlsConfig};
 use acemq_core::{Config, Conn};
 use clap::{Args, Parser, Subcommand};
 
@@ -132,14 +132,12 @@ async fn run(cli: Cli, raw_url: String, url: &AmqpUrl) -> Outcome {
             .with_root_pem(&pem)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let mut config = Config {
+    let config = Config::default()
         // One run, one answer: a lost connection is an error, not a wait.
-        without_recovery: true,
-        connection_name: Some("acemq-cli".into()),
-        tls,
-        ..Config::default()
-    };
-    config.engine.connection_timeout = Duration::from_secs(10);
+        .with_without_recovery(true)
+        .with_connection_name("acemq-cli")
+        .with_tls(tls)
+        .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)));
     let conn = Conn::open(&raw_url, config)
         .await
         .map_err(|e| format!("cannot connect to {url}: {e}"))?;
