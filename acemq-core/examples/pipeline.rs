@@ -1,4 +1,4 @@
-//! The hops acemq publishes for you (DESIGN §10): a three-stage pipeline, a
+//! The hops acemq publishes for you: a three-stage pipeline, a
 //! routing slip, and a message scheduled through the broker's delay ladder.
 //!
 //! `cargo run --example pipeline` runs against an in-process acemq-memory

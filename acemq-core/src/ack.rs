@@ -21,7 +21,7 @@ pub enum Ack {
     /// Done, with an output: it is published (a library hop: mandatory,
     /// confirmed) to the consumer's `.then(...)` destination, or to the next
     /// step of the message's routing slip, and only then is the input acked
-    /// (DESIGN statement 24).
+    /// (statement 24 of `docs/statements.md`).
     Then(Output),
 }
 

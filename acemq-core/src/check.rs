@@ -1,4 +1,4 @@
-//! Is the broker's topology for a queue the wire contract of DESIGN.md §5?
+//! Is the broker's topology for a queue the wire contract (`docs/wire-contract.md`)?
 //! [`check`] compares what is on the broker with what
 //! `Topology::new().queue(q).dead_letters(q).retries(q, policy)` declares,
 //! and returns every [`Difference`].
@@ -153,7 +153,7 @@ impl fmt::Display for Difference {
 }
 
 /// Compares the broker's topology for `queue` with the wire contract
-/// (DESIGN.md §5): what `Topology::new().queue(queue).dead_letters(queue)`
+/// (`docs/wire-contract.md`): what `Topology::new().queue(queue).dead_letters(queue)`
 /// declares, and with `policy` its `.retries(queue, policy)` rungs too.
 /// Returns every difference (empty: the topology is the contract's). Nothing
 /// is created or changed; see the module docs for how each part is asked and

@@ -1,6 +1,6 @@
 //! The envelope: what travels with every message besides its payload, and
 //! how it is written into (and read back from) AMQP properties and headers.
-//! The names and types here are a contract with other services (DESIGN.md §5).
+//! The names and types here are a contract with other services (`docs/wire-contract.md`).
 //!
 //! Reading never fails and never panics: whatever another producer wrote, a
 //! value of the wrong type or out of range (an attempt that is not a
@@ -91,7 +91,7 @@ impl Envelope {
 
     /// Writes the envelope into `properties`: `message-id`,
     /// `correlation-id`, and the `x-acemq-*` headers with the types of
-    /// DESIGN.md §5 (`I`, `T`, `S`).
+    /// the wire contract (`I`, `T`, `S`).
     pub fn write_to(&self, properties: &mut BasicProperties) {
         properties.message_id = Some(self.id.as_str().into());
         properties.correlation_id = self.correlation_id.as_deref().map(ShortString::from);
@@ -249,7 +249,7 @@ pub(crate) fn attempt_of(n: Option<i64>) -> Option<u32> {
 const DERIVED_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b0e_4c1f_9a63_4d2e_8f1c_2a7e_6d30_b9a4);
 
 /// The message-id of what a hop publishes for the input `input_id`: a
-/// version-5 UUID of the input's id and the hop's name (DESIGN §10), so a
+/// version-5 UUID of the input's id and the hop's name, so a
 /// redelivered input yields the same output id and a downstream handler
 /// that dedupes on [`Envelope::id`] sees one output.
 pub fn hop_id(input_id: &str, hop: &str) -> String {

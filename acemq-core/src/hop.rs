@@ -1,7 +1,7 @@
 //! One hop as it is published: where an accepted message goes next (the
 //! next step of its routing slip, or its `Ack::then` output to the
 //! consumer's destination), and the publish itself with the hop's
-//! message-id, causation, correlation and attempt (DESIGN §10). What
+//! message-id, causation, correlation and attempt. What
 //! `consume.rs` calls when a handler is done; [`crate::hops`] builds on it.
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,5 +1,5 @@
-//! The hops the library publishes for a handler (DESIGN §10, statements 24
-//! and 25): `Ack::then` outputs, [`Pipeline`] stages, and [`RoutingSlip`]
+//! The hops the library publishes for a handler (statements 24 and 25 of
+//! `docs/statements.md`): `Ack::then` outputs, [`Pipeline`] stages, and [`RoutingSlip`]
 //! steps.
 //!
 //! Every hop is a library publish (mandatory, confirmed on the library
@@ -225,7 +225,7 @@ impl SlipDestinations for SlipAllowList {
 type StageStart = Box<dyn FnOnce(Conn, RetryPolicy, Option<Destination>) -> StartFuture + Send>;
 type StartFuture = Pin<Box<dyn Future<Output = Result<Consumer, Error>> + Send>>;
 
-/// A chain of stages (DESIGN statement 24): each stage is a queue named
+/// A chain of stages (statement 24 of `docs/statements.md`): each stage is a queue named
 /// after it, declared with dead letters and rungs like any consumer's
 /// (`Topology::queue`, `dead_letters`, `retries`), and one consumer whose
 /// `Ack::then` outputs go to the next stage's queue; the last stage's go to

@@ -1,4 +1,4 @@
-//! The counter names of DESIGN.md §5, recorded through the `metrics` facade.
+//! The counter names (listed in `docs/wire-contract.md`), recorded through the `metrics` facade.
 
 /// `acemq_publish_total{outcome=confirmed|unconfirmed|refused|failed|nacked|unroutable}`
 pub const PUBLISH_TOTAL: &str = "acemq_publish_total";

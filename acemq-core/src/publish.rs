@@ -1,6 +1,6 @@
 //! `Publisher<T>`: typed publishing with confirms by default, mandatory
-//! errors that name the message, and `connection.blocked` handled as the
-//! seed describes: a publish made while blocked is refused at once; one
+//! errors that name the message, and `connection.blocked` handled so that
+//! a publish made while blocked is refused at once; one
 //! already written waits at most `blocked_timeout` of continuous block, and
 //! at most `publish_timeout` for a broker that does not confirm it.
 

@@ -1,4 +1,4 @@
-//! Recovery, the seed's "When the connection drops": one supervisor per AMQP
+//! Recovery, when a connection drops: one supervisor per AMQP
 //! connection of a [`Conn`](crate::Conn). A supervisor reports a loss at once,
 //! redials with capped and jittered backoff (every host of the URL in turn),
 //! then restores on the new connection, in this order: the channels and their
@@ -203,7 +203,7 @@ pub(crate) struct Attachment {
 
 /// The stream offsets a consumer was given: those still unsettled, and the
 /// newest. A reattached stream consumer starts at the oldest unsettled one,
-/// or just after the newest (statement 19).
+/// or just after the newest (statement 19 of `docs/statements.md`).
 #[derive(Debug, Default)]
 pub(crate) struct StreamPosition {
     unsettled: std::collections::BTreeMap<i64, u32>,

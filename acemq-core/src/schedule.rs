@@ -1,11 +1,11 @@
-//! Scheduled sends (DESIGN.md statement 26): [`Publisher::send_at`] and
+//! Scheduled sends (statement 26 of `docs/statements.md`): [`Publisher::send_at`] and
 //! [`Publisher::send_after`] over a binary delay ladder kept in the broker,
 //! and the [`Scheduler`] that takes what falls due off the ladder and
 //! delivers it. No wait is held in a process, so a restart loses none.
 //!
 //! # The ladder, exactly as it is declared
 //!
-//! These names and arguments are a wire contract (DESIGN.md §5): every
+//! These names and arguments are a wire contract (`docs/wire-contract.md`): every
 //! service that schedules declares the same, so none of them gets a 406.
 //! They are listed by [`ladder_declarations`], in the order declared:
 //!
@@ -29,7 +29,7 @@
 //!
 //! A scheduler also declares `acemq.dlx`, `acemq.delay.delivery.dlq` and
 //! `acemq.delay.delivery.parked` as for any queue with dead letters (the
-//! `{queue}.dlq` rows of §5), for the messages it cannot deliver.
+//! `{queue}.dlq` rows of the wire contract), for the messages it cannot deliver.
 //!
 //! # A scheduled message
 //!

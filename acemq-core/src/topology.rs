@@ -1,4 +1,4 @@
-//! `Topology`: the queues, exchanges and bindings of DESIGN.md §5, declared
+//! `Topology`: the queues, exchanges and bindings of `docs/wire-contract.md`, declared
 //! exactly as the wire contract says, so that every service (in any
 //! language) declaring the same names gets the same arguments and no 406.
 

@@ -1,5 +1,5 @@
 //! Codec throughput against amq-protocol 10.6.3 (the version lapin 4
-//! parses with), in the same run (DESIGN.md §7: parsing ≥ 5x
+//! parses with), in the same run (the targets: parsing ≥ 5x
 //! amq-protocol's msg/s with properties left lazy, ≥ 3x with every
 //! property and header read; serializing ≥ 2x). On 5 December 2026 (AMD
 //! EPYC, 2 cores): 8.38x, 7.23x and 2.55x (against 8.1.0, the reference

@@ -32,7 +32,7 @@ pub(crate) struct Ctx {
 }
 
 /// Reads the arguments of a method field by field, packing consecutive
-/// `bit` fields into octets as AMQP 0-9-1 §4.2.5.2 requires.
+/// `bit` fields into octets as section 4.2.5.2 of the AMQP 0-9-1 specification requires.
 pub(crate) struct ArgReader<'a> {
     ctx: Ctx,
     /// The buffer the input lies in, when there is one to share: tables are

@@ -102,7 +102,7 @@ async fn wait_blocked(conn: &acemq_core::Conn) {
     }
 }
 
-/// DESIGN.md §6 statement 16, per broker with its own counters, and the
+/// Statement 16 of `docs/statements.md`, per broker with its own counters, and the
 /// consumer side keeps acking meanwhile.
 #[test]
 fn statement_16_while_blocked_a_new_publish_is_refused_at_once_and_a_written_one_fails_after_blocked_timeout_each_counted(
@@ -346,7 +346,7 @@ fn unacked(b: &Broker, queue: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// DESIGN statement 24: the input of `Ack::then` is acked only after the
+/// Statement 24: the input of `Ack::then` is acked only after the
 /// output's confirm. While the broker blocks publishing, the output cannot
 /// be confirmed: the input stays unacked, and is acked once the block lifts
 /// and the output is in.
@@ -408,7 +408,7 @@ async fn statement_24_then_acks_its_input_only_after_the_outputs_confirm() {
     .await
 }
 
-/// DESIGN.md §7, memory use: a broker under a memory alarm stops reading the
+/// Memory use: a broker under a memory alarm stops reading the
 /// socket; an engine publisher that never awaits its confirms is then held
 /// back by the connection's publish buffer instead of buffering without
 /// limit, and once the alarm clears every message it published is confirmed.

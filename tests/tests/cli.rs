@@ -1,4 +1,4 @@
-//! The `acemq` operator CLI (DESIGN.md §9), run as a child process the way an
+//! The `acemq` operator CLI, run as a child process the way an
 //! operator runs it, against the `acemq-memory` server binary over TCP and
 //! against RabbitMQ: `dlq list|show|replay|purge` on set-aside messages
 //! made by a real consumer, `topology declare|check` and every difference

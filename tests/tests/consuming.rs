@@ -1,4 +1,4 @@
-//! The consuming side of the acemq API: DESIGN.md §6 statements 1–12, each
+//! The consuming side of the acemq API: statements 1–12 of `docs/statements.md`, each
 //! a test named after it, run on acemq-memory with a paused clock (delays at
 //! full scale: a 160 s rung takes no real time) and on RabbitMQ with the same
 //! shape a hundred times faster.
@@ -323,7 +323,7 @@ fn statement_03_fatal_errors_undecodable_bodies_and_refused_properties_go_to_the
 }
 
 /// A message from another publisher, without a message-id, keeps one id
-/// across every retry and into the dlq (DESIGN §5: `Envelope.id` is stable).
+/// across every retry and into the dlq (`Envelope.id` is stable).
 #[test]
 fn a_message_without_a_message_id_keeps_one_id_across_retries_and_into_the_dlq() {
     acemq_tests::deadline_blocking(|| {
@@ -914,7 +914,7 @@ fn statement_12_messages_expired_by_the_queue_ttl_dropped_by_max_length_or_rejec
     })
 }
 
-/// DESIGN.md §5 on the wire: the argument tables as the broker stores them.
+/// `docs/wire-contract.md` on the wire: the argument tables as the broker stores them.
 #[test]
 fn the_wire_contract_arguments_are_what_the_broker_stores() {
     acemq_tests::deadline_blocking(|| {
@@ -1098,7 +1098,7 @@ fn handled_outcomes_are_counted() {
     })
 }
 
-/// DESIGN.md §6 statement 20 (the shutdown half): `close()` lets a running
+/// Statement 20 (the shutdown half): `close()` lets a running
 /// handler finish and ack, and an in-process retry wait cut short is
 /// republished with its attempt advanced: nothing lost, nothing run twice.
 #[test]

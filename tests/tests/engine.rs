@@ -922,7 +922,7 @@ async fn stalled_consumer(b: &Broker, buffer: usize, total: usize) -> (Connectio
     (conn, consumer, q)
 }
 
-/// DESIGN.md §7, memory use: a consumer that does not take its deliveries
+/// Memory use: a consumer that does not take its deliveries
 /// holds at most its delivery buffer while the connection stops reading
 /// (for longer than two heartbeat intervals, which is not taken for the
 /// broker's silence), and then gets every message, in order.

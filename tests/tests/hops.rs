@@ -1,5 +1,5 @@
-//! The hops the library publishes for a handler (DESIGN §10): `Ack::then`
-//! and `Pipeline` (statement 24) and routing slips (statement 25), on both
+//! The hops the library publishes for a handler: `Ack::then` and `Pipeline`
+//! (statement 24 of `docs/statements.md`) and routing slips (statement 25), on both
 //! brokers. Every test holds `chaos::serial`: two of them break the broker.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! The `acemq-memory` server binary (DESIGN.md §9), run as a child process
+//! The `acemq-memory` server binary, run as a child process
 //! the way a service in another language would use it: it prints the port
 //! it listens on, serves a whole session over TCP (the engine, then `Conn`,
 //! `Publisher` and `consume`), and on SIGTERM or SIGINT closes every client

@@ -1,4 +1,4 @@
-//! The transactional outbox and inbox (DESIGN statement 27), on PostgreSQL
+//! The transactional outbox and inbox (statement 27 of `docs/statements.md`), on PostgreSQL
 //! and SQLite, against acemq-memory and RabbitMQ (TCP and TLS): a message
 //! exists if and only if its transaction committed, even across the death
 //! of the process that enqueued it; relays publish each row once (at least

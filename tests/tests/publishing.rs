@@ -1,5 +1,5 @@
-//! The publishing side of the acemq API, on every broker (DESIGN.md §6,
-//! statements 13–15): confirms by default, nacks as errors, publishing
+//! The publishing side of the acemq API, on every broker (statements 13–15
+//! of `docs/statements.md`): confirms by default, nacks as errors, publishing
 //! without confirms, library publishes confirmed regardless, mandatory
 //! errors that name the message, and the envelope on the wire.
 
@@ -333,7 +333,7 @@ async fn the_envelope_round_trips_exactly_with_the_contracts_header_types() {
                 .unwrap();
             let got = ch.basic_get(&q, true).await.unwrap().unwrap();
             let props = got.properties.as_ref().unwrap();
-            // The raw types on the wire, as DESIGN.md §5 fixes them.
+            // The raw types on the wire, as `docs/wire-contract.md` fixes them.
             let headers = props.headers.as_ref().unwrap();
             assert_eq!(headers.get(ATTEMPT_HEADER).map(FieldValue::type_code), Some(b'I'));
             assert_eq!(headers.get(FIRST_SEEN_HEADER).map(FieldValue::type_code), Some(b'T'));

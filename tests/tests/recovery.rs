@@ -1,5 +1,5 @@
-//! Recovery and shutdown: DESIGN.md §6 statements 17–22 and the points of
-//! the recovery issue, each a test, on acemq-memory and on RabbitMQ. The
+//! Recovery and shutdown: statements 17–22 of `docs/statements.md` and the
+//! other rules of recovery, each a test, on acemq-memory and on RabbitMQ. The
 //! broker is broken on purpose: forced closes (`rabbitmqctl
 //! close_all_connections`, acemq-memory's fault handle), a restart, a
 //! paused node, and a TCP proxy that cuts or blackholes every connection.

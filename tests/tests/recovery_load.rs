@@ -98,7 +98,7 @@ async fn recovery_under_load_loses_no_confirmed_send_across_two_kills_and_a_forc
             };
             let consumer = consume(&conn, &queue, handler).prefetch(500).await.unwrap();
             // A freshly declared quorum queue killed at once can come back
-            // without a leader for a minute (see statement 17's restart test).
+            // without a leader for a minute (see `statement_17_recovers_from_a_broker_restart`).
             tokio::time::sleep(Duration::from_secs(3)).await;
 
             let publisher = conn.publisher::<u64>("", &queue).mandatory();

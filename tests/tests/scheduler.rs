@@ -1,4 +1,4 @@
-//! The scheduler (DESIGN statement 26): `send_at`/`send_after` over the
+//! The scheduler (statement 26 of `docs/statements.md`): `send_at`/`send_after` over the
 //! delay ladder and the `Scheduler` that delivers what falls due, on
 //! acemq-memory with a paused clock (30 days take no time, and every
 //! timing is checked) and on RabbitMQ on a real clock (the seconds checked
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 const HOUR: u64 = 3600;
 const DAY: u64 = 24 * HOUR;
-/// How late a delivery may be (DESIGN statement 26: within 2 s, broker willing).
+/// How late a delivery may be (statement 26: within 2 s, broker willing).
 const LATE_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The tests of this binary share the ladder: one at a time, taken before

@@ -1,5 +1,5 @@
-//! The transactional outbox and inbox (feature `outbox`; DESIGN.md §10,
-//! statement 27), on PostgreSQL or SQLite through `sqlx`.
+//! The transactional outbox and inbox (feature `outbox`; statement 27 of
+//! `docs/statements.md`), on PostgreSQL or SQLite through `sqlx`.
 //!
 //! A service that writes to its database and then publishes loses the
 //! message if it dies between the two, and publishes for nothing if its
@@ -255,7 +255,7 @@ pub enum Begin {
 
 /// The inbox: which messages each consumer has handled, recorded in the
 /// handler's own transaction, so that the work and the record commit or
-/// roll back together. The seed's "Duplicates" as an API.
+/// roll back together: deduplication on message-id, as an API.
 #[derive(Debug, Clone, Copy)]
 pub struct Inbox;
 

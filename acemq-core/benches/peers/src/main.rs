@@ -1,5 +1,5 @@
 //! acemq beside its peers, lapin and amqprs, and beside the wire floor, on
-//! one RabbitMQ in one run (issue #15, DESIGN.md §7).
+//! one RabbitMQ in one run (the figures are in BENCHMARKS.md).
 //!
 //! ```sh
 //! cd acemq-core/benches/peers && cargo run --release -- --rounds 3
@@ -66,7 +66,7 @@
 //! divides a row's CPU per message by the wire floor's in the same group and
 //! round; `msg/s ×engine` divides its rate by the acemq engine's in the same
 //! group and round. The latency table gives p50, p99 and max of the
-//! round trips and the CPU per round trip. The targets of DESIGN.md §7
+//! round trips and the CPU per round trip. The performance targets
 //! follow, each as its per-round ratio (median and min–max) and in how many
 //! rounds it was met. The machine is shared and its speed moves between
 //! runs: compare rows of one run, never figures of different runs. Timing is
@@ -1111,7 +1111,7 @@ fn print_table(rounds: &[Round], args: &Args) {
     print_targets(rounds, args);
 }
 
-/// DESIGN.md §7's targets, each with its per-round values and the
+/// The performance targets, each with its per-round values and the
 /// rounds that met it.
 fn print_targets(rounds: &[Round], args: &Args) {
     // (what, per-round values, rounds that met it)
@@ -1219,7 +1219,7 @@ fn print_targets(rounds: &[Round], args: &Args) {
         }
     }
     println!();
-    println!("targets (DESIGN.md §7): per-round ratios, median (min–max), rounds that met the target");
+    println!("targets (each a ratio against a reference measured in the same run): per-round ratios, median (min–max), rounds that met the target");
     for (what, values, ok) in lines {
         println!(
             "{what:<66} {:>5.2} {:>13}  met {ok}/{}",

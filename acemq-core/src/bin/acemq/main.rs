@@ -1,6 +1,6 @@
-//! `acemq`: the operator CLI (DESIGN.md §9). Reads, replays and purges the
+//! `acemq`: the operator CLI. Reads, replays and purges the
 //! dead letters and parked messages of a queue, and checks or declares a
-//! queue's topology against the wire contract (§5).
+//! queue's topology against the wire contract (`docs/wire-contract.md`).
 //!
 //! Built behind the `cli` feature:
 //! `cargo run -p acemq-core --features cli --bin acemq -- --help`.
