@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use acemq_codec::{BasicConsume, BasicProperties, BasicPublish, FieldValue, ShortString};
 use bytes::Bytes;
-use rand::Rng;
+use rand::RngExt;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
@@ -172,7 +172,7 @@ impl Backoff {
     pub(crate) fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.next = (self.next * 2).min(self.max);
-        let factor = rand::thread_rng().gen_range(0.8..=1.2);
+        let factor = rand::rng().random_range(0.8..=1.2);
         base.mul_f64(factor)
     }
 }

@@ -4,8 +4,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use rand::Rng;
-
 use crate::ack::is_fatal;
 
 /// How delays grow between attempts.
@@ -158,14 +156,29 @@ impl RetryPolicy {
     }
 
     /// What to do after attempt `attempt` (1-based) failed with `error`, for
-    /// a message first seen at `first_seen`, at `now`. Jitter comes from `rng`.
+    /// a message first seen at `first_seen`, at `now`. The jitter of a wait in
+    /// process comes from `uniform`, a draw in `[0, 1)`: 0 shortens the wait
+    /// by the whole jitter, 0.5 leaves it exact, values towards 1 lengthen it.
+    /// A draw outside `[0, 1]` is clamped, one that is not a number counts as
+    /// 0.5. `uniform` is called at most once, and only for such a wait.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use acemq_core::retry::{Decision, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::fixed(5, Duration::from_secs(10)).with_jitter(0.2);
+    /// let now = SystemTime::now();
+    /// let error = std::io::Error::other("database down");
+    /// let shortest = policy.decide_with(1, now, &error, now, || 0.0);
+    /// assert_eq!(shortest, Decision::WaitInProcess(Duration::from_secs(8)));
+    /// ```
     pub fn decide_with(
         &self,
         attempt: u32,
         first_seen: SystemTime,
         error: &(dyn std::error::Error + 'static),
         now: SystemTime,
-        rng: &mut impl Rng,
+        mut uniform: impl FnMut() -> f64,
     ) -> Decision {
         if is_fatal(error) {
             return Decision::DeadLetter {
@@ -201,11 +214,13 @@ impl RetryPolicy {
         if self.jitter == 0.0 || delay.is_zero() {
             return Decision::WaitInProcess(delay);
         }
-        let factor = 1.0 + rng.gen_range(-self.jitter..=self.jitter);
+        let draw = uniform();
+        let draw = if draw.is_nan() { 0.5 } else { draw.clamp(0.0, 1.0) };
+        let factor = 1.0 + self.jitter * (2.0 * draw - 1.0);
         Decision::WaitInProcess(delay.mul_f64(factor.max(0.0)))
     }
 
-    /// [`RetryPolicy::decide_with`] with the thread's random generator.
+    /// [`RetryPolicy::decide_with`] with draws from the thread's random generator.
     pub fn decide(
         &self,
         attempt: u32,
@@ -213,7 +228,7 @@ impl RetryPolicy {
         error: &(dyn std::error::Error + 'static),
         now: SystemTime,
     ) -> Decision {
-        self.decide_with(attempt, first_seen, error, now, &mut rand::thread_rng())
+        self.decide_with(attempt, first_seen, error, now, rand::random::<f64>)
     }
 }
 
@@ -246,7 +261,13 @@ pub fn rung_name(queue: &str, delay: Duration) -> String {
 mod tests {
     use super::*;
     use crate::ack::fatal;
-    use rand::SeedableRng;
+    use rand::{RngExt, SeedableRng};
+
+    /// Uniform draws in `[0, 1)` from a seeded generator, for `decide_with`.
+    fn seeded(seed: u64) -> impl FnMut() -> f64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        move || rng.random::<f64>()
+    }
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -289,7 +310,7 @@ mod tests {
         let policy = RetryPolicy::exponential(6, s(10), Duration::ZERO);
         assert_eq!(policy.rungs(), [s(40), s(80), s(160)]);
         let now = SystemTime::now();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut rng = seeded(7);
         for (attempt, expected) in [(3, s(40)), (4, s(80)), (5, s(160))] {
             assert_eq!(
                 policy.decide_with(attempt, now, &Plain, now, &mut rng),
@@ -308,7 +329,7 @@ mod tests {
     fn jitter_is_twenty_percent_both_ways_by_default_and_settable() {
         let policy = RetryPolicy::fixed(100, s(10));
         let now = SystemTime::now();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut rng = seeded(1);
         let waits: Vec<Duration> = (0..2000)
             .map(|_| match policy.decide_with(1, now, &Plain, now, &mut rng) {
                 Decision::WaitInProcess(d) => d,
@@ -331,6 +352,32 @@ mod tests {
             exact.decide_with(1, now, &Plain, now, &mut rng),
             Decision::WaitInProcess(s(10))
         );
+    }
+
+    #[test]
+    fn a_draw_maps_onto_the_jitter_both_ways_and_a_bad_draw_is_tamed() {
+        let policy = RetryPolicy::fixed(100, s(10)).with_jitter(0.2);
+        let now = SystemTime::now();
+        let wait = |draw: f64| policy.decide_with(1, now, &Plain, now, || draw);
+        assert_eq!(wait(0.0), Decision::WaitInProcess(s(8)));
+        assert_eq!(wait(0.5), Decision::WaitInProcess(s(10)));
+        assert_eq!(wait(0.75), Decision::WaitInProcess(s(11)));
+        assert_eq!(wait(-3.0), Decision::WaitInProcess(s(8)), "clamped below");
+        assert_eq!(wait(7.0), Decision::WaitInProcess(s(12)), "clamped above");
+        assert_eq!(wait(f64::INFINITY), Decision::WaitInProcess(s(12)));
+        assert_eq!(wait(f64::NAN), Decision::WaitInProcess(s(10)), "no jitter");
+        // Fatal errors, broker waits and exact policies never draw.
+        let mut draws = 0;
+        let mut counting = || {
+            draws += 1;
+            0.5
+        };
+        RetryPolicy::fixed(3, s(1))
+            .with_jitter(0.0)
+            .decide_with(1, now, &Plain, now, &mut counting);
+        RetryPolicy::exponential(6, s(40), Duration::ZERO).decide_with(1, now, &Plain, now, &mut counting);
+        policy.decide_with(1, now, &fatal(Plain), now, &mut counting);
+        assert_eq!(draws, 0);
     }
 
     #[test]
