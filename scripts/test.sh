@@ -79,5 +79,8 @@ AMQP_URL="$ACEMQ_RABBITMQ4_URL" cargo run --quiet --example orders
 cargo run --quiet --example recovery
 # The hops: a pipeline, a routing slip and a scheduled message.
 cargo run --quiet --example pipeline
+# The lifecycle of a service: consumers beside a health endpoint, SIGTERM
+# (it sends itself one), an orderly close that loses nothing.
+cargo run --quiet --example service
 # The outbox: an order and its event in one SQLite transaction.
 cargo run --quiet --example outbox --features outbox
