@@ -602,3 +602,57 @@ async fn deleting_a_queue_cancels_its_consumers_that_asked_for_cancel_notify() {
     })
     .await
 }
+
+/// RabbitMQ (3.10 and 4.0) answers `queue.delete` before it cancels the
+/// queue's consumers, on the deleting channel too: kombu deletes the queue
+/// its own consumer reads (its event-loop integration test) and, with no
+/// cancel callback, fails on a `basic.cancel` that arrives before
+/// `delete-ok`.
+#[tokio::test]
+async fn delete_ok_comes_before_the_cancel_of_a_consumer_on_the_deleting_channel() {
+    acemq_memory::deadline::deadline(async {
+        let broker = Broker::default();
+        let mut c = Client::open(&broker).await;
+        c.open_channel(1).await;
+        c.open_channel(2).await;
+        c.declare_queue(1, "consumed", FieldTable::new()).await;
+        for (ch, tag) in [(1, "same-channel"), (2, "other-channel")] {
+            let reply = c
+                .call(
+                    ch,
+                    BasicConsume {
+                        queue: "consumed".into(),
+                        consumer_tag: tag.into(),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            assert!(matches!(reply, Method::BasicConsumeOk(_)), "{reply:?}");
+        }
+        c.send(
+            1,
+            QueueDelete {
+                queue: "consumed".into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let first = c.method().await;
+        assert!(matches!(first, (1, Method::QueueDeleteOk(_))), "{first:?}");
+        let mut cancelled = Vec::new();
+        for _ in 0..2 {
+            match c.method().await {
+                (ch, Method::BasicCancel(m)) => {
+                    cancelled.push((ch, String::from_utf8_lossy(m.consumer_tag.as_bytes()).into_owned()))
+                }
+                other => panic!("expected a basic.cancel, got {other:?}"),
+            }
+        }
+        cancelled.sort();
+        assert_eq!(
+            cancelled,
+            [(1, "same-channel".to_owned()), (2, "other-channel".to_owned())]
+        );
+    })
+    .await
+}

@@ -500,16 +500,22 @@ impl BrokerMachine {
                     rs_queue(&queue, vhost)
                 )));
             }
-            count = self.delete_queue_internal(vhost, &queue).unwrap_or(0);
-            if stream {
-                // RabbitMQ 3.10.8's stream coordinator answers `{ok, 0}`.
-                count = 0;
-            }
+            // RabbitMQ 3.10.8's stream coordinator answers `{ok, 0}`.
+            count = if stream { 0 } else { q.message_count() };
         }
+        // The answer goes out before the deletion's `basic.cancel`s, as
+        // RabbitMQ sends them: its channel answers `delete-ok` as soon as the
+        // queue process has gone, and learns of its consumers' end only
+        // after. A client that waits for `delete-ok` on a channel with a
+        // consumer of that queue (kombu deleting the queue it consumes)
+        // must not meet the cancel first.
         let ok = QueueDeleteOk {
             message_count: count as u32,
         };
         self.reply(from, m.no_wait, ok);
+        if exists {
+            self.delete_queue_internal(vhost, &queue);
+        }
         Ok(())
     }
 
