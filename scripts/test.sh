@@ -70,6 +70,10 @@ eval "$(scripts/postgres.sh env | sed 's/^/export /')"
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
+# Another client's own integration suites (py-amqp's and kombu's, fetched
+# from PyPI into target/client-suite) against the acemq-memory server,
+# with both RabbitMQ nodes above as the control (scripts/client-suite.sh).
+scripts/client-suite.sh
 # The README's first command: the example service, against the in-process
 # broker and against both RabbitMQ nodes started above.
 cargo run --quiet --example orders
