@@ -114,7 +114,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         async move {
             // Every seventh order fails once: its retry waits in the process,
             // so some are waiting when the stop comes.
-            if m.payload.id % 7 == 0 && m.envelope.attempt == 1 {
+            if m.payload.id.is_multiple_of(7) && m.envelope.attempt == 1 {
                 seen.orders_retried.fetch_add(1, Ordering::Relaxed);
                 return Ack::retry("the stock service timed out");
             }

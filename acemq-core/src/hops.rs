@@ -218,7 +218,7 @@ impl SlipDestinations for SlipAllowList {
     fn allows(&self, exchange: &str, routing_key: &str) -> bool {
         self.destinations
             .iter()
-            .any(|(x, key)| x == exchange && key.as_deref().map_or(true, |k| k == routing_key))
+            .any(|(x, key)| x == exchange && key.as_deref().is_none_or(|k| k == routing_key))
     }
 }
 

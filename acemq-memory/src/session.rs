@@ -507,7 +507,7 @@ impl Session {
                 .users
                 .iter()
                 .find(|u| u.name == user)
-                .is_some_and(|u| u.vhosts.as_ref().map_or(true, |v| v.contains(&vhost)));
+                .is_some_and(|u| u.vhosts.as_ref().is_none_or(|v| v.contains(&vhost)));
             (!allowed).then(|| AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{user}'")))
         };
         if let Some(error) = error {

@@ -104,7 +104,7 @@ fn every_sequence_as(rt: &tokio::runtime::Runtime, rabbit: &Rabbit) {
     let started = Instant::now();
     let result = runner.run(&sequence(MAX_LEN), |ops| {
         let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % 100 == 0 {
+        if n.is_multiple_of(100) {
             eprintln!("differential {version}: {n} sequences in {:.1?}", started.elapsed());
         }
         rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, rabbit)))

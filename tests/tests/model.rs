@@ -80,7 +80,7 @@ fn property(name: &str) {
     let started = Instant::now();
     let result = runner.run(&sequence(MAX_LEN), |(setup, ops)| {
         let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % 50 == 0 {
+        if n.is_multiple_of(50) {
             eprintln!("model on {name}: {n} sequences in {:.1?}", started.elapsed());
         }
         rt.block_on(deadline_of(PER_SEQUENCE, run(&setup, &ops, &target)))

@@ -199,7 +199,7 @@ impl Shared {
     /// Whether the connection has ended (its driver, or every handle).
     pub(crate) fn connection_gone(&self) -> bool {
         self.settles.lock().unwrap_or_else(|p| p.into_inner()).ended
-            || self.commands.upgrade().map_or(true, |c| c.is_closed())
+            || self.commands.upgrade().is_none_or(|c| c.is_closed())
     }
 
     /// Takes what the lane holds into `into` (emptied first).
@@ -1126,7 +1126,7 @@ impl Driver {
     fn cancelling(&mut self, channel: u16, generation: u64, tag: Option<&ShortString>) {
         if let Some(routes) = self.routes(channel, generation) {
             for route in routes.consumers.iter_mut() {
-                if tag.map_or(true, |tag| *tag == route.tag) {
+                if tag.is_none_or(|tag| *tag == route.tag) {
                     route.cancelling = true;
                 }
             }

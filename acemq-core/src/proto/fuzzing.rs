@@ -486,7 +486,7 @@ impl Harness {
                     BasicDeliver {
                         consumer_tag: "c".into(),
                         delivery_tag: tag,
-                        redelivered: tag % 3 == 0,
+                        redelivered: tag.is_multiple_of(3),
                         exchange: "".into(),
                         routing_key: "q".into(),
                     }
@@ -1090,7 +1090,7 @@ impl Broker {
             .into(),
             Method::BasicGet(_) => {
                 self.gets += 1;
-                if self.gets % 2 == 0 {
+                if self.gets.is_multiple_of(2) {
                     BasicGetEmpty::default().into()
                 } else {
                     let tag = self.next_tag(channel, 1);

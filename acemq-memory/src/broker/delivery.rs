@@ -621,7 +621,7 @@ fn sort_headers(header: &mut Header) {
         Some(headers) => {
             let mut previous: Option<&[u8]> = None;
             headers.iter().all(|(key, _)| {
-                let after = previous.map_or(true, |p| p < key);
+                let after = previous.is_none_or(|p| p < key);
                 previous = Some(key);
                 after
             })

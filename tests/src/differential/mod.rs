@@ -49,7 +49,7 @@ pub async fn rabbitmqs(only: Option<RabbitMqVersion>) -> Vec<Rabbit> {
         let version = version_of(&url).await;
         out.push(Rabbit { url, version });
     }
-    out.retain(|r| only.map_or(true, |v| r.version == v));
+    out.retain(|r| only.is_none_or(|v| r.version == v));
     out.sort_by_key(|r| r.version);
     out
 }

@@ -970,7 +970,7 @@ impl Run {
         let tag = if c.unacked.is_empty() {
             // An unknown tag now and then (a 406), mostly nothing: the
             // sequence goes on with the channel open.
-            if pick % 4 != 0 {
+            if !pick.is_multiple_of(4) {
                 self.record(format!("ch{} basic.{what}: nothing unacked here", ch.0));
                 return;
             }

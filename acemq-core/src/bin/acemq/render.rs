@@ -41,9 +41,9 @@ pub(crate) fn duration(d: Duration) -> String {
         "0".into()
     } else if d.subsec_millis() != 0 || d.as_secs() == 0 {
         format!("{}ms", d.as_millis())
-    } else if d.as_secs() % 3600 == 0 {
+    } else if d.as_secs().is_multiple_of(3600) {
         format!("{}h", d.as_secs() / 3600)
-    } else if d.as_secs() % 60 == 0 {
+    } else if d.as_secs().is_multiple_of(60) {
         format!("{}m", d.as_secs() / 60)
     } else {
         format!("{}s", d.as_secs())
