@@ -88,11 +88,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let demo = url.is_none() || std::env::args().any(|arg| arg == "--demo");
     let url = url.unwrap_or_else(|| "memory://service-example".to_string());
 
-    let mut config = Config::default();
-    config.engine.close_timeout = CLOSE_TIMEOUT;
-    config.on_recovery = Some(Arc::new(move |event| {
-        println!("service: +{:.2}s recovery: {event}", started.elapsed().as_secs_f64())
-    }));
+    let config = Config::default()
+        .with_engine(acemq_core::amqp::Config::default().with_close_timeout(CLOSE_TIMEOUT))
+        .with_on_recovery(move |event| println!("service: +{:.2}s recovery: {event}", started.elapsed().as_secs_f64()));
     let conn = Conn::open(&url, config).await?;
     say(&format!("connected to {}", url.rsplit('@').next().unwrap_or(&url)));
 

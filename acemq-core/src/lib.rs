@@ -63,6 +63,17 @@
 //! messages back; [`hops`] and [`Scheduler`] publish onward on a handler's
 //! behalf; the `outbox` feature adds a transactional outbox and inbox.
 //!
+//! # The guide
+//!
+//! The [`guide`] explains each part for a service author, one chapter per
+//! topic, with examples compiled (and most run) as doc tests:
+//! [publishing and confirms](guide::publishing); [consuming, acks and the
+//! attempt counter](guide::consuming); [retries, rungs and
+//! jitter](guide::retries); [dead letters, parked messages and
+//! replay](guide::dead_letters); [recovery](guide::recovery); [blocked
+//! connections](guide::blocked); and [shutdown and the lifecycle of a
+//! service](guide::lifecycle).
+//!
 //! Two choices are about whom to trust:
 //!
 //! - [`Conn::replay`] sends a set-aside message back **into the queue it was
@@ -128,6 +139,7 @@ pub mod envelope;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod guide;
 mod hop;
 pub mod hops;
 pub mod io;
