@@ -74,8 +74,8 @@ cargo test --workspace --doc
 # from PyPI into target/client-suite) against the acemq-memory server,
 # with both RabbitMQ nodes above as the control (scripts/client-suite.sh).
 scripts/client-suite.sh
-# The README's first command: the example service, against the in-process
-# broker and against both RabbitMQ nodes started above.
+# The orders example, against the in-process broker and against both
+# RabbitMQ nodes started above.
 cargo run --quiet --example orders
 AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
 AMQP_URL="$ACEMQ_RABBITMQ4_URL" cargo run --quiet --example orders

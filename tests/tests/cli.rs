@@ -870,7 +870,7 @@ fn topology_declare_then_check_and_every_difference_named() {
         run(vec!["topology".into(), "check".into(), q.clone()])
             .await
             .assert_code(1);
-        // As the README says: behind a message the probe waits, counted in
+        // As the guide says (dead_letters): behind a message the probe waits, counted in
         // the depth, until it reaches the head, where it is dropped unseen.
         assert_eq!(queue_depth(&conn, &dlq).await, 2, "the probe waits behind the message");
         let listing = t.acemq(&["dlq", "list", &q, "--json"]).await;

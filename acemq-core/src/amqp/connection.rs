@@ -98,7 +98,7 @@ pub struct Config {
     /// are never held back. For connections that move many messages at
     /// once, not for those that wait on one at a time; keep it far below
     /// the heartbeat. Measured by the peers comparison (`benches/peers`,
-    /// README "Reading less often"): with 2 ms, a confirmed publish's CPU
+    /// BENCHMARKS.md, "Reading less often"): with 2 ms, a confirmed publish's CPU
     /// 1.01× the wire floor's against the engine's 1.24× without it, and a
     /// reply with one message in flight 3.3 ms at p50 against 0.13–0.16 ms.
     pub read_interval: Duration,

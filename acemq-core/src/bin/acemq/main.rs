@@ -5,6 +5,9 @@
 //! Built behind the `cli` feature:
 //! `cargo run -p acemq-core --features cli --bin acemq -- --help`.
 #![forbid(unsafe_code)]
+// The doc comments of the command line are its `--help` text, where
+// `amqp[s]://` and `INITIAL[:MAX]` are literal brackets, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -31,7 +31,7 @@ pub(crate) enum TopologyCommand {
     /// QUEUE.parked with their bindings, and the rungs of --retries. Prints
     /// every difference; exit code 1 if there is any. Changes nothing (a
     /// binding is checked with a probe message that expires at once; see the
-    /// README).
+    /// dead letters chapter of acemq-core's guide).
     #[command(after_help = POLICY_HELP)]
     Check {
         /// The source queue's name, e.g. `orders`.
