@@ -38,17 +38,20 @@
 # Brokers: ACEMQ_RABBITMQ_URL (3.10) and ACEMQ_RABBITMQ4_URL (4.0), as
 # scripts/test.sh exports them (`scripts/rabbitmq.sh [4.0] env`); the suites
 # log in as guest/guest on `/`. acemq-memory is built with cargo (debug,
-# CARGO_TARGET_DIR honoured) and stopped again at the end. Queues the
-# suites leave on RabbitMQ (kombu declares durable ones and deletes few)
-# are deleted by name before and after the runs.
+# CARGO_TARGET_DIR honoured) and stopped again at the end. The queues and
+# exchanges the suites leave on RabbitMQ (kombu declares durable ones and
+# deletes few) are deleted by name before and after the runs.
 #
 # Without python3 (or with no way to install the packages) the script says
 # so and exits 0, except under CI=true, where that is a failure.
 #
-# Time: about 45 s once the virtualenv exists (the eight runs overlap).
-# Most of it is the kombu suite's own fixed waits: three 3 s sleeps for
-# message TTL, eight 2 s connection retries against a port where nothing
+# Time (2-core machine, measured): about 45 s once the virtualenv exists,
+# about 60 s on the first run (virtualenv, installs, downloads); the eight
+# pytest runs overlap, and the kombu suite alone takes about 40 s, nearly
+# all of it the suite's own fixed waits: three 3 s sleeps for message TTL,
+# eight connection tests that spend 2 s retrying a port where nothing
 # listens (localhost:12345), and 1 s drain timeouts that expect silence.
+# py-amqp's suite takes under a second.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -82,16 +85,22 @@ KNOWN_SKIPS=(
     'amqp t\.integration\.test_rmq::test_tls_connect_fails|TLS: the source archive has no t/certs (the certificates the tests load), and acemq-memory has no TLS listener'
     'amqp t\.integration\.test_rmq\.test_rabbitmq_operations::.*\[tls-?.*\]|TLS: the source archive has no t/certs (the certificates the tests load), and acemq-memory has no TLS listener'
 )
-# Queues the suites declare and may leave behind (kombu's queues are
-# durable), deleted on RabbitMQ before and after the runs. The names with a
+# Queues (and exchanges) the suites declare and may leave behind (kombu's
+# are durable), deleted on RabbitMQ before and after the runs. The names with a
 # uuid in them (revive_active_*, revive_inactive_*, test-queue-*) are found
 # with `scripts/rabbitmq.sh V ctl list_queues`, when it reaches the node.
 LEFTOVER_NAMES=(test test_empty simple_queue_test simple_buffer_test direct1 rk_direct1 rk_direct2
     fanout1 fanout2 topic1 topic2 topic3 ttl_test ttl_simple_queue_test ttl_simple_buffer_test
     priority_test priority_requeue_test priority_simple_queue_test priority_simple_buffer_test
     test_ack test_reject_no_requeue test_reject_requeue test_requeue)
+LEFTOVER_EXCHANGES=(test_direct test_rk_direct test_fanout test_topic test_empty_exchange
+    simple_queue_test simple_buffer_test ttl_simple_queue_test ttl_simple_buffer_test
+    priority_simple_queue_test priority_simple_buffer_test test_ack test_reject_no_requeue
+    test_reject_requeue test_requeue)
 
-PYTEST_TIMEOUT="${ACEMQ_CLIENT_SUITE_TIMEOUT:-120}"
+# Each pytest run is killed after this many seconds (the kombu suite takes
+# about 40).
+PYTEST_TIMEOUT="${ACEMQ_CLIENT_SUITE_TIMEOUT:-90}"
 
 log() { printf 'client-suite.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -110,14 +119,16 @@ elapsed() { echo "$(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
 command -v python3 >/dev/null 2>&1 || unavailable "python3 not found"
 mkdir -p "$WORK" "$SRC"
 want_pins="${PINS[*]}"
+install=0
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.acemq-pins" 2>/dev/null)" != "$want_pins" ]; then
     log "making the virtualenv $VENV (${PINS[*]})"
     rm -rf "$VENV"
     python3 -m venv "$VENV" || unavailable "python3 -m venv failed"
-    timeout 300 "$VENV/bin/pip" install --quiet --disable-pip-version-check --timeout 30 "${PINS[@]}" \
-        || { rm -rf "$VENV"; unavailable "pip could not install ${PINS[*]} from PyPI"; }
-    echo "$want_pins" >"$VENV/.acemq-pins"
+    install=1
 fi
+# The source archives not yet unpacked are downloaded while the packages
+# install (each pip run spends most of its time waiting on PyPI).
+downloads=()
 for entry in "${SDISTS[@]}"; do
     read -r file sha <<<"$entry"
     dir="${file%.tar.gz}"
@@ -125,10 +136,23 @@ for entry in "${SDISTS[@]}"; do
     if [ ! -f "$SRC/$file" ] || ! echo "$sha  $SRC/$file" | sha256sum -c --quiet - 2>/dev/null; then
         log "downloading $file from PyPI"
         rm -f "$SRC/$file"
-        spec="${dir%-*}==${dir##*-}"
         timeout 300 "$VENV/bin/pip" download --quiet --disable-pip-version-check --timeout 30 \
-            --no-deps --no-binary :all: --dest "$SRC" "$spec" \
-            || unavailable "pip could not download $spec's source archive from PyPI"
+            --no-deps --no-binary :all: --dest "$SRC" "${dir%-*}==${dir##*-}" &
+        downloads+=("$! $file $sha")
+    else
+        downloads+=("- $file $sha")
+    fi
+done
+if [ "$install" = 1 ]; then
+    timeout 300 "$VENV/bin/pip" install --quiet --disable-pip-version-check --timeout 30 "${PINS[@]}" \
+        || { rm -rf "$VENV"; unavailable "pip could not install ${PINS[*]} from PyPI"; }
+    echo "$want_pins" >"$VENV/.acemq-pins"
+fi
+for entry in ${downloads[@]+"${downloads[@]}"}; do
+    read -r pid file sha <<<"$entry"
+    dir="${file%.tar.gz}"
+    if [ "$pid" != - ]; then
+        wait "$pid" || unavailable "pip could not download $file from PyPI"
         echo "$sha  $SRC/$file" | sha256sum -c --quiet - || die "$file does not have the SHA-256 $sha"
     fi
     rm -rf "${SRC:?}/$dir"
@@ -188,7 +212,7 @@ for v in 3.10 4.0; do start_memory "$v"; done
 delete_leftovers() {
     local v="$1" listed
     listed="$(timeout 60 "$ROOT/scripts/rabbitmq.sh" "$v" ctl -q list_queues name --no-table-headers 2>/dev/null || true)"
-    HOST_PORT="${RABBIT[$v]}" LISTED="$listed" timeout 60 "$VENV/bin/python" - "${LEFTOVER_NAMES[@]}" <<'PY' \
+    HOST_PORT="${RABBIT[$v]}" LISTED="$listed" EXCHANGES="${LEFTOVER_EXCHANGES[*]}" timeout 60 "$VENV/bin/python" - "${LEFTOVER_NAMES[@]}" <<'PY' \
         || log "could not delete the suites' queues on RabbitMQ $v"
 import os, re, sys
 import amqp
@@ -200,13 +224,29 @@ conn.connect()
 ch = conn.channel()
 for name in sorted(names):
     ch.queue_delete(name)
+# kombu's simple queues each declare an exchange of their name.
+for name in sorted(os.environ["EXCHANGES"].split()):
+    try:
+        ch.exchange_delete(name)
+    except amqp.exceptions.NotFound:
+        ch = conn.channel()
 conn.close()
 PY
 }
 
+# Both nodes at once (rabbitmqctl takes seconds to start).
+delete_all_leftovers() {
+    local pids=() v p
+    for v in 3.10 4.0; do
+        delete_leftovers "$v" &
+        pids+=("$!")
+    done
+    for p in "${pids[@]}"; do wait "$p" || true; done
+}
+
 # ------------------------------------------------------------- runs ------
 
-for v in 3.10 4.0; do delete_leftovers "$v"; done
+delete_all_leftovers
 
 deselect=()
 for d in "${DESELECT[@]}"; do deselect+=(--deselect "$d"); done
@@ -236,7 +276,7 @@ log "running ${#RUN_PIDS[@]} pytest runs (RabbitMQ 3.10 ${RABBIT[3.10]}, 4.0 ${R
 for pid in "${RUN_PIDS[@]}"; do wait "$pid" || true; done
 RUN_PIDS=()
 
-for v in 3.10 4.0; do delete_leftovers "$v"; done
+delete_all_leftovers
 
 # --------------------------------------------------------- compare ------
 
