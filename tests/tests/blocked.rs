@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use acemq_codec::{BasicProperties, QueueDeclare};
 use acemq_core::amqp::{Confirmation, ConnectionEvent};
 use acemq_core::{is_blocked, Config, Error};
-use acemq_tests::{brokers, counts_by_outcome, exclusive_queue, unique, Broker};
+use acemq_tests::{brokers, brokers_with_tls, counts_by_outcome, exclusive_queue, unique, Broker};
 
 static ALARM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -422,7 +422,7 @@ async fn a_publisher_that_never_awaits_its_confirms_is_held_back_while_the_broke
     const BUFFER: usize = 256 * 1024;
     acemq_tests::deadline(async {
         let _turn = ALARM.lock().await;
-        for b in brokers().await {
+        for b in brokers_with_tls().await {
             let kind = b.kind;
             let conn = b.connect_with(b.config().with_publish_buffer(BUFFER)).await;
             let ch = conn.channel().await.unwrap();

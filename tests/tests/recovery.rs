@@ -11,7 +11,7 @@ use std::time::Duration;
 use acemq_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::{consume, Ack, Config, Conn, Error, Message, RecoveryEvent, Topology};
 use acemq_tests::chaos::{self, Proxy};
-use acemq_tests::{brokers, deadline, depth, unique, Broker};
+use acemq_tests::{brokers, brokers_with_tls, deadline, depth, unique, Broker};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
@@ -127,7 +127,7 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Message<u32>>, what: &str) -> Mes
 async fn statement_17_a_lost_connection_is_redialled_its_topology_redeclared_and_consumers_reattached() {
     deadline(async {
         let _serial = chaos::serial().await;
-        for b in brokers().await {
+        for b in brokers_with_tls().await {
             let events = Events::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let queue = unique("rec17");

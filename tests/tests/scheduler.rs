@@ -19,7 +19,7 @@ use acemq_core::schedule::{
     MAX_DELAY,
 };
 use acemq_core::{consume, Ack, Conn, Consumer, Envelope, Error, Message, ReplayOptions, Scheduler};
-use acemq_tests::{brokers, counts_by_outcome, depth, unique, Broker, Kind, Moment};
+use acemq_tests::{brokers_with_tls, counts_by_outcome, depth, unique, Broker, Kind, Moment};
 use tokio::time::Instant;
 
 const HOUR: u64 = 3600;
@@ -41,7 +41,7 @@ where
 {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     acemq_tests::deadline_blocking(|| {
-        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers());
+        let all = tokio::runtime::Runtime::new().unwrap().block_on(brokers_with_tls());
         for b in all {
             if b.kind.is_tls() && !tls {
                 continue;
