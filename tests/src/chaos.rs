@@ -15,7 +15,7 @@
 //! app stopped gets it back when the guard drops, so the next test finds a
 //! running broker.
 //!
-//! Every wait has a deadline and a [`waiting_for`](crate::waiting_for)
+//! Every wait has a deadline and a [`waiting_for`]
 //! label; every failure panics saying what failed and with the script's
 //! output. [`Proxy`] is an in-test TCP proxy that cuts or blackholes
 //! connections without touching the broker.

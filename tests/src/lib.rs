@@ -23,8 +23,8 @@ use acemq_core::amqp::{Config, Connection, TlsConfig};
 /// it waited for (see `acemq_memory::deadline`).
 pub use acemq_memory::deadline::{deadline, deadline_blocking, step, waiting_for};
 
-/// Breaking the real RabbitMQ on purpose: kill, restart, pause, forced
-/// closes, and an in-test TCP proxy that cuts or blackholes connections.
+// Breaking the real RabbitMQ on purpose: kill, restart, pause, forced
+// closes, and an in-test TCP proxy that cuts or blackholes connections.
 pub mod chaos;
 
 /// The databases of the outbox scenarios: the private PostgreSQL cluster
@@ -577,12 +577,12 @@ where
     counts
 }
 
-/// The differential test of acemq-memory against RabbitMQ
-/// (`tests/tests/differential.rs`): operations, the runner, normalisation.
+// The differential test of acemq-memory against RabbitMQ
+// (`tests/tests/differential.rs`): operations, the runner, normalisation.
 pub mod differential;
 
-/// The model-based test of the consumer (`tests/tests/model.rs`):
-/// operations, the runner, the model.
+// The model-based test of the consumer (`tests/tests/model.rs`):
+// operations, the runner, the model.
 pub mod model;
 
 /// Runs `scenario` on every broker: acemq-memory on a paused clock with

@@ -1,7 +1,7 @@
 //! Runs a sequence of [`Op`]s against one broker through the low-level
 //! engine API and records everything the broker says into a transcript.
 //!
-//! Determinism: each operation is followed by [`Run::settle`], which makes
+//! Determinism: each operation is followed by `Run::settle`, which makes
 //! the broker quiet before the next one starts:
 //!
 //! - every open channel gets a synchronous round trip (a passive declare of

@@ -4,7 +4,7 @@
 //! `acemq_core::consume` on a real broker, and a model that says, for every
 //! message, which attempts the handler must see and where it must end.
 //!
-//! [`ops`] is what is generated, [`run`] runs it and records, [`check`] is
+//! [`ops`] is what is generated, [`run`](mod@run) runs it and records, [`check`] is
 //! the model. The runner never judges and the model never touches a broker.
 
 pub mod check;
