@@ -4,11 +4,13 @@
 //! handler answers per message and call (accept, retry, fatal, park, panic,
 //! slow), broker redeliveries (another client's `basic.get` and nack with
 //! requeue, a forced close of the consumer's connections, `Conn::close`), a
-//! deleted `.dlq`, run against `acemq_core::consume` on a real broker and
+//! deleted `.dlq`, a source queue deleted and declared again by another
+//! client (the broker cancels the consumer, which must subscribe again and
+//! go on), run against `acemq_core::consume` on a real broker and
 //! checked against the model in `acemq_tests::model::check`: for every
 //! message, the attempts the handler sees, where it ends, that it is never
-//! lost, never handled twice unless a redelivery allows it, and never
-//! redelivered in a hot loop.
+//! lost (but for what a deleted queue took with it), never handled twice
+//! unless a redelivery allows it, and never redelivered in a hot loop.
 //!
 //! Each broker has its test. `ACEMQ_MODEL_CASES` sets how many sequences
 //! each runs (default [`CI_CASES_MEMORY`] and [`CI_CASES_RABBITMQ`], sized to
@@ -161,6 +163,49 @@ fn a_message_retried_to_the_dlq_and_one_accepted_end_where_the_model_says() {
                 q: 1,
                 props: plain(),
                 script: vec![Outcome::Retry, Outcome::Accept],
+            },
+            Op::Settle,
+        ],
+    );
+}
+
+#[test]
+fn a_consumer_the_broker_cancels_subscribes_again_and_its_messages_end_where_the_model_says() {
+    replay(
+        Setup {
+            queues: vec![QueueType::Classic, QueueType::Quorum],
+            waits: Waits::Both,
+            max_attempts: 3,
+            prefetch: 2,
+        },
+        vec![
+            Op::Start,
+            Op::Publish {
+                q: 0,
+                props: plain(),
+                script: vec![Outcome::Slow],
+            },
+            Op::Publish {
+                q: 0,
+                props: plain(),
+                script: vec![Outcome::Retry, Outcome::Retry],
+            },
+            Op::Publish {
+                q: 1,
+                props: plain(),
+                script: vec![Outcome::Retry],
+            },
+            Op::Cancel { q: 0, gap: true },
+            Op::Cancel { q: 1, gap: false },
+            Op::Publish {
+                q: 0,
+                props: plain(),
+                script: vec![Outcome::Retry],
+            },
+            Op::Publish {
+                q: 1,
+                props: plain(),
+                script: vec![Outcome::Park],
             },
             Op::Settle,
         ],

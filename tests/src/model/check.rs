@@ -13,6 +13,16 @@
 //! redelivered, and a redelivery may run a handler again; for it the model
 //! checks what still holds: it is never lost, each attempt number is one
 //! its history allows, and where it ended is a place its script can send it.
+//!
+//! A message whose queue another client deleted (and declared again) before
+//! it was done may have gone with the queue: that is the deleting client's
+//! loss, not the consumer's. The model allows it only where a copy of the
+//! message could have been in the queue (or on its way back to it) then:
+//! before its last predicted call. Otherwise the deletion, and the broker's
+//! cancel of the consumer that comes with it, must change nothing: the
+//! attempts and the end are the ones predicted without it, and no call is
+//! made twice. Each cancel of a running consumer must be followed by its
+//! subscribing again ([`check_cancel`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,6 +57,8 @@ pub enum Place {
     Sink,
     /// Still in its source queue at the end.
     Queued,
+    /// Taken out of its source queue by the client that then deleted it.
+    Deleted,
 }
 
 /// A copy of a message found in one of the places.
@@ -86,6 +98,10 @@ pub struct Record {
     /// just before the delete goes with the queue): found nowhere is then
     /// no fault of the consumer's.
     pub dlq_deleted: bool,
+    /// Whether another client deleted its queue (and declared it again)
+    /// before it was done: a copy that was in the queue then, or on its way
+    /// back to it from a rung, went with the queue.
+    pub queue_deleted: bool,
     /// The handler's calls, in order.
     pub calls: Vec<Call>,
     /// Where copies of it were found.
@@ -198,9 +214,20 @@ pub fn accepted_at(r: &Record, i: usize) -> bool {
 pub fn check(setup: &Setup, r: &Record) -> Result<(), String> {
     check_rate(r)?;
     let handled = (0..r.calls.len()).any(|i| accepted_at(r, i));
-    if !handled && r.found.is_empty() {
-        if r.dlq_deleted {
+    let taken = r.found.iter().filter(|f| f.place == Place::Deleted).count();
+    if taken > 0 && !r.queue_deleted {
+        return Err("found in its queue when it was deleted, but not counted as in it".into());
+    }
+    if !handled && r.found.len() == taken {
+        if r.dlq_deleted || (r.queue_deleted && may_have_gone_with_its_queue(setup, r)) {
             return Ok(());
+        }
+        if taken > 0 {
+            return Err(format!(
+                "taken out of its queue when it was deleted, after its last call (attempts {:?}): \
+                 a copy the consumer should not have made",
+                r.calls.iter().map(|c| c.attempt).collect::<Vec<_>>()
+            ));
         }
         return Err(format!(
             "{LOST}: {} calls (attempts {:?}), found nowhere",
@@ -212,6 +239,50 @@ pub fn check(setup: &Setup, r: &Record) -> Result<(), String> {
         check_exact(setup, r)
     } else {
         check_allowed(setup, r)
+    }
+}
+
+/// Whether message `r`, never handled and found nowhere but in its deleted
+/// queue, may have been in that queue (or on its way back to it) when
+/// another client deleted it: a copy was still to be delivered.
+/// Without faults its calls are then exactly the first ones predicted, and
+/// fewer than predicted (an undecodable message is set aside on its one
+/// delivery, which no call shows, so it may have gone at any time); with
+/// faults, [`check_allowed`] judges the calls.
+fn may_have_gone_with_its_queue(setup: &Setup, r: &Record) -> bool {
+    if !r.faults.is_empty() || r.props.hostile == Hostile::Undecodable {
+        return true;
+    }
+    let predicted = predict(setup, r);
+    let attempts: Vec<u32> = r.calls.iter().map(|c| c.attempt).collect();
+    attempts.len() < predicted.attempts.len().max(1) && predicted.attempts.starts_with(&attempts)
+}
+
+/// What became of one cancel of a running consumer by the broker (its
+/// queue deleted by another client, then declared again).
+#[derive(Debug, Clone)]
+pub struct Cancel {
+    /// The queue.
+    pub queue: String,
+    /// Whether `RecoveryEvent::ConsumerCancelled` reported it.
+    pub reported: bool,
+    /// How long after the deletion `RecoveryEvent::ConsumerResubscribed`
+    /// came, if it came within the runner's limit.
+    pub resubscribed: Option<Duration>,
+}
+
+/// A consumer the broker cancelled says so and subscribes again.
+pub fn check_cancel(c: &Cancel) -> Result<(), String> {
+    match (c.reported, c.resubscribed) {
+        (true, Some(_)) => Ok(()),
+        (false, _) => Err(format!(
+            "the consumer of {} never reported the broker's cancel (no ConsumerCancelled)",
+            c.queue
+        )),
+        (true, None) => Err(format!(
+            "the consumer of {} was cancelled and never subscribed again (no ConsumerResubscribed)",
+            c.queue
+        )),
     }
 }
 
@@ -321,7 +392,7 @@ fn check_allowed(setup: &Setup, r: &Record) -> Result<(), String> {
     }
     for f in &r.found {
         let allowed = match f.place {
-            Place::Queued => true,
+            Place::Queued | Place::Deleted => true,
             Place::Parked => r.script.contains(&Outcome::Park),
             Place::Sink => false,
             Place::Dlq => f.error.as_deref().is_some_and(|e| {

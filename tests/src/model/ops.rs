@@ -150,6 +150,9 @@ pub enum Hostile {
 /// a long error text.
 pub const NEAR_FRAME_MAX: usize = 3 * 1024;
 
+/// How long a [`Op::Cancel`] with `gap` leaves the queue deleted.
+pub const CANCEL_GAP: Duration = Duration::from_millis(150);
+
 /// The properties of one publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Props {
@@ -197,6 +200,18 @@ pub enum Op {
     DeleteDlq {
         /// The queue's index.
         q: usize,
+    },
+    /// Another client deletes queue `q` and declares it again, as a
+    /// deployment's topology does: the broker cancels its consumer
+    /// (`basic.cancel`), which must subscribe again once the queue is back
+    /// and go on. What the deleted queue held (ready, or delivered and not
+    /// yet acknowledged) went with it: the deleting client's loss.
+    Cancel {
+        /// The queue's index.
+        q: usize,
+        /// Declared again only after [`CANCEL_GAP`], so that the consumer's
+        /// first tries to subscribe again find no queue.
+        gap: bool,
     },
     /// Waits until every message the running consumer has is done.
     Settle,
@@ -275,6 +290,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Close),
         1 => Just(Op::ForceClose),
         1 => (0usize..2).prop_map(|q| Op::DeleteDlq { q }),
+        1 => (0usize..2, any::<bool>()).prop_map(|(q, gap)| Op::Cancel { q, gap }),
         2 => Just(Op::Settle),
     ]
 }

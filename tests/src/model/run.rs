@@ -20,8 +20,8 @@ use acemq_core::{consume, fatal, Ack, Config, Conn, Consumer, Message};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::check::{self, Call, Found, Place, Record, FATAL_ERROR, PANIC_TEXT, PARK_REASON, RETRY_ERROR};
-use super::ops::{Hostile, Op, Outcome, QueueType, Setup, LONG_ERROR, NEAR_FRAME_MAX, SLOW};
+use super::check::{self, Call, Cancel, Found, Place, Record, FATAL_ERROR, PANIC_TEXT, PARK_REASON, RETRY_ERROR};
+use super::ops::{Hostile, Op, Outcome, QueueType, Setup, CANCEL_GAP, LONG_ERROR, NEAR_FRAME_MAX, SLOW};
 use crate::chaos::{host_port, Proxy};
 
 /// The broker a sequence runs against.
@@ -41,6 +41,13 @@ const LAST_SETTLE: Duration = Duration::from_secs(4);
 const RUNGS_EMPTY: Duration = Duration::from_secs(3);
 /// How long the `Conn` may take to recover from a forced close.
 const RECOVERY: Duration = Duration::from_secs(5);
+/// How long a consumer the broker cancelled may take to subscribe again
+/// once its queue is back (its backoff is 20 ms doubling to 200 ms).
+const RESUBSCRIBE: Duration = Duration::from_secs(5);
+/// How long a message whose queue was deleted under it may show no sign of
+/// life (no call, not found) before a settle stops waiting for it: it went
+/// with the queue. Every wait a live message spends is far shorter.
+const GONE_QUIET: Duration = Duration::from_millis(1500);
 /// How long `Conn::close()` may take (its drain is two seconds).
 const CLOSE: Duration = Duration::from_secs(15);
 /// A message last published, called or found this recently when a fault
@@ -120,6 +127,15 @@ struct Runner<'a> {
     running: Option<(Conn, Vec<Consumer>)>,
     /// The `which` of every `RecoveryEvent::Recovered` of the running `Conn`.
     recovered: Arc<Mutex<Vec<&'static str>>>,
+    /// Whether the running `Conn`'s consuming connection is up (it came
+    /// back after the last forced close).
+    consuming_up: bool,
+    /// The label and subject of the running `Conn`'s consumer events
+    /// (`consumer_cancelled`, `consumer_resubscribed`: the queue) and
+    /// connection events (`lost`, `recovered`: `publish` or `consume`).
+    consumer_events: Arc<Mutex<Vec<(&'static str, String)>>>,
+    /// Every cancel of a running consumer the test caused.
+    cancels: Vec<Cancel>,
     log: Vec<String>,
     started: Instant,
 }
@@ -157,6 +173,9 @@ pub async fn run(setup: &Setup, ops: &[Op], target: &Target) -> Result<(), Strin
         last_seen: Vec::new(),
         running: None,
         recovered: Arc::default(),
+        consuming_up: false,
+        consumer_events: Arc::default(),
+        cancels: Vec::new(),
         log: Vec::new(),
         started: Instant::now(),
     };
@@ -201,10 +220,16 @@ impl Runner<'_> {
             }
         }
         let mut failures = Vec::new();
+        for c in &self.cancels {
+            if let Err(e) = check::check_cancel(c) {
+                failures.push(e);
+            }
+        }
         for r in &self.records {
             if let Err(e) = check::check(self.setup, r) {
-                failures.push(format!("message {} ({:?} queue, {:?}, script {:?}, broker redeliveries by copy {:?}, faults {:?}): {e}\n      calls {:?}\n      found {:?}",
+                failures.push(format!("message {} ({:?} queue, {:?}, script {:?}, broker redeliveries by copy {:?}, faults {:?}{}): {e}\n      calls {:?}\n      found {:?}",
                     r.n, r.queue, r.props, r.script, r.steals, r.faults,
+                    if r.queue_deleted { ", its queue deleted under it" } else { "" },
                     r.calls.iter().map(|c| (c.attempt, c.redelivered)).collect::<Vec<_>>(),
                     r.found));
             }
@@ -231,6 +256,7 @@ impl Runner<'_> {
                     consumed: self.running.is_some(),
                     faults: Vec::new(),
                     dlq_deleted: false,
+                    queue_deleted: false,
                     calls: Vec::new(),
                     found: Vec::new(),
                 });
@@ -314,6 +340,10 @@ impl Runner<'_> {
                     Err(e) => self.note(format!("deleting {queue}: {e}")),
                 }
             }
+            Op::Cancel { q, gap } => {
+                let qi = q % self.queues.len();
+                self.cancel(qi, *gap).await?;
+            }
             Op::Settle => {
                 if self.running.is_some() {
                     self.settle(SETTLE).await?;
@@ -347,26 +377,140 @@ impl Runner<'_> {
     }
 
     async fn declare(&mut self) -> Result<(), String> {
+        for qi in 0..self.queues.len() {
+            let name = self.queues[qi].clone();
+            self.declare_queue(qi).await?;
+            let ch = self.channel().await?;
+            ch.queue_declare(QueueDeclare {
+                queue: format!("{name}.sink").as_str().into(),
+                durable: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("declaring {name}.sink: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Declares source queue `qi`, as the deployment's topology does.
+    async fn declare_queue(&mut self, qi: usize) -> Result<(), String> {
+        let name = self.queues[qi].clone();
+        let mut arguments = FieldTable::new();
+        if self.setup.queues[qi] == QueueType::Quorum {
+            // What `Topology::queue(..).dead_letters(..)` declares.
+            arguments.push("x-queue-type", FieldValue::from("quorum"));
+            arguments.push("x-dead-letter-exchange", FieldValue::from("acemq.dlx"));
+            arguments.push("x-dead-letter-routing-key", FieldValue::from(format!("{name}.dlq")));
+        }
         let ch = self.channel().await?;
-        for (name, kind) in self.queues.clone().iter().zip(&self.setup.queues) {
-            let mut arguments = FieldTable::new();
-            if *kind == QueueType::Quorum {
-                // What `Topology::queue(..).dead_letters(..)` declares.
-                arguments.push("x-queue-type", FieldValue::from("quorum"));
-                arguments.push("x-dead-letter-exchange", FieldValue::from("acemq.dlx"));
-                arguments.push("x-dead-letter-routing-key", FieldValue::from(format!("{name}.dlq")));
-            }
-            for (queue, arguments) in [(name.clone(), arguments), (format!("{name}.sink"), FieldTable::new())] {
-                ch.queue_declare(QueueDeclare {
-                    queue: queue.as_str().into(),
-                    durable: true,
-                    arguments,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("declaring {queue}: {e}"))?;
+        ch.queue_declare(QueueDeclare {
+            queue: name.as_str().into(),
+            durable: true,
+            arguments,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("declaring {name}: {e}"))?;
+        Ok(())
+    }
+
+    /// Another client deletes source queue `qi` and declares it again
+    /// (after [`CANCEL_GAP`] with `gap`). Every message of the queue not
+    /// done by then may go with it; a running consumer is cancelled by the
+    /// broker, and the test waits (bounded) for it to subscribe again.
+    async fn cancel(&mut self, qi: usize, gap: bool) -> Result<(), String> {
+        self.observe_set_asides().await?;
+        let at_risk = self.at_risk();
+        let calls = lock(&self.handled.calls).clone();
+        let name = self.queues[qi].clone();
+        let now = Instant::now();
+        for r in &mut self.records {
+            if self.queue_of[r.n] == name && !Self::done(r, calls.get(&r.n)) {
+                r.queue_deleted = true;
+                self.last_seen[r.n] = now;
             }
         }
+        let watching = self.running.is_some() && self.consuming_up;
+        let events = self.consumer_events.clone();
+        let count = |label: &str, about: &str| lock(&events).iter().filter(|(l, a)| *l == label && *a == about).count();
+        let before: Vec<usize> = [
+            ("consumer_cancelled", name.as_str()),
+            ("consumer_resubscribed", &name),
+            ("lost", "consume"),
+            ("recovered", "consume"),
+        ]
+        .iter()
+        .map(|(label, about)| count(label, about))
+        .collect();
+        let cancelled = || count("consumer_cancelled", &name) > before[0];
+        // Back: subscribed again, or reattached by the recovery of its
+        // connection (which the broker may close meanwhile: see below).
+        let back = || count("consumer_resubscribed", &name) > before[1] || count("recovered", "consume") > before[3];
+        // What it holds is read out first: the model then knows which
+        // messages the deletion took (all but those that arrive in the
+        // moment between).
+        self.observe(&name, Place::Deleted).await?;
+        let ch = self.channel().await?;
+        let delete = QueueDelete {
+            queue: name.as_str().into(),
+            ..Default::default()
+        };
+        let deleted_at = Instant::now();
+        match ch.queue_delete(delete).await {
+            Ok(ok) => {
+                let count = ok.map_or(0, |ok| ok.message_count);
+                self.note(format!("another client deleted {name} ({count} more messages in it)"));
+            }
+            Err(e) => return Err(format!("deleting {name}: {e}")),
+        }
+        // The queue is declared again only once the consumer has heard of
+        // the cancel: RabbitMQ 3.10 never cancels the consumers of a quorum
+        // queue declared again within some milliseconds of its deletion
+        // (they stay subscribed to nothing, and the new queue's messages
+        // stick, unsent, on their channel), as no topology is that quick.
+        let until = Instant::now() + RESUBSCRIBE;
+        while watching && !cancelled() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let reported = cancelled();
+        if gap {
+            tokio::time::sleep(CANCEL_GAP).await;
+        }
+        self.declare_queue(qi).await?;
+        self.note(format!("another client declared {name} again"));
+        if !watching {
+            return Ok(());
+        }
+        while !back() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let resubscribed = back().then(|| deleted_at.elapsed());
+        // RabbitMQ (3.10 and 4.0) may answer a `basic.consume` on a quorum
+        // queue declared again a moment before with a crash of the channel
+        // (`{badmatch,{error,noproc}}` in `rabbit_quorum_queue:consume`),
+        // which closes the connection with 541 INTERNAL_ERROR: a loss like
+        // a forced close, whose redeliveries the model must allow.
+        if count("lost", "consume") > before[2] {
+            self.note("the broker closed the consuming connection while the consumer subscribed again");
+            for n in at_risk {
+                self.records[n]
+                    .faults
+                    .push("the broker closed the consuming connection during a resubscribe".into());
+            }
+            while count("recovered", "consume") <= before[3] && Instant::now() < until + RECOVERY {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            self.consuming_up = count("recovered", "consume") > before[3];
+        }
+        self.note(match resubscribed {
+            Some(after) => format!("the consumer of {name} subscribed again, {after:?} after the deletion"),
+            None => format!("the consumer of {name} did not subscribe again within {RESUBSCRIBE:?}"),
+        });
+        self.cancels.push(Cancel {
+            queue: name,
+            reported,
+            resubscribed,
+        });
         Ok(())
     }
 
@@ -442,9 +586,11 @@ impl Runner<'_> {
     /// connection (the broker has not noticed yet) and come back redelivered.
     async fn wait_for_recovery(&mut self) {
         let until = Instant::now() + RECOVERY;
+        self.consuming_up = false;
         loop {
             let back = lock(&self.recovered).clone();
             if back.contains(&"publish") && back.contains(&"consume") {
+                self.consuming_up = true;
                 self.note("the Conn recovered");
                 return;
             }
@@ -461,11 +607,20 @@ impl Runner<'_> {
     async fn start(&mut self) -> Result<(), String> {
         let recovered = self.recovered.clone();
         lock(&recovered).clear();
+        let consumer_events = self.consumer_events.clone();
+        lock(&consumer_events).clear();
         let config = Config::default()
             .with_on_recovery(move |event| {
-                if let acemq_core::RecoveryEvent::Recovered { which, .. } = event {
+                use acemq_core::RecoveryEvent::*;
+                let about = match &event {
+                    ConsumerCancelled { queue, .. } | ConsumerResubscribed { queue, .. } => queue.clone(),
+                    Lost { which, .. } | Recovered { which, .. } => which.to_string(),
+                    _ => return,
+                };
+                if let Recovered { which, .. } = event {
                     lock(&recovered).push(which);
                 }
+                lock(&consumer_events).push((event.label(), about));
             })
             .with_recovery_delay(Duration::from_millis(20))
             .with_recovery_delay_max(Duration::from_millis(200))
@@ -503,6 +658,7 @@ impl Runner<'_> {
             r.consumed = true;
         }
         self.running = Some((conn, consumers));
+        self.consuming_up = true;
         self.note("started a Conn and its consumers");
         Ok(())
     }
@@ -531,18 +687,28 @@ impl Runner<'_> {
     /// done, or done so recently that its ack may not be out) is noted.
     async fn fault(&mut self, what: &str) -> Result<(), String> {
         self.observe_set_asides().await?;
-        let calls = lock(&self.handled.calls).clone();
-        let now = Instant::now();
-        for r in &mut self.records {
-            let mine = calls.get(&r.n);
-            let called = mine.and_then(|c| c.last()).map(|c| c.at);
-            let last = called.map_or(self.last_seen[r.n], |at| at.max(self.last_seen[r.n]));
-            let recent = now.duration_since(last) < RECENT;
-            if r.consumed && (recent || !Self::done(r, mine)) {
-                r.faults.push(what.to_string());
-            }
+        for n in self.at_risk() {
+            self.records[n].faults.push(what.to_string());
         }
         Ok(())
+    }
+
+    /// The messages the consumer may hold now (as [`Self::fault`] says),
+    /// as far as the set-asides observed last show.
+    fn at_risk(&self) -> Vec<usize> {
+        let calls = lock(&self.handled.calls).clone();
+        let now = Instant::now();
+        self.records
+            .iter()
+            .filter(|r| {
+                let mine = calls.get(&r.n);
+                let called = mine.and_then(|c| c.last()).map(|c| c.at);
+                let last = called.map_or(self.last_seen[r.n], |at| at.max(self.last_seen[r.n]));
+                let recent = now.duration_since(last) < RECENT;
+                r.consumed && (recent || !Self::done(r, mine))
+            })
+            .map(|r| r.n)
+            .collect()
     }
 
     async fn observe_set_asides(&mut self) -> Result<(), String> {
@@ -560,10 +726,15 @@ impl Runner<'_> {
         loop {
             self.observe_set_asides().await?;
             let calls = lock(&self.handled.calls).clone();
+            let gone = |r: &Record| {
+                let called = calls.get(&r.n).and_then(|c| c.last()).map(|c| c.at);
+                let last = called.map_or(self.last_seen[r.n], |at| at.max(self.last_seen[r.n]));
+                r.queue_deleted && last.elapsed() > GONE_QUIET
+            };
             let waiting: Vec<usize> = self
                 .records
                 .iter()
-                .filter(|r| !Self::done(r, calls.get(&r.n)))
+                .filter(|r| !Self::done(r, calls.get(&r.n)) && !gone(r))
                 .map(|r| r.n)
                 .collect();
             if waiting.is_empty() {
