@@ -47,7 +47,7 @@ const RESUBSCRIBE: Duration = Duration::from_secs(5);
 /// How long a message whose queue was deleted under it may show no sign of
 /// life (no call, not found) before a settle stops waiting for it: it went
 /// with the queue. Every wait a live message spends is far shorter.
-const GONE_QUIET: Duration = Duration::from_millis(1500);
+const GONE_QUIET: Duration = Duration::from_millis(1000);
 /// How long `Conn::close()` may take (its drain is two seconds).
 const CLOSE: Duration = Duration::from_secs(15);
 /// A message last published, called or found this recently when a fault
