@@ -99,8 +99,9 @@ pub struct Record {
     /// no fault of the consumer's.
     pub dlq_deleted: bool,
     /// Whether another client deleted its queue (and declared it again)
-    /// before it was done: a copy that was in the queue then, or on its way
-    /// back to it from a rung, went with the queue.
+    /// before it was done, or at any time after a fault that may have left
+    /// a second copy of it: a copy that was in the queue then, or on its
+    /// way back to it from a rung, went with the queue.
     pub queue_deleted: bool,
     /// The handler's calls, in order.
     pub calls: Vec<Call>,

@@ -425,7 +425,10 @@ impl Runner<'_> {
         let name = self.queues[qi].clone();
         let now = Instant::now();
         for r in &mut self.records {
-            if self.queue_of[r.n] == name && !Self::done(r, calls.get(&r.n)) {
+            // A fault may have left a second copy of a message done since
+            // (a retry's republish, and the original redelivered).
+            let may_be_in_it = !Self::done(r, calls.get(&r.n)) || !r.faults.is_empty();
+            if self.queue_of[r.n] == name && may_be_in_it {
                 r.queue_deleted = true;
                 self.last_seen[r.n] = now;
             }
