@@ -28,7 +28,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRu
 
 /// Sequences per version in a CI run (200 per version took 191 s against
 /// 3.10 and 155 s against 4.0 on a busy 2-core machine).
-const CI_CASES: u32 = 100;
+const CI_CASES: u32 = 60;
 /// The longest sequence generated.
 const MAX_LEN: usize = 24;
 /// How long one sequence (on both brokers) may take.
@@ -728,6 +728,50 @@ fn a_stream_consumer_at_an_offset_past_the_end_waits_for_it() {
         publish.clone(),
         publish.clone(),
         publish,
+    ]);
+}
+
+/// Found by CI's random sequences on RabbitMQ 4.0: the quorum queue's name
+/// declared as a stream (`other_type`), one message in it, and a consumer
+/// with credit at an offset past its end. acemq-memory gives the stream's
+/// length in `declare-ok`, RabbitMQ a metric sampled every few seconds (0
+/// at first); the runner took the length for messages waiting for a
+/// consumer of a quorum queue and never found acemq-memory quiet. Whether a
+/// queue is settled is judged by its type, not by the name it was given.
+#[test]
+fn a_stream_declared_under_another_types_name_is_settled_as_a_stream() {
+    replay(vec![
+        Op::DeclareQueue {
+            ch: Ch(0),
+            q: Q::Quorum,
+            args: QueueArgs::default(),
+            durable: true,
+            passive: false,
+            other_type: true,
+        },
+        Op::Publish {
+            ch: Ch(1),
+            to: Target::Default,
+            key: Key::Queue(Q::Quorum),
+            mandatory: false,
+            props: Props::default(),
+        },
+        Op::Consume {
+            ch: Ch(1),
+            q: Q::Quorum,
+            no_ack: false,
+            exclusive: false,
+            server_tag: false,
+            prefetch: Some(1),
+            offset: Offset::At(1),
+        },
+        Op::DeclareExchange {
+            ch: Ch(3),
+            x: X::Headers,
+            durable: true,
+            passive: false,
+            other_type: false,
+        },
     ]);
 }
 

@@ -1259,7 +1259,9 @@ impl Run {
                     .filter(|u| u.consumer.as_deref() == Some(consumer.tag.as_str()))
                     .count();
                 let credit = consumer.no_ack || consumer.prefetch == 0 || in_flight < usize::from(consumer.prefetch);
-                if q == Q::Stream {
+                // Judged by the queue's type, not by its name: the quorum
+                // queue's name may hold a stream (`other_type`).
+                if kind.unwrap_or(q) == Q::Stream {
                     // RabbitMQ gives no length for a stream (see
                     // `normalise::declare_counts`): a stream consumer with
                     // credit is taken as caught up once nothing has come
