@@ -585,6 +585,30 @@ pub mod differential;
 // operations, the runner, the model.
 pub mod model;
 
+/// A handler of `u32` messages that sends each to `tx` and accepts it,
+/// for scenarios that watch what a consumer receives.
+pub fn forward(
+    tx: tokio::sync::mpsc::UnboundedSender<acemq_core::Message<u32>>,
+) -> impl Fn(acemq_core::Message<u32>) -> std::future::Ready<acemq_core::Ack> + Clone {
+    move |m| {
+        let _ = tx.send(m);
+        std::future::ready(acemq_core::Ack::accept())
+    }
+}
+
+/// The next message [`forward`] sent, within 30 s (`what` names it in the
+/// failure and in the deadline's report).
+pub async fn next(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<acemq_core::Message<u32>>,
+    what: &str,
+) -> acemq_core::Message<u32> {
+    let _label = waiting_for(what.to_string());
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within 30 s"))
+        .expect("the handler is alive")
+}
+
 /// Runs `scenario` on every broker: acemq-memory on a paused clock with
 /// `scale` 1, RabbitMQ on a real clock with `scale` 100 (divide delays by it).
 pub fn on_every_broker<F, Fut>(scenario: F)

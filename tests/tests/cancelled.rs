@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use acemq_codec::QueueDelete;
 use acemq_core::{consume, Ack, Config, Error, Message, OnCancel, RecoveryEvent, Topology};
-use acemq_tests::{brokers, deadline, unique, Broker};
+use acemq_tests::{brokers, deadline, forward, next, unique, Broker};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -49,21 +49,6 @@ impl Events {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-}
-
-fn forward(tx: mpsc::UnboundedSender<Message<u32>>) -> impl Fn(Message<u32>) -> std::future::Ready<Ack> + Clone {
-    move |m: Message<u32>| {
-        let _ = tx.send(m);
-        std::future::ready(Ack::accept())
-    }
-}
-
-async fn next(rx: &mut mpsc::UnboundedReceiver<Message<u32>>, what: &str) -> Message<u32> {
-    let _label = acemq_tests::waiting_for(what.to_string());
-    tokio::time::timeout(Duration::from_secs(30), rx.recv())
-        .await
-        .unwrap_or_else(|_| panic!("no {what} within 30 s"))
-        .expect("the handler is alive")
 }
 
 /// Deletes `queue` behind the consumer's back, from a connection of its own.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use acemq_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::{consume, Ack, Config, Conn, Error, Message, RecoveryEvent, Topology};
 use acemq_tests::chaos::{self, Proxy};
-use acemq_tests::{brokers, brokers_with_tls, deadline, depth, unique, Broker};
+use acemq_tests::{brokers, brokers_with_tls, deadline, depth, forward, next, unique, Broker};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
@@ -96,13 +96,6 @@ async fn breakable() -> Vec<Broker> {
 }
 
 /// A consumer handler that sends every payload it accepts to `tx`.
-fn forward(tx: mpsc::UnboundedSender<Message<u32>>) -> impl Fn(Message<u32>) -> std::future::Ready<Ack> + Clone {
-    move |m: Message<u32>| {
-        let _ = tx.send(m);
-        std::future::ready(Ack::accept())
-    }
-}
-
 /// The next message with payload `want`; earlier ones are redeliveries of
 /// messages whose ack the loss cut off (at-least-once) and are skipped.
 async fn next_with(rx: &mut mpsc::UnboundedReceiver<Message<u32>>, want: u32, what: &str) -> Message<u32> {
@@ -113,14 +106,6 @@ async fn next_with(rx: &mut mpsc::UnboundedReceiver<Message<u32>>, want: u32, wh
         }
         assert!(m.payload < want, "{what}: {} before {want}", m.payload);
     }
-}
-
-async fn next(rx: &mut mpsc::UnboundedReceiver<Message<u32>>, what: &str) -> Message<u32> {
-    let _label = acemq_tests::waiting_for(what.to_string());
-    tokio::time::timeout(Duration::from_secs(30), rx.recv())
-        .await
-        .unwrap_or_else(|_| panic!("no {what} within 30 s"))
-        .expect("the handler is alive")
 }
 
 #[tokio::test(flavor = "multi_thread")]
