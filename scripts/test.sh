@@ -80,17 +80,20 @@ cargo test --workspace --doc
 # from PyPI into target/client-suite) against the acemq-memory server,
 # with both RabbitMQ nodes above as the control (scripts/client-suite.sh).
 scripts/client-suite.sh
+# The examples run with the outbox feature (which the test build above has
+# on too), so acemq-core is built once for all of them; clippy has built
+# each without it.
 # The orders example, against the in-process broker and against both
 # RabbitMQ nodes started above.
-cargo run --quiet --example orders
-AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders
-AMQP_URL="$ACEMQ_RABBITMQ4_URL" cargo run --quiet --example orders
+cargo run --quiet --example orders --features outbox
+AMQP_URL="$ACEMQ_RABBITMQ_URL" cargo run --quiet --example orders --features outbox
+AMQP_URL="$ACEMQ_RABBITMQ4_URL" cargo run --quiet --example orders --features outbox
 # Recovery: connections cut three times while it publishes and consumes.
-cargo run --quiet --example recovery
+cargo run --quiet --example recovery --features outbox
 # The hops: a pipeline, a routing slip and a scheduled message.
-cargo run --quiet --example pipeline
+cargo run --quiet --example pipeline --features outbox
 # The lifecycle of a service: consumers beside a health endpoint, SIGTERM
 # (it sends itself one), an orderly close that loses nothing.
-cargo run --quiet --example service
+cargo run --quiet --example service --features outbox
 # The outbox: an order and its event in one SQLite transaction.
 cargo run --quiet --example outbox --features outbox
