@@ -60,6 +60,7 @@
 mod arbitrary;
 mod error;
 mod frame;
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
 mod method;
 mod parse;

@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use acemq_memory::deadline::deadline_of;
+use acemq_tests::deadline::deadline_of;
 use acemq_tests::model::ops::*;
 use acemq_tests::model::{run, target, MEMORY, RABBITMQ_3_10, RABBITMQ_4_0};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};

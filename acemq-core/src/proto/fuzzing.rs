@@ -1,9 +1,10 @@
 //! The entry point of the `connection` fuzz target
 //! (`fuzz/fuzz_targets/connection.rs`): the client connection machine
 //! ([`Connection`]) between a scripted application and a scripted broker.
-//! Public so that `acemq-core/tests/fuzz_corpus.rs` replays the committed
-//! corpus through the same code on stable. Not part of the API: it changes
-//! with the target, and nothing in the engine may call it.
+//! Compiled only for fuzzing (`--cfg fuzzing`, which cargo-fuzz passes) and
+//! for this crate's tests, which replay the committed corpus through the
+//! same code on stable (`crate::fuzzing`'s `corpus_tests`). Not part of the
+//! API: it changes with the target, and nothing in the engine may call it.
 //!
 //! An input is a three-byte header (`Setup`) and a script. The header picks
 //! what the broker's `connection.tune` offers and the client asks for, how
@@ -65,7 +66,7 @@ pub fn client_connection(data: &[u8]) {
 }
 
 /// The committed seeds of the `connection` target, by file name: each a
-/// header and a script. `tests/fuzz_corpus.rs` checks that
+/// header and a script. `crate::fuzzing`'s `corpus_tests` checks that
 /// `fuzz/corpus/connection/` holds these (and writes them).
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     seeds::all()

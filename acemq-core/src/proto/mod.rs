@@ -4,7 +4,7 @@
 
 mod channel;
 mod connection;
-#[doc(hidden)]
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
 pub mod handshake;
 mod settle;
