@@ -1,8 +1,9 @@
 //! A published message as the broker keeps it: where it was published, its
 //! properties (decoded, or raw when the codec could not decode them) and
 //! its body, shared between queues and streams; and the property bytes a
-//! delivery of it carries. Must never copy a body or re-encode properties
-//! the broker did not change.
+//! delivery of it carries. Must never copy a body; the property bytes go
+//! out as they were received unless the broker or the delivery changes a
+//! property.
 
 use std::borrow::Cow;
 
