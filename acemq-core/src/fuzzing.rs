@@ -5,9 +5,11 @@
 //! attempt, first seen, stream offset, routing slip, the copy a retry or a
 //! set-aside publishes), `replay` (the set-aside message, its destination,
 //! the replayed copy) and the scheduler (destination, due time, the
-//! delivered copy). Public so that `tests/fuzz_corpus.rs` replays the
-//! committed corpus through the same code on stable. Not part of the API:
-//! it changes with the target, and nothing in the library may call it.
+//! delivered copy). Compiled only for fuzzing (`--cfg fuzzing`, which
+//! cargo-fuzz passes) and for this crate's tests, which replay the
+//! committed corpus through the same code on stable (`corpus_tests`). Not
+//! part of the API: it changes with the target, and nothing in the library
+//! may call it.
 //!
 //! An input is a flag byte, then either a script that builds properties
 //! (bit 1 clear) or raw property bytes (bit 1 set: a two-byte length, then
@@ -43,6 +45,9 @@ use crate::codec::{Codec, Json};
 use crate::envelope::{Envelope, ATTEMPT_HEADER, FIRST_SEEN_HEADER, REPLAYED_HEADER};
 use crate::replay::SetAside;
 use crate::retry::{Decision, RetryPolicy};
+
+#[cfg(test)]
+mod corpus_tests;
 
 /// The header names a step can pick: every one the library reads or
 /// writes, and some it only carries.

@@ -137,7 +137,7 @@ pub mod consume;
 mod declaration;
 pub mod envelope;
 mod error;
-#[doc(hidden)]
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
 pub mod guide;
 mod hop;

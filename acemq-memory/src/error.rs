@@ -1,10 +1,12 @@
 //! The errors the broker answers a client with: a reply code, RabbitMQ's
-//! reply text, and the method that caused it. Must never carry anything a
-//! client could not be told.
+//! reply text, and the method that caused it; and the pieces those texts
+//! are written from (how RabbitMQ names a queue, an exchange, a field type,
+//! an invalid argument). Must never carry anything a client could not be
+//! told.
 
 use std::fmt::Display;
 
-use acemq_codec::{ChannelClose, ConnectionClose, ErrorScope, Method, ReplyCode, ShortString};
+use acemq_codec::{ChannelClose, ConnectionClose, ErrorScope, FieldValue, Method, ReplyCode, ShortString};
 
 /// An AMQP error as the broker reports it in `channel.close` or
 /// `connection.close`.
@@ -135,4 +137,33 @@ pub(crate) fn rs_queue(queue: &ShortString, vhost: &str) -> String {
 /// RabbitMQ's `rabbit_misc:rs/1` for an exchange.
 pub(crate) fn rs_exchange(exchange: &ShortString, vhost: &str) -> String {
     format!("exchange '{exchange}' in vhost '{vhost}'")
+}
+
+/// `invalid arg 'K' for queue 'Q' in vhost 'V': WHY`, RabbitMQ's refusal of
+/// a declaration argument.
+pub(crate) fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
+    AmqpError::precondition(format!("invalid arg '{key}' for {}: {why}", rs_queue(queue, vhost)))
+}
+
+/// RabbitMQ's name for a field type, as it appears in reply texts.
+pub(crate) fn type_name(value: &FieldValue) -> &'static str {
+    match value {
+        FieldValue::Bool(_) => "bool",
+        FieldValue::I8(_) => "byte",
+        FieldValue::U8(_) => "unsignedbyte",
+        FieldValue::I16(_) => "short",
+        FieldValue::U16(_) => "unsignedshort",
+        FieldValue::I32(_) => "signedint",
+        FieldValue::U32(_) => "unsignedint",
+        FieldValue::I64(_) | FieldValue::I64L(_) => "long",
+        FieldValue::F32(_) => "float",
+        FieldValue::F64(_) => "double",
+        FieldValue::Decimal(_) => "decimal",
+        FieldValue::LongString(_) => "longstr",
+        FieldValue::Array(_) => "array",
+        FieldValue::Timestamp(_) => "timestamp",
+        FieldValue::Table(_) => "table",
+        FieldValue::Void => "void",
+        FieldValue::ByteArray(_) => "binary",
+    }
 }

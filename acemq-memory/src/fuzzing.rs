@@ -1,6 +1,9 @@
 //! Entry points for fuzzing the broker with arbitrary client bytes, shared
 //! by the cargo-fuzz target (`fuzz/fuzz_targets/broker.rs`) and the stable
-//! property tests. Not an API: the only promise is that nothing panics.
+//! property tests (`no_panic_tests`, `corpus_tests`). Compiled only for
+//! fuzzing (`--cfg fuzzing`, which cargo-fuzz passes) and for this crate's
+//! tests: never part of the API, and nothing in the broker may call it. The
+//! only promise is that nothing panics.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,11 @@ use acemq_codec::{
 use bytes::BytesMut;
 
 use crate::{BrokerConfig, BrokerMachine, Fate, Session};
+
+#[cfg(test)]
+mod corpus_tests;
+#[cfg(test)]
+mod no_panic_tests;
 
 fn push(out: &mut BytesMut, channel: u16, method: impl Into<Method>) {
     let _ = encode_method(channel, &method.into(), out);
@@ -175,7 +183,7 @@ type Script = Box<dyn Fn(&mut BytesMut)>;
 /// The seed corpus of the `broker` fuzz target: for each, its name and the
 /// bytes the target is given (a mode byte, see [`client_bytes`], then what
 /// the client sends). Written to `fuzz/corpus/broker/` and replayed on stable
-/// by acemq-memory's `fuzz_corpus` test.
+/// by `corpus_tests`.
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let persistent = BasicProperties {
         delivery_mode: Some(2),

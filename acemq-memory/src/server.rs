@@ -18,12 +18,14 @@ use crate::broker::{BrokerMachine, ConnId, QueueInfo};
 use crate::config::BrokerConfig;
 use crate::session::{Fate, Session};
 
-struct State {
+/// The broker's machine and the wakers of the connection tasks it serves:
+/// what the hub's lock guards.
+struct Machinery {
     machine: BrokerMachine,
     notifiers: HashMap<ConnId, Arc<Notify>>,
 }
 
-impl State {
+impl Machinery {
     fn wake(&mut self, except: Option<ConnId>) -> Vec<Arc<Notify>> {
         self.machine
             .take_woken()
@@ -34,22 +36,24 @@ impl State {
     }
 }
 
-struct Shared {
-    state: Mutex<State>,
+/// What one broker's handles and connection tasks share: the machinery
+/// behind one lock, and the buffer size of in-process connections.
+struct Hub {
+    machinery: Mutex<Machinery>,
     duplex_capacity: usize,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, Machinery> {
+        self.machinery.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs `f` on the machine and wakes the connections it gave work to.
     fn with_machine<T>(&self, f: impl FnOnce(&mut BrokerMachine, std::time::Instant) -> T) -> T {
         let (result, woken) = {
-            let mut state = self.lock();
-            let result = f(&mut state.machine, now());
-            (result, state.wake(None))
+            let mut machinery = self.lock();
+            let result = f(&mut machinery.machine, now());
+            (result, machinery.wake(None))
         };
         for notify in woken {
             notify.notify_one();
@@ -65,7 +69,7 @@ fn now() -> std::time::Instant {
 /// An in-process AMQP 0-9-1 broker. Cloning is cheap: clones share one broker.
 #[derive(Clone)]
 pub struct Broker {
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -90,8 +94,8 @@ impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
         let duplex_capacity = config.duplex_capacity.max(4096);
         Broker {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State {
+            hub: Arc::new(Hub {
+                machinery: Mutex::new(Machinery {
                     machine: BrokerMachine::new(config, now()),
                     notifiers: HashMap::new(),
                 }),
@@ -130,15 +134,15 @@ impl Broker {
     /// The broker's session runs in a task spawned on the current tokio
     /// runtime (so this must be called inside one).
     pub fn connect(&self) -> DuplexStream {
-        let (client, server) = tokio::io::duplex(self.shared.duplex_capacity);
-        tokio::spawn(serve(self.shared.clone(), server));
+        let (client, server) = tokio::io::duplex(self.hub.duplex_capacity);
+        tokio::spawn(serve(self.hub.clone(), server));
         client
     }
 
     /// Serves any stream (a socket, a duplex half, ...) as one connection,
     /// until it closes.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: S) {
-        serve(self.shared.clone(), stream).await;
+        serve(self.hub.clone(), stream).await;
     }
 
     /// Listens for AMQP clients on a TCP address (use port 0 for any free
@@ -147,13 +151,13 @@ impl Broker {
     pub async fn listen_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let shared = self.shared.clone();
+        let hub = self.hub.clone();
         tokio::spawn(async move {
             loop {
                 match listener.accept().await {
                     Ok((socket, _)) => {
                         let _ = socket.set_nodelay(true);
-                        tokio::spawn(serve(shared.clone(), socket));
+                        tokio::spawn(serve(hub.clone(), socket));
                     }
                     Err(err) => {
                         tracing::warn!(%err, "accept failed");
@@ -167,31 +171,29 @@ impl Broker {
 
     /// The fault controls.
     pub fn faults(&self) -> Faults {
-        Faults {
-            shared: self.shared.clone(),
-        }
+        Faults { hub: self.hub.clone() }
     }
 
     /// A queue's counts, if it exists.
     pub fn queue_info(&self, vhost: &str, queue: &str) -> Option<QueueInfo> {
-        self.shared.lock().machine.queue_info(vhost, queue)
+        self.hub.lock().machine.queue_info(vhost, queue)
     }
 
     /// Whether an exchange exists.
     pub fn exchange_exists(&self, vhost: &str, exchange: &str) -> bool {
-        self.shared.lock().machine.exchange_exists(vhost, exchange)
+        self.hub.lock().machine.exchange_exists(vhost, exchange)
     }
 
     /// How many connections are open.
     pub fn connection_count(&self) -> usize {
-        self.shared.lock().machine.connection_count()
+        self.hub.lock().machine.connection_count()
     }
 }
 
 /// Fault injection for tests, as an operator or a crash would do it.
 #[derive(Clone)]
 pub struct Faults {
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
 }
 
 impl std::fmt::Debug for Faults {
@@ -203,58 +205,55 @@ impl std::fmt::Debug for Faults {
 impl Faults {
     /// Every connection's socket dies, with no close frame.
     pub fn sever_all(&self) {
-        self.shared.with_machine(|m, _| m.sever_all());
+        self.hub.with_machine(|m, _| m.sever_all());
     }
 
     /// Every connection gets `connection.close` 320 CONNECTION_FORCED with
     /// `reason` (as `rabbitmqctl close_connection` sends it) and is dropped
     /// once it answers `close-ok`.
     pub fn close_all(&self, reason: &str) {
-        self.shared.with_machine(|m, _| m.close_all(reason));
+        self.hub.with_machine(|m, _| m.close_all(reason));
     }
 
     /// Restarts the broker: connections get 320 and are dropped;
     /// non-durable queues and exchanges and non-persistent messages are lost.
     pub fn restart(&self) {
-        self.shared.with_machine(|m, now| m.restart(now));
+        self.hub.with_machine(|m, now| m.restart(now));
     }
 
     /// Raises (`true`) or clears a memory alarm: publishing connections are
     /// blocked (`connection.blocked` "low on memory") and no longer read.
     pub fn set_memory_alarm(&self, on: bool) {
-        self.shared.with_machine(|m, _| m.set_memory_alarm(on));
+        self.hub.with_machine(|m, _| m.set_memory_alarm(on));
     }
 
     /// Deletes a queue behind its consumers' backs; they get `basic.cancel`
     /// if they advertised `consumer_cancel_notify`. Returns whether it existed.
     pub fn delete_queue(&self, vhost: &str, queue: &str) -> bool {
-        self.shared.with_machine(|m, now| m.delete_queue(vhost, queue, now))
+        self.hub.with_machine(|m, now| m.delete_queue(vhost, queue, now))
     }
 }
 
 /// One connection: read, feed the session, write what the machine has for
 /// it, sleep until the next deadline or until another connection wakes it.
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S) {
     let notify = Arc::new(Notify::new());
     let mut session = {
-        let mut state = shared.lock();
-        let session = Session::new(&mut state.machine, now());
-        state.notifiers.insert(session.id(), notify.clone());
+        let mut machinery = hub.lock();
+        let session = Session::new(&mut machinery.machine, now());
+        machinery.notifiers.insert(session.id(), notify.clone());
         session
     };
     let id = session.id();
     // Runs when the task ends or is dropped with its runtime (a test that
     // finishes while connected to a named broker): the connection must not
     // linger with its consumers.
-    let _guard = ConnGuard {
-        shared: shared.clone(),
-        id,
-    };
+    let _guard = ConnGuard { hub: hub.clone(), id };
     let mut input = BytesMut::with_capacity(64 * 1024);
     loop {
         let (deadline, want_read) = {
-            let state = shared.lock();
-            let deadline = match (session.poll_timeout(), state.machine.poll_timeout()) {
+            let machinery = hub.lock();
+            let deadline = match (session.poll_timeout(), machinery.machine.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -282,8 +281,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S
         }
         let now = now();
         let (output, woken, fate) = {
-            let mut state = shared.lock();
-            let machine = &mut state.machine;
+            let mut machinery = hub.lock();
+            let machine = &mut machinery.machine;
             if read {
                 session.received(now);
             }
@@ -297,7 +296,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S
                 }
             }
             let output = machine.take_output(id);
-            (output, state.wake(Some(id)), session.fate())
+            (output, machinery.wake(Some(id)), session.fate())
         };
         for n in woken {
             n.notify_one();
@@ -320,17 +319,17 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, mut io: S
 }
 
 struct ConnGuard {
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     id: ConnId,
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         let woken = {
-            let mut state = self.shared.lock();
-            state.machine.remove_conn(self.id, now());
-            state.notifiers.remove(&self.id);
-            state.wake(Some(self.id))
+            let mut machinery = self.hub.lock();
+            machinery.machine.remove_conn(self.id, now());
+            machinery.notifiers.remove(&self.id);
+            machinery.wake(Some(self.id))
         };
         for n in woken {
             n.notify_one();

@@ -28,7 +28,7 @@ use crate::error::AmqpError;
 
 /// What the session waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum Phase {
     ExpectProtocolHeader,
     ExpectStartOk,
     ExpectTuneOk,
@@ -59,7 +59,7 @@ pub enum Fate {
 #[derive(Debug)]
 pub struct Session {
     id: ConnId,
-    state: State,
+    phase: Phase,
     decoder: FrameDecoder,
     heartbeat: Option<Duration>,
     last_recv: Instant,
@@ -93,7 +93,7 @@ impl Session {
         let handshake = machine.config().handshake_timeout;
         Session {
             id,
-            state: State::ExpectProtocolHeader,
+            phase: Phase::ExpectProtocolHeader,
             decoder: FrameDecoder::new(HANDSHAKE_FRAME_MAX).with_allowance(FRAME_ALLOWANCE),
             heartbeat: None,
             last_recv: now,
@@ -119,7 +119,7 @@ impl Session {
     /// Whether the driver should read more input: not while blocked by an
     /// alarm (RabbitMQ stops reading the socket), nor once closing.
     pub fn wants_read(&self) -> bool {
-        self.fate == Fate::Running && !self.blocked && self.state != State::Doomed
+        self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed
     }
 
     /// Bytes arrived from the client.
@@ -138,7 +138,7 @@ impl Session {
             return None;
         }
         let mut next = self.deadline;
-        if let (State::Open, Some(hb)) = (self.state, self.heartbeat) {
+        if let (Phase::Open, Some(hb)) = (self.phase, self.heartbeat) {
             let send = self.last_send + hb / 2;
             next = Some(next.map_or(send, |n| n.min(send)));
             if !self.blocked {
@@ -155,11 +155,11 @@ impl Session {
             return;
         }
         if self.deadline.is_some_and(|d| d <= now) {
-            tracing::debug!(conn = self.id, state = ?self.state, "connection deadline passed, dropping it");
+            tracing::debug!(conn = self.id, phase = ?self.phase, "connection deadline passed, dropping it");
             self.fate = Fate::Sever;
             return;
         }
-        if let (State::Open, Some(hb)) = (self.state, self.heartbeat) {
+        if let (Phase::Open, Some(hb)) = (self.phase, self.heartbeat) {
             if !self.blocked && self.last_recv + hb * 2 <= now {
                 tracing::debug!(conn = self.id, "missed heartbeats from client, dropping it");
                 self.fate = Fate::Sever;
@@ -186,8 +186,8 @@ impl Session {
     /// faults and alarm changes. Replies go to the machine's outbox.
     pub fn handle_input(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) {
         self.apply_outside_changes(machine, now);
-        while self.fate == Fate::Running && !self.blocked && self.state != State::Doomed {
-            if self.state == State::ExpectProtocolHeader {
+        while self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed {
+            if self.phase == Phase::ExpectProtocolHeader {
                 match check_protocol_header(buf) {
                     Ok(false) => break,
                     Ok(true) => {
@@ -219,7 +219,7 @@ impl Session {
     /// whole, so a publish starts, and is refused, as any method would be.
     #[inline(always)]
     fn next_frame(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) -> bool {
-        if self.state == State::Open {
+        if self.phase == Phase::Open {
             let id = self.id;
             let conns = &mut machine.conns;
             let decoded = self.decoder.decode_assembled(buf, |ch| {
@@ -320,9 +320,9 @@ impl Session {
                 return;
             }
             Some(Fault::Close(error)) => {
-                if self.state == State::Open {
+                if self.phase == Phase::Open {
                     self.connection_error(machine, error, now);
-                } else if self.state != State::Closing {
+                } else if self.phase != Phase::Closing {
                     self.fate = Fate::Sever;
                     machine.release_conn(self.id, now);
                 }
@@ -373,7 +373,7 @@ impl Session {
             locales: "en_US".into(),
         };
         machine.send(self.id, 0, start);
-        self.state = State::ExpectStartOk;
+        self.phase = Phase::ExpectStartOk;
     }
 
     #[inline(always)]
@@ -382,29 +382,29 @@ impl Session {
             return;
         }
         let handshaking = matches!(
-            self.state,
-            State::ExpectStartOk | State::ExpectTuneOk | State::ExpectOpen
+            self.phase,
+            Phase::ExpectStartOk | Phase::ExpectTuneOk | Phase::ExpectOpen
         );
         if handshaking && matches!(frame, Frame::Method(0, Method::ConnectionClose(_))) {
             machine.send(self.id, 0, ConnectionCloseOk {});
             self.fate = Fate::Close;
             return;
         }
-        match self.state {
-            State::ExpectProtocolHeader | State::Doomed => {}
-            State::ExpectStartOk => match frame {
+        match self.phase {
+            Phase::ExpectProtocolHeader | Phase::Doomed => {}
+            Phase::ExpectStartOk => match frame {
                 Frame::Method(0, Method::ConnectionStartOk(m)) => self.start_ok(machine, m),
                 other => self.handshake_error(machine, unexpected(&other, "connection.start_ok")),
             },
-            State::ExpectTuneOk => match frame {
+            Phase::ExpectTuneOk => match frame {
                 Frame::Method(0, Method::ConnectionTuneOk(m)) => self.tune_ok(machine, m, now),
                 other => self.handshake_error(machine, unexpected(&other, "connection.tune_ok")),
             },
-            State::ExpectOpen => match frame {
+            Phase::ExpectOpen => match frame {
                 Frame::Method(0, Method::ConnectionOpen(m)) => self.open(machine, m, now),
                 other => self.handshake_error(machine, unexpected(&other, "connection.open")),
             },
-            State::Closing => match frame {
+            Phase::Closing => match frame {
                 Frame::Method(0, Method::ConnectionCloseOk(_)) => self.fate = Fate::Close,
                 Frame::Method(0, Method::ConnectionClose(_)) => {
                     machine.send(self.id, 0, ConnectionCloseOk {});
@@ -412,7 +412,7 @@ impl Session {
                 }
                 _ => {}
             },
-            State::Open => self.open_frame(machine, frame, now),
+            Phase::Open => self.open_frame(machine, frame, now),
         }
     }
 
@@ -465,7 +465,7 @@ impl Session {
             conn.user = user;
         }
         machine.send(self.id, 0, tune);
-        self.state = State::ExpectTuneOk;
+        self.phase = Phase::ExpectTuneOk;
     }
 
     fn tune_ok(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionTuneOk, now: Instant) {
@@ -480,7 +480,7 @@ impl Session {
             // RabbitMQ answers a refused tune-ok with no close at all: it
             // waits a few seconds and drops the socket.
             tracing::debug!(conn = self.id, ?m, "refused tune-ok");
-            self.state = State::Doomed;
+            self.phase = Phase::Doomed;
             self.deadline = now.checked_add(config.close_timeout);
             return;
         }
@@ -490,7 +490,7 @@ impl Session {
             conn.frame_max = m.frame_max;
             conn.channel_max = m.channel_max;
         }
-        self.state = State::ExpectOpen;
+        self.phase = Phase::ExpectOpen;
     }
 
     fn open(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionOpen, now: Instant) {
@@ -519,7 +519,7 @@ impl Session {
             conn.vhost = vhost.into();
         }
         machine.send(self.id, 0, ConnectionOpenOk::default());
-        self.state = State::Open;
+        self.phase = Phase::Open;
         self.deadline = None;
         self.last_recv = now;
         self.last_send = now;
@@ -752,13 +752,13 @@ impl Session {
 
     /// A hard error once open: `connection.close`, then wait for `close-ok`.
     fn connection_error(&mut self, machine: &mut BrokerMachine, error: AmqpError, now: Instant) {
-        if self.state != State::Open {
+        if self.phase != Phase::Open {
             return self.handshake_error(machine, error);
         }
         tracing::debug!(conn = self.id, text = %error.text, "connection error");
         machine.send(self.id, 0, error.close_method(0));
         machine.release_conn(self.id, now);
-        self.state = State::Closing;
+        self.phase = Phase::Closing;
         self.deadline = now.checked_add(machine.config().close_timeout);
     }
 

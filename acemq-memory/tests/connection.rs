@@ -15,7 +15,7 @@ use common::{close_of, start_ok_plain, Client};
 
 #[tokio::test]
 async fn connection_start_offers_plain_and_amqplain_and_rabbitmq_capabilities() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -54,7 +54,7 @@ async fn connection_start_offers_plain_and_amqplain_and_rabbitmq_capabilities() 
 
 #[tokio::test]
 async fn amqplain_login_opens_the_connection() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -103,7 +103,7 @@ async fn amqplain_login_opens_the_connection() {
 
 #[tokio::test]
 async fn wrong_password_is_403_for_a_client_with_authentication_failure_close() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -123,7 +123,7 @@ async fn wrong_password_is_403_for_a_client_with_authentication_failure_close() 
 
 #[tokio::test]
 async fn a_bad_protocol_header_gets_ours_back_and_the_socket_closed() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut stream = broker.connect();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -137,7 +137,7 @@ async fn a_bad_protocol_header_gets_ours_back_and_the_socket_closed() {
 
 #[tokio::test]
 async fn unknown_vhost_is_530_not_allowed() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -176,7 +176,7 @@ async fn unknown_vhost_is_530_not_allowed() {
 
 #[tokio::test]
 async fn configured_vhosts_and_users_are_honoured() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let config = BrokerConfig::default()
             .with_vhosts(["/", "orders"])
             .with_user(acemq_memory::User::new("app", "secret"));
@@ -189,7 +189,7 @@ async fn configured_vhosts_and_users_are_honoured() {
 
 #[tokio::test(start_paused = true)]
 async fn tune_ok_with_frame_max_below_8192_is_dropped_without_a_close() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -215,7 +215,7 @@ async fn tune_ok_with_frame_max_below_8192_is_dropped_without_a_close() {
 
 #[tokio::test(start_paused = true)]
 async fn tune_ok_above_the_server_channel_max_is_refused() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::raw(&broker);
         client.send_bytes(&PROTOCOL_HEADER).await;
@@ -239,7 +239,7 @@ async fn tune_ok_above_the_server_channel_max_is_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn the_broker_heartbeats_at_half_the_interval_and_drops_a_silent_client_after_two() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open_with(&broker, "guest", "guest", "/", 10).await;
         let opened = tokio::time::Instant::now();
@@ -265,7 +265,7 @@ async fn the_broker_heartbeats_at_half_the_interval_and_drops_a_silent_client_af
 
 #[tokio::test(start_paused = true)]
 async fn a_client_that_heartbeats_stays_connected() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open_with(&broker, "guest", "guest", "/", 2).await;
         for _ in 0..20 {
@@ -279,7 +279,7 @@ async fn a_client_that_heartbeats_stays_connected() {
 
 #[tokio::test]
 async fn a_channel_error_closes_only_the_channel_and_it_ignores_everything_until_close_ok() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
@@ -327,7 +327,7 @@ async fn a_channel_error_closes_only_the_channel_and_it_ignores_everything_until
 
 #[tokio::test]
 async fn the_404_close_frame_is_byte_identical_to_rabbitmqs() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let expected = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../amqp-codec/tests/data/rabbitmq-3.10/channel_close_404.bin"
@@ -355,7 +355,7 @@ async fn the_404_close_frame_is_byte_identical_to_rabbitmqs() {
 
 #[tokio::test]
 async fn a_frame_on_a_channel_that_is_not_open_is_504() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client
@@ -379,7 +379,7 @@ async fn a_frame_on_a_channel_that_is_not_open_is_504() {
 
 #[tokio::test]
 async fn a_second_channel_open_is_504() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
@@ -394,7 +394,7 @@ async fn a_second_channel_open_is_504() {
 
 #[tokio::test]
 async fn a_malformed_frame_is_a_hard_error() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
@@ -416,7 +416,7 @@ async fn a_malformed_frame_is_a_hard_error() {
 
 #[tokio::test]
 async fn a_frame_end_that_is_not_0xce_is_501() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.send_bytes(&[8, 0, 0, 0, 0, 0, 0, 0xCD]).await;
@@ -428,7 +428,7 @@ async fn a_frame_end_that_is_not_0xce_is_501() {
 
 #[tokio::test]
 async fn connection_close_is_answered_with_close_ok_and_the_socket_goes() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
@@ -452,7 +452,7 @@ async fn connection_close_is_answered_with_close_ok_and_the_socket_goes() {
 
 #[tokio::test]
 async fn channel_close_is_answered_with_close_ok() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;
@@ -475,7 +475,7 @@ async fn channel_close_is_answered_with_close_ok() {
 
 #[tokio::test]
 async fn consume_reusing_a_tag_is_530() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut client = Client::open(&broker).await;
         client.open_channel(1).await;

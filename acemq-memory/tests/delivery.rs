@@ -26,7 +26,7 @@ async fn consume(c: &mut Client, ch: u16, queue: &str, tag: &str) {
 
 #[tokio::test(start_paused = true)]
 async fn prefetch_limits_unacked_deliveries_per_consumer() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -66,7 +66,7 @@ async fn prefetch_limits_unacked_deliveries_per_consumer() {
 
 #[tokio::test]
 async fn consumers_are_served_round_robin() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -89,7 +89,7 @@ async fn consumers_are_served_round_robin() {
 
 #[tokio::test]
 async fn nack_with_requeue_redelivers_with_the_redelivered_flag() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -132,7 +132,7 @@ async fn nack_with_requeue_redelivers_with_the_redelivered_flag() {
 
 #[tokio::test]
 async fn reject_without_requeue_drops_the_message() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -164,7 +164,7 @@ async fn reject_without_requeue_drops_the_message() {
 
 #[tokio::test]
 async fn an_unknown_delivery_tag_is_406() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -187,7 +187,7 @@ async fn an_unknown_delivery_tag_is_406() {
 
 #[tokio::test]
 async fn acking_twice_is_406() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -219,7 +219,7 @@ async fn acking_twice_is_406() {
 
 #[tokio::test]
 async fn basic_get_returns_a_message_with_the_count_left_or_get_empty() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -272,7 +272,7 @@ async fn basic_get_returns_a_message_with_the_count_left_or_get_empty() {
 
 #[tokio::test]
 async fn basic_recover_requeues_everything_unacked() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -298,7 +298,7 @@ async fn basic_recover_requeues_everything_unacked() {
 
 #[tokio::test]
 async fn closing_a_channel_requeues_its_unacked_messages_for_other_consumers() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -328,7 +328,7 @@ async fn closing_a_channel_requeues_its_unacked_messages_for_other_consumers() {
 
 #[tokio::test(start_paused = true)]
 async fn a_global_qos_limits_the_whole_channel() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;

@@ -77,7 +77,7 @@ async fn drain(client: &mut Client, ch: u16, queue: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn rabbitmqs_exchanges_are_predeclared() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         for name in ["", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"] {
             assert!(broker.exchange_exists("/", name), "{name}");
@@ -104,7 +104,7 @@ async fn rabbitmqs_exchanges_are_predeclared() {
 
 #[tokio::test]
 async fn default_direct_fanout_topic_and_headers_exchanges_route_as_rabbitmq() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -163,7 +163,7 @@ async fn default_direct_fanout_topic_and_headers_exchanges_route_as_rabbitmq() {
 
 #[tokio::test]
 async fn exchange_to_exchange_bindings_route_through_and_each_queue_gets_one_copy() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -193,7 +193,7 @@ async fn exchange_to_exchange_bindings_route_through_and_each_queue_gets_one_cop
 
 #[tokio::test]
 async fn publishing_to_an_internal_exchange_is_403() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -226,7 +226,7 @@ async fn publishing_to_an_internal_exchange_is_403() {
 
 #[tokio::test]
 async fn publishing_to_a_missing_exchange_is_404() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -242,7 +242,7 @@ async fn publishing_to_a_missing_exchange_is_404() {
 
 #[tokio::test]
 async fn passive_declare_of_a_missing_exchange_is_404() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -267,7 +267,7 @@ async fn passive_declare_of_a_missing_exchange_is_404() {
 
 #[tokio::test]
 async fn redeclaring_an_exchange_with_another_type_is_406_with_rabbitmqs_text() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     c.open_channel(1).await;
@@ -315,7 +315,7 @@ async fn redeclaring_an_exchange_with_another_type_is_406_with_rabbitmqs_text() 
 
 #[tokio::test]
 async fn an_unknown_exchange_type_is_503_and_closes_the_connection() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -340,7 +340,7 @@ async fn an_unknown_exchange_type_is_503_and_closes_the_connection() {
 
 #[tokio::test]
 async fn amq_prefixed_names_are_reserved() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -380,7 +380,7 @@ async fn amq_prefixed_names_are_reserved() {
 
 #[tokio::test]
 async fn exchange_delete_if_unused_refuses_an_exchange_with_bindings() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -424,7 +424,7 @@ async fn exchange_delete_if_unused_refuses_an_exchange_with_bindings() {
 
 #[tokio::test]
 async fn alternate_exchange_takes_what_the_exchange_cannot_route() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -452,7 +452,7 @@ async fn alternate_exchange_takes_what_the_exchange_cannot_route() {
 
 #[tokio::test]
 async fn cc_and_bcc_headers_add_routing_keys_and_bcc_is_removed() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;

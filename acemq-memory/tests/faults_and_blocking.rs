@@ -15,7 +15,7 @@ use common::{close_of, Client};
 
 #[tokio::test(start_paused = true)]
 async fn a_memory_alarm_blocks_a_publishing_connection_and_stops_reading_it() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut publisher = Client::open(&broker).await;
         publisher.open_channel(1).await;
@@ -57,7 +57,7 @@ async fn a_memory_alarm_blocks_a_publishing_connection_and_stops_reading_it() {
 
 #[tokio::test(start_paused = true)]
 async fn the_blocked_frames_match_rabbitmqs() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../amqp-codec/tests/data/rabbitmq-3.10/");
         let blocked = std::fs::read(format!("{dir}connection_blocked.bin")).unwrap();
         let unblocked = std::fs::read(format!("{dir}connection_unblocked.bin")).unwrap();
@@ -79,7 +79,7 @@ async fn the_blocked_frames_match_rabbitmqs() {
 
 #[tokio::test]
 async fn sever_all_kills_every_socket_without_a_close() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut a = Client::open(&broker).await;
         let mut b = Client::open(&broker).await;
@@ -113,7 +113,7 @@ async fn sever_all_kills_every_socket_without_a_close() {
 
 #[tokio::test]
 async fn close_all_sends_320_connection_forced_and_waits_for_close_ok() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         broker.faults().close_all("Closed via management plugin");
@@ -130,7 +130,7 @@ async fn close_all_sends_320_connection_forced_and_waits_for_close_ok() {
 
 #[tokio::test]
 async fn restart_loses_what_is_not_durable_and_keeps_persistent_messages() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -200,7 +200,7 @@ async fn restart_loses_what_is_not_durable_and_keeps_persistent_messages() {
 
 #[tokio::test]
 async fn deleting_a_queue_behind_a_consumers_back_sends_basic_cancel() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -230,7 +230,7 @@ async fn deleting_a_queue_behind_a_consumers_back_sends_basic_cancel() {
 
 #[tokio::test]
 async fn a_named_broker_is_the_same_broker_anywhere_in_the_process() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let a = Broker::named("orders-test");
         let mut c = Client::open(&a).await;
         c.open_channel(1).await;
@@ -244,7 +244,7 @@ async fn a_named_broker_is_the_same_broker_anywhere_in_the_process() {
 
 #[tokio::test]
 async fn the_tcp_listener_speaks_amqp() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let addr = broker.listen_tcp("127.0.0.1:0").await.unwrap();
         let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -272,7 +272,7 @@ async fn the_tcp_listener_speaks_amqp() {
 
 #[tokio::test]
 async fn a_connection_whose_runtime_ends_leaves_no_consumer_behind() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::named("runtime-ends");
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;

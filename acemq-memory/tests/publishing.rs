@@ -11,7 +11,7 @@ use common::{args, Client};
 
 #[tokio::test]
 async fn confirms_number_from_one_and_acks_are_coalesced_with_multiple() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -51,7 +51,7 @@ async fn confirms_number_from_one_and_acks_are_coalesced_with_multiple() {
 
 #[tokio::test]
 async fn mandatory_unroutable_is_returned_before_the_ack() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let expected = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../amqp-codec/tests/data/rabbitmq-3.10/return_then_ack.bin"
@@ -87,7 +87,7 @@ async fn mandatory_unroutable_is_returned_before_the_ack() {
 
 #[tokio::test]
 async fn non_mandatory_unroutable_is_acked_at_once() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -103,7 +103,7 @@ async fn non_mandatory_unroutable_is_acked_at_once() {
 
 #[tokio::test]
 async fn reject_publish_overflow_is_nacked() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -134,7 +134,7 @@ async fn reject_publish_overflow_is_nacked() {
 
 #[tokio::test]
 async fn bodies_larger_than_frame_max_arrive_split_and_whole() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -168,7 +168,7 @@ async fn bodies_larger_than_frame_max_arrive_split_and_whole() {
 
 #[tokio::test]
 async fn a_transaction_publishes_on_commit() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     c.open_channel(1).await;

@@ -16,7 +16,7 @@ fn quorum() -> FieldTable {
 
 #[tokio::test]
 async fn redeclare_with_different_arguments_is_406_and_closes_only_the_channel() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     c.open_channel(1).await;
@@ -50,7 +50,7 @@ async fn redeclare_with_different_arguments_is_406_and_closes_only_the_channel()
 
 #[tokio::test]
 async fn integer_arguments_are_compared_by_value_not_width() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     c.open_channel(1).await;
@@ -81,7 +81,7 @@ async fn integer_arguments_are_compared_by_value_not_width() {
 
 #[tokio::test]
 async fn redeclare_with_different_durability_is_406() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     c.open_channel(1).await;
@@ -106,7 +106,7 @@ async fn redeclare_with_different_durability_is_406() {
 
 #[tokio::test]
 async fn a_server_named_queue_is_amq_gen_and_reported_in_declare_ok() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -131,7 +131,7 @@ async fn a_server_named_queue_is_amq_gen_and_reported_in_declare_ok() {
 
 #[tokio::test]
 async fn an_exclusive_queue_is_locked_to_its_connection_and_goes_with_it() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut owner = Client::open(&broker).await;
         owner.open_channel(1).await;
@@ -189,7 +189,7 @@ async fn an_exclusive_queue_is_locked_to_its_connection_and_goes_with_it() {
 
 #[tokio::test]
 async fn an_auto_delete_queue_goes_with_its_last_consumer() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -245,7 +245,7 @@ async fn an_auto_delete_queue_goes_with_its_last_consumer() {
 
 #[tokio::test]
 async fn purge_removes_ready_messages_and_reports_how_many() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -273,7 +273,7 @@ async fn purge_removes_ready_messages_and_reports_how_many() {
 
 #[tokio::test]
 async fn delete_if_unused_and_if_empty_refuse_with_406() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -355,7 +355,7 @@ async fn delete_if_unused_and_if_empty_refuse_with_406() {
 
 #[tokio::test]
 async fn quorum_queues_must_be_durable_non_exclusive_and_not_auto_delete() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
     let broker = Broker::default();
     let mut c = Client::open(&broker).await;
     for (ch, declare, property) in [
@@ -427,7 +427,7 @@ async fn quorum_queues_must_be_durable_non_exclusive_and_not_auto_delete() {
 
 #[tokio::test]
 async fn quorum_redeliveries_carry_x_delivery_count() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -489,7 +489,7 @@ async fn quorum_redeliveries_carry_x_delivery_count() {
 
 #[tokio::test]
 async fn quorum_delivery_limit_dead_letters_with_reason_delivery_limit() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -568,7 +568,7 @@ async fn quorum_delivery_limit_dead_letters_with_reason_delivery_limit() {
 
 #[tokio::test]
 async fn deleting_a_queue_cancels_its_consumers_that_asked_for_cancel_notify() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -610,7 +610,7 @@ async fn deleting_a_queue_cancels_its_consumers_that_asked_for_cancel_notify() {
 /// `delete-ok`.
 #[tokio::test]
 async fn delete_ok_comes_before_the_cancel_of_a_consumer_on_the_deleting_channel() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;

@@ -66,7 +66,7 @@ async fn setup(broker: &Broker) -> Client {
 
 #[tokio::test]
 async fn a_stream_consumer_needs_a_prefetch() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         // Each version in its own words.
         for (version, text) in [
             (
@@ -97,7 +97,7 @@ async fn a_stream_consumer_needs_a_prefetch() {
 
 #[tokio::test]
 async fn consuming_a_stream_with_no_ack_is_540() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = setup(&broker).await;
         c.call(
@@ -126,7 +126,7 @@ async fn consuming_a_stream_with_no_ack_is_540() {
 
 #[tokio::test]
 async fn streams_must_be_durable_and_refuse_basic_get() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = setup(&broker).await;
         let reply = c
@@ -160,7 +160,7 @@ async fn streams_must_be_durable_and_refuse_basic_get() {
 
 #[tokio::test]
 async fn x_stream_offset_first_last_next_number_and_timestamp() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = setup(&broker).await;
         c.call(
@@ -193,7 +193,7 @@ async fn x_stream_offset_first_last_next_number_and_timestamp() {
 
 #[tokio::test(start_paused = true)]
 async fn stream_acks_are_credit_and_messages_stay_in_the_log() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = setup(&broker).await;
         c.call(

@@ -37,7 +37,7 @@ fn death(d: &common::Delivery, index: usize) -> FieldTable {
 
 #[tokio::test(start_paused = true)]
 async fn message_ttl_expires_only_from_the_head_of_the_queue() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -59,7 +59,7 @@ async fn message_ttl_expires_only_from_the_head_of_the_queue() {
 
 #[tokio::test(start_paused = true)]
 async fn x_message_ttl_expires_messages_and_dead_letters_them_as_expired() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -127,7 +127,7 @@ async fn x_message_ttl_expires_messages_and_dead_letters_them_as_expired() {
 
 #[tokio::test(start_paused = true)]
 async fn x_expires_deletes_a_queue_nobody_uses() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -160,7 +160,7 @@ async fn x_expires_deletes_a_queue_nobody_uses() {
 
 #[tokio::test]
 async fn max_length_drops_the_head_and_dead_letters_it_as_maxlen() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -197,7 +197,7 @@ async fn max_length_drops_the_head_and_dead_letters_it_as_maxlen() {
 
 #[tokio::test]
 async fn dead_lettering_keeps_the_original_routing_key_when_none_is_set() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -269,7 +269,7 @@ async fn dead_lettering_keeps_the_original_routing_key_when_none_is_set() {
 
 #[tokio::test]
 async fn a_second_death_in_the_same_queue_counts_up_and_moves_to_the_front() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -342,7 +342,7 @@ async fn a_second_death_in_the_same_queue_counts_up_and_moves_to_the_front() {
 
 #[tokio::test(start_paused = true)]
 async fn an_automatic_dead_letter_cycle_is_dropped() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -368,7 +368,7 @@ async fn an_automatic_dead_letter_cycle_is_dropped() {
 /// byte as RabbitMQ 3.10.8 delivered it (but for the death time).
 #[tokio::test]
 async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let capture = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../amqp-codec/tests/data/rabbitmq-3.10/deliver_x_death.bin"
@@ -480,7 +480,7 @@ async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_ttl_of_zero_reaches_a_waiting_consumer_and_is_dropped_otherwise() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -509,7 +509,7 @@ async fn a_ttl_of_zero_reaches_a_waiting_consumer_and_is_dropped_otherwise() {
 
 #[tokio::test(start_paused = true)]
 async fn requeued_messages_keep_their_original_expiry() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
@@ -543,7 +543,7 @@ async fn requeued_messages_keep_their_original_expiry() {
 
 #[tokio::test]
 async fn absurd_ttls_never_expire_and_never_crash() {
-    acemq_memory::deadline::deadline(async {
+    common::deadline::deadline(async {
         let broker = Broker::default();
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;

@@ -12,7 +12,7 @@ use crate::reply_code::ReplyCode;
 #[non_exhaustive]
 pub enum Error {
     /// More bytes are needed before a frame can be decoded; `needed` is how
-    /// many more at least. Only the streaming envelope ever asks for more: a
+    /// many more at least. Only the streaming frame decoder ever asks for more: a
     /// short payload inside a complete frame is [`Error::Malformed`].
     #[error("incomplete input: {needed} more bytes needed")]
     Incomplete {

@@ -1,9 +1,12 @@
-//! Entry points for the cargo-fuzz targets in `fuzz/`, public so that a
-//! stable test can replay the committed corpus through exactly the same code.
+//! Entry points for the cargo-fuzz targets in `fuzz/`. Compiled only for
+//! fuzzing (`--cfg fuzzing`, which cargo-fuzz passes) and for this crate's
+//! tests, which replay the committed corpus through exactly the same code
+//! (`corpus_tests`): never part of the API, and nothing in the codec may
+//! call it.
 //!
 //! Each function takes arbitrary bytes and panics only when an invariant of
 //! the codec is broken: that panic is the finding. Input errors are expected
-//! and ignored. Not part of the API proper; it changes with the fuzz targets.
+//! and ignored.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -14,8 +17,11 @@ use crate::track::{
 };
 use crate::{BasicProperties, ContentHeader, FieldTable, Frame, FrameDecoder, Method};
 
+#[cfg(test)]
+mod corpus_tests;
+
 /// The `frame_max` and nesting limit a fuzz input asks for, from its first byte.
-fn limits(selector: u8) -> (u32, usize) {
+pub(crate) fn limits(selector: u8) -> (u32, usize) {
     let frame_max = match selector & 0x3 {
         0 => 0,
         1 => crate::FRAME_MIN_SIZE,

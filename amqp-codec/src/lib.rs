@@ -11,8 +11,9 @@
 //!   duplicates, so decoding then encoding gives back the same bytes.
 //! - Nesting of tables and arrays is bounded ([`DEFAULT_MAX_DEPTH`]): a deeper
 //!   value is an error, never a stack overflow.
-//! - The envelope refuses a frame above `frame_max` from its 7-byte header,
-//!   before buffering it; bodies are zero-copy [`bytes::Bytes`].
+//! - The frame decoder refuses a frame above `frame_max` from its 7-byte
+//!   frame header, before buffering it; bodies are zero-copy
+//!   [`bytes::Bytes`].
 //! - A content header's properties are checked in full when the frame is
 //!   decoded and kept as a zero-copy slice of it ([`Properties`]); their
 //!   fields are built the first time one is read, and unchanged properties
@@ -29,7 +30,7 @@
 //!   [`encode_content`] does, copying the previous message's method and
 //!   header frames when the next one repeats them.
 //! - Nothing panics on any input.
-//! - Parsing is hand-written nom (streaming for the 7-byte envelope header,
+//! - Parsing is hand-written nom (streaming for the 7-byte frame header,
 //!   `complete` for payloads); nom never appears in a public signature.
 //!
 //! ```
@@ -60,6 +61,7 @@
 mod arbitrary;
 mod error;
 mod frame;
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
 mod method;
 mod parse;

@@ -5,7 +5,7 @@
 //! This sits above `types` (it reads and writes their strings and tables)
 //! and above `wire` (the nom plumbing); neither may import it, and a type
 //! that needs to parse takes what it needs from `wire`. Readers run nom's
-//! *complete* parsers on a payload that the envelope has already delimited,
+//! *complete* parsers on a payload that the frame decoder has already delimited,
 //! so running out of input is `Truncated`, never a request for more bytes.
 //! They allocate nothing for anything inline, because they run for every
 //! frame.

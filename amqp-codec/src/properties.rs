@@ -2,7 +2,7 @@
 //!
 //! A property list that breaks a limit (too deep, an unknown field type, a
 //! length that lies) is an error about one message, not about the stream: the
-//! frame envelope around it is intact. The frame decoder reports it as
+//! frame around it is intact. The frame decoder reports it as
 //! [`crate::Frame::UndecodableHeader`] with the raw bytes kept, and
 //! [`BasicProperties::salvage`] reads back what it can of them (walking the
 //! list with `crate::salvage`).

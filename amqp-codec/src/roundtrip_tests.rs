@@ -252,7 +252,7 @@ proptest! {
         framed.extend_from_slice(&payload);
         framed.push(crate::FRAME_END);
         let framed = Bytes::from(framed);
-        let (frame, used) = FrameDecoder::new(0).with_max_depth(max_depth).decode_slice(&framed).expect("a sound envelope");
+        let (frame, used) = FrameDecoder::new(0).with_max_depth(max_depth).decode_slice(&framed).expect("a sound frame");
         prop_assert_eq!(used, framed.len());
         match (frame, eager) {
             (Frame::Header(7, header), Ok(eager)) => {

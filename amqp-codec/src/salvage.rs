@@ -73,13 +73,13 @@ impl<'a> Walk<'a> {
             return;
         }
         match T::salvage(&mut self.reader, self.max_depth) {
-            Outcome::Whole(value) => *slot = Some(value),
-            Outcome::Part(value) => {
+            Salvaged::Whole(value) => *slot = Some(value),
+            Salvaged::Part(value) => {
                 *slot = Some(value);
                 self.lost.push(name);
             }
-            Outcome::SteppedOver => self.lost.push(name),
-            Outcome::Stuck => {
+            Salvaged::SteppedOver => self.lost.push(name),
+            Salvaged::Stuck => {
                 self.lost.push(name);
                 self.stopped = true;
             }
@@ -92,7 +92,7 @@ impl<'a> Walk<'a> {
 }
 
 /// What reading one property came to.
-pub(crate) enum Outcome<T> {
+pub(crate) enum Salvaged<T> {
     /// Read as the decoder reads it.
     Whole(T),
     /// Partly read (a table's readable entries); the reader is past it.
@@ -106,18 +106,18 @@ pub(crate) enum Outcome<T> {
 /// A property type, read for salvage.
 pub(crate) trait Salvage: Sized {
     /// Reads the next property. On `Stuck`, the reader may be anywhere.
-    fn salvage(reader: &mut ArgReader<'_>, max_depth: usize) -> Outcome<Self>;
+    fn salvage(reader: &mut ArgReader<'_>, max_depth: usize) -> Salvaged<Self>;
 }
 
 /// Types with no length prefix: read whole, or stuck.
 macro_rules! salvage_whole_or_stuck {
     ($($ty:ty),*) => {$(
         impl Salvage for $ty {
-            fn salvage(reader: &mut ArgReader<'_>, _max_depth: usize) -> Outcome<Self> {
+            fn salvage(reader: &mut ArgReader<'_>, _max_depth: usize) -> Salvaged<Self> {
                 let mut value = <$ty>::default();
                 match value.read_into(reader) {
-                    Ok(()) => Outcome::Whole(value),
-                    Err(_) => Outcome::Stuck,
+                    Ok(()) => Salvaged::Whole(value),
+                    Err(_) => Salvaged::Stuck,
                 }
             }
         }
@@ -127,17 +127,17 @@ macro_rules! salvage_whole_or_stuck {
 salvage_whole_or_stuck!(u8, u64, ShortString);
 
 impl Salvage for FieldTable {
-    fn salvage(reader: &mut ArgReader<'_>, max_depth: usize) -> Outcome<Self> {
+    fn salvage(reader: &mut ArgReader<'_>, max_depth: usize) -> Salvaged<Self> {
         // A failed read consumes nothing: the length prefix is still next.
         if let Ok(table) = reader.table() {
-            return Outcome::Whole(table);
+            return Salvaged::Whole(table);
         }
         let Ok(body) = reader.long_bytes() else {
-            return Outcome::Stuck;
+            return Salvaged::Stuck;
         };
         match readable_entries(body, max_depth) {
-            Some(table) => Outcome::Part(table),
-            None => Outcome::SteppedOver,
+            Some(table) => Salvaged::Part(table),
+            None => Salvaged::SteppedOver,
         }
     }
 }

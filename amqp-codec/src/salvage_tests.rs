@@ -344,7 +344,7 @@ fn trailing_bytes_lose_no_property() {
 fn an_undecodable_header_salvages_its_raw_properties() {
     let raw = identified_around(&pair("x-bad", b"Z"));
     let mut wire = BytesMut::from(&header_frame(60, &raw)[..]);
-    let Some(Frame::UndecodableHeader(1, header)) = FrameDecoder::new(0).decode(&mut wire).expect("a sound envelope")
+    let Some(Frame::UndecodableHeader(1, header)) = FrameDecoder::new(0).decode(&mut wire).expect("a sound frame")
     else {
         panic!("the 'Z' makes the header undecodable");
     };
@@ -356,7 +356,7 @@ fn an_undecodable_header_salvages_its_raw_properties() {
 fn a_header_of_another_class_salvages_nothing() {
     let raw = List::default().shortstr(MESSAGE_ID, "m-1").bytes();
     let mut wire = BytesMut::from(&header_frame(61, &raw)[..]);
-    let Some(Frame::UndecodableHeader(1, header)) = FrameDecoder::new(0).decode(&mut wire).expect("a sound envelope")
+    let Some(Frame::UndecodableHeader(1, header)) = FrameDecoder::new(0).decode(&mut wire).expect("a sound frame")
     else {
         panic!("class 61 carries no content");
     };

@@ -6,7 +6,7 @@
 //! they all import it, so importing one of them back would make a cycle.
 //! Nothing in here is public: at the crate boundary a [`PError`] becomes a
 //! [`DecodeErrorKind`] and then an [`crate::Error`]. Parsers run nom's
-//! *complete* parsers on a payload that the envelope has already delimited,
+//! *complete* parsers on a payload that the frame decoder has already delimited,
 //! so running out of input is `Truncated`, never a request for more bytes.
 
 use crate::error::DecodeErrorKind;

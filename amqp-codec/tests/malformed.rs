@@ -128,7 +128,7 @@ fn an_oversized_frame_is_refused_from_its_header_before_buffering() {
     );
     assert!(buf.capacity() < 4096, "nothing was reserved for the oversized payload");
 
-    // The limit is the whole frame, envelope included: frame_max itself passes.
+    // The limit is the whole frame, frame header and end byte included: frame_max itself passes.
     let body = vec![0u8; 4096 - 8];
     assert!(FrameDecoder::new(4096)
         .decode_slice(&frame(3, 1, &body).freeze())

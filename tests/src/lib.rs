@@ -20,8 +20,13 @@ use std::time::Duration;
 
 use acemq_core::amqp::{Config, Connection, TlsConfig};
 /// Every test runs under a deadline: a hang fails naming the test and what
-/// it waited for (see `acemq_memory::deadline`).
-pub use acemq_memory::deadline::{deadline, deadline_blocking, step, waiting_for};
+/// it waited for (see [`deadline`](mod@deadline)).
+pub use deadline::{deadline, deadline_blocking, step, waiting_for};
+
+// The watchdog acemq-memory's own tests run under: one file, kept with them
+// (test support, not part of acemq-memory's API).
+#[path = "../../acemq-memory/tests/common/deadline.rs"]
+pub mod deadline;
 
 // Breaking the real RabbitMQ on purpose: kill, restart, pause, forced
 // closes, and an in-test TCP proxy that cuts or blackholes connections.
@@ -125,7 +130,7 @@ pub struct Broker {
     /// The in-process broker, for [`Kind::Memory`].
     pub memory: Option<acemq_memory::Broker>,
     /// While a scenario runs on this broker, its deadline says so.
-    on: Option<Arc<acemq_memory::deadline::Waiting>>,
+    on: Option<Arc<deadline::Waiting>>,
 }
 
 /// The brokers of [`brokers`]. Iterating labels each scenario's run with

@@ -20,8 +20,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use acemq_memory::deadline::deadline_of;
 use acemq_memory::RabbitMqVersion;
+use acemq_tests::deadline::deadline_of;
 use acemq_tests::differential::ops::*;
 use acemq_tests::differential::{compare, rabbitmqs, transcripts, Rabbit};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};

@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use acemq_memory::deadline::deadline_of;
+use acemq_tests::deadline::deadline_of;
 use acemq_tests::model::ops::*;
 use acemq_tests::model::{run, target, MEMORY, RABBITMQ_3_10, RABBITMQ_4_0};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -166,7 +166,7 @@ fn a_message_retried_to_the_dlq_and_one_accepted_end_where_the_model_says() {
                 props: plain(),
                 script: vec![Outcome::Retry, Outcome::Accept],
             },
-            Op::Settle,
+            Op::Quiet,
         ],
     );
 }
@@ -209,7 +209,7 @@ fn a_consumer_the_broker_cancels_subscribes_again_and_its_messages_end_where_the
                 props: plain(),
                 script: vec![Outcome::Park],
             },
-            Op::Settle,
+            Op::Quiet,
         ],
     );
 }
@@ -339,7 +339,7 @@ fn a_deleted_dlq_is_declared_again_and_an_undecodable_message_set_aside_in_it() 
         },
         vec![
             Op::Start,
-            Op::Settle,
+            Op::Quiet,
             Op::DeleteDlq { q: 0 },
             Op::Publish {
                 q: 0,

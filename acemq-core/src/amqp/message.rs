@@ -227,7 +227,8 @@ pub(crate) struct Acker {
 
 impl Acker {
     /// An acker of no connection, whose settlements go nowhere: for a
-    /// delivery made up outside the driver ([`crate::fuzzing`]'s).
+    /// delivery made up outside the driver (the `delivery` fuzz harness's).
+    #[cfg(any(fuzzing, test))]
     pub(crate) fn detached() -> Acker {
         let (commands, _) = super::lane::with_side::<Command, Outgoing>();
         let shared = super::driver::Shared::new(Default::default(), commands.downgrade());

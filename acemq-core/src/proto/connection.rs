@@ -6,7 +6,7 @@
 //!    [`Connection::handle_eof`]), and [`Connection::handle_timeout`] when the
 //!    deadline from [`Connection::poll_timeout`] has passed;
 //! 2. apply the application's commands ([`Connection::open_channel`],
-//!    [`Connection::call`], [`Connection::publish`], ...);
+//!    [`Connection::call`], [`Connection::encoded_publishes`], ...);
 //! 3. drain [`Connection::poll_event`] until `None`;
 //! 4. write what [`Connection::poll_transmit`] gives;
 //! 5. sleep until the socket is readable, a command arrives, or
@@ -15,16 +15,15 @@
 //! Every rule of the protocol lives here, so it is testable without tokio.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_codec::track::{
     AssembleError, Assembly, Blocked, BlockedChange, Content, Decoded, Outcome, ReturnKey, ReturnMatch,
 };
 use acemq_codec::{
-    encode_content, encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk,
-    ConnectionClose, ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable,
-    Frame, FrameDecoder, Method, PublishEncoder, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk, ConnectionClose,
+    ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable, Frame,
+    FrameDecoder, Method, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
 };
 use bytes::BytesMut;
 
@@ -360,9 +359,6 @@ pub struct Connection {
     state: State,
     decoder: FrameDecoder,
     outbox: BytesMut,
-    /// Keeps the last publish's method and header frames (see
-    /// [`Connection::publish_shared`]).
-    publish_encoder: PublishEncoder,
     events: VecDeque<Event>,
     tuned: Option<Tuned>,
     server_properties: FieldTable,
@@ -402,7 +398,6 @@ impl Connection {
             state: State::ExpectStart,
             decoder: FrameDecoder::new(FRAME_MIN_SIZE.max(131_072)),
             outbox,
-            publish_encoder: PublishEncoder::new(),
             events: VecDeque::new(),
             tuned: None,
             server_properties: FieldTable::new(),
@@ -575,7 +570,7 @@ impl Connection {
     /// Sends a method on an open channel. Returns a token when the method
     /// expects a reply (see [`Event::Reply`]). `channel.close` starts the
     /// close handshake; `confirm.select` starts numbering publishes.
-    /// Content-bearing methods go through [`Connection::publish`].
+    /// Content-bearing methods go through [`Connection::encoded_publishes`].
     pub fn call(&mut self, channel: u16, method: Method) -> Result<Option<Token>, CommandError> {
         self.ensure_open()?;
         if method.has_content() {
@@ -629,54 +624,12 @@ impl Connection {
         self.call(channel, ack.into()).map(|_| ())
     }
 
-    /// Publishes a message on an open channel. Returns its confirm sequence
-    /// number when the channel is in confirm mode.
-    pub fn publish(
-        &mut self,
-        channel: u16,
-        publish: &BasicPublish,
-        properties: &BasicProperties,
-        body: &[u8],
-    ) -> Result<Option<u64>, CommandError> {
-        let returned = || return_key(publish, properties);
-        self.publish_with(channel, returned, |frame_max, outbox, _| {
-            // `Method` owns its fields; cloning the small publish copies its
-            // inline strings (or counts a reference for a long one).
-            encode_content(
-                channel,
-                &Method::BasicPublish(publish.clone()),
-                properties,
-                body,
-                frame_max,
-                outbox,
-            )
-        })
-    }
-
-    /// [`Connection::publish`] with properties in an [`Arc`], as the driver
-    /// has them. The same bytes go out; what differs is the cost: a publish
-    /// that repeats the last one's channel, exchange, routing key and flags
-    /// copies its method frame, and one with the same `Arc` of properties
-    /// copies its content header, instead of encoding them again (see
-    /// [`PublishEncoder`]).
-    pub fn publish_shared(
-        &mut self,
-        channel: u16,
-        publish: &BasicPublish,
-        properties: &Arc<BasicProperties>,
-        body: &[u8],
-    ) -> Result<Option<u64>, CommandError> {
-        let returned = || return_key(publish, properties);
-        self.publish_with(channel, returned, |frame_max, outbox, encoder| {
-            encoder.encode(channel, publish, properties, body, frame_max, outbox)
-        })
-    }
-
-    /// Publishes messages their caller has encoded, a run at a time.
-    /// `frames`, from `from` on, holds one message after the other: the `basic.publish`
-    /// method frame, the content header and the body frames of each, as
-    /// [`PublishEncoder`] writes them for this connection's `frame_max`; the
-    /// machine does not read them. Each message is then taken, in order,
+    /// Publishes messages their caller has encoded, a run at a time: the
+    /// one way a publish enters the machine. `frames`, from `from` on, holds
+    /// one message after the other: the `basic.publish` method frame, the
+    /// content header and the body frames of each, as
+    /// [`PublishEncoder`](acemq_codec::PublishEncoder) writes them for this
+    /// connection's `frame_max`; the machine does not read them. Each message is then taken, in order,
     /// with [`EncodedPublishes::publish`] (the channel is checked then, so a
     /// channel closed since its frames were encoded refuses them) or left
     /// out with [`EncodedPublishes::skip`].
@@ -697,18 +650,6 @@ impl Connection {
             taken_from: from,
             at: from,
         }
-    }
-
-    fn publish_with(
-        &mut self,
-        channel: u16,
-        returned: impl FnOnce() -> Option<ReturnKey>,
-        encode: impl FnOnce(u32, &mut BytesMut, &mut PublishEncoder) -> Result<(), EncodeError>,
-    ) -> Result<Option<u64>, CommandError> {
-        self.open_channel_for_publish(channel)?;
-        let frame_max = self.tuned.map_or(FRAME_MIN_SIZE, |t| t.frame_max);
-        encode(frame_max, &mut self.outbox, &mut self.publish_encoder)?;
-        self.account_publish(channel, returned)
     }
 
     /// Whether `channel` takes a publish now.

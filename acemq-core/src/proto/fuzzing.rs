@@ -1,9 +1,10 @@
 //! The entry point of the `connection` fuzz target
 //! (`fuzz/fuzz_targets/connection.rs`): the client connection machine
 //! ([`Connection`]) between a scripted application and a scripted broker.
-//! Public so that `acemq-core/tests/fuzz_corpus.rs` replays the committed
-//! corpus through the same code on stable. Not part of the API: it changes
-//! with the target, and nothing in the engine may call it.
+//! Compiled only for fuzzing (`--cfg fuzzing`, which cargo-fuzz passes) and
+//! for this crate's tests, which replay the committed corpus through the
+//! same code on stable (`crate::fuzzing`'s `corpus_tests`). Not part of the
+//! API: it changes with the target, and nothing in the engine may call it.
 //!
 //! An input is a three-byte header (`Setup`) and a script. The header picks
 //! what the broker's `connection.tune` offers and the client asks for, how
@@ -28,6 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use acemq_codec::PublishEncoder;
 use acemq_codec::{
     encode_body, encode_content, encode_method, BasicAck, BasicCancel, BasicCancelOk, BasicConsume, BasicConsumeOk,
     BasicDeliver, BasicGet, BasicGetEmpty, BasicGetOk, BasicNack, BasicProperties, BasicPublish, BasicQos, BasicQosOk,
@@ -41,7 +43,7 @@ use acemq_codec::{
 };
 use bytes::{Buf, BytesMut};
 
-use super::{Auth, Connection, ConnectionParams, Event, Reply, Secret, Token, TuneRequest};
+use super::{return_key, Auth, CommandError, Connection, ConnectionParams, Event, Reply, Secret, Token, TuneRequest};
 
 /// What the machine may write in one step beyond what the step itself
 /// accounts for: a `connection.close` with a 255-byte text, a heartbeat.
@@ -65,10 +67,35 @@ pub fn client_connection(data: &[u8]) {
 }
 
 /// The committed seeds of the `connection` target, by file name: each a
-/// header and a script. `tests/fuzz_corpus.rs` checks that
+/// header and a script. `crate::fuzzing`'s `corpus_tests` checks that
 /// `fuzz/corpus/connection/` holds these (and writes them).
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     seeds::all()
+}
+
+/// Publishes one message the one way a publish enters the machine, as the
+/// driver does it: its frames encoded by `encoder` (a [`PublishEncoder`],
+/// as the command queue encodes them) for the connection's `frame_max`, then
+/// taken with [`Connection::encoded_publishes`], matched to its return when
+/// it is mandatory. Returns its confirm sequence number when the channel is
+/// in confirm mode; on an error (encoding, or a refusal) nothing is written.
+/// For this harness and the machine's unit tests.
+pub(crate) fn publish_encoded(
+    conn: &mut Connection,
+    encoder: &mut PublishEncoder,
+    channel: u16,
+    publish: &BasicPublish,
+    properties: &BasicProperties,
+    body: &[u8],
+) -> Result<Option<u64>, CommandError> {
+    let frame_max = conn.tuned().map_or(FRAME_MIN_SIZE, |t| t.frame_max);
+    let mut frames = BytesMut::new();
+    encoder.encode(channel, publish, properties, body, frame_max, &mut frames)?;
+    let len = frames.len();
+    let seq = conn
+        .encoded_publishes(&mut frames, 0)
+        .publish(channel, len, return_key(publish, properties));
+    seq
 }
 
 // ---------------------------------------------------------------- the input
@@ -323,6 +350,9 @@ struct Harness {
     read_size: usize,
     /// What `handle_input` is handed: bytes of the broker not yet parsed.
     read_buf: BytesMut,
+    /// Encodes the application's publishes, keeping frames from one to the
+    /// next as a channel's command queue does.
+    encoder: PublishEncoder,
     broker: Broker,
     app: App,
 }
@@ -335,6 +365,7 @@ impl Harness {
             now,
             read_size: setup.read_size,
             read_buf: BytesMut::new(),
+            encoder: PublishEncoder::new(),
             broker: Broker::new(setup.tune.clone()),
             app: App::default(),
         }
@@ -963,7 +994,7 @@ impl Harness {
         };
         let body = vec![b'p'; size];
         let was_open = self.conn.is_open();
-        if let Ok(seq) = self.conn.publish(channel, &publish, &properties, &body) {
+        if let Ok(seq) = publish_encoded(&mut self.conn, &mut self.encoder, channel, &publish, &properties, &body) {
             assert!(was_open, "a publish succeeded on a connection that is not open");
             let recent = self.app.recent.entry(channel).or_default();
             if recent.len() == 8 {

@@ -174,7 +174,7 @@ fn smaller_nonzero<T: Ord + Default + Copy>(a: T, b: T) -> T {
 /// RabbitMQ expects: `frame_max` at least [`MIN_FRAME_MAX`] and at most the
 /// server's; `channel_max` between 1 and the server's; heartbeat the smaller
 /// non-zero of the two.
-pub fn negotiate(server: &ConnectionTune, ours: &TuneRequest) -> Tuned {
+pub(crate) fn negotiate(server: &ConnectionTune, ours: &TuneRequest) -> Tuned {
     let channel_max = match smaller_nonzero(server.channel_max, ours.channel_max) {
         0 => u16::MAX,
         n => n,
@@ -205,7 +205,7 @@ impl From<Tuned> for ConnectionTuneOk {
 
 /// The client properties acemq sends: product, version, platform, and the
 /// capabilities RabbitMQ looks for before it uses its extensions.
-pub fn client_properties(connection_name: Option<&str>) -> FieldTable {
+pub(crate) fn client_properties(connection_name: Option<&str>) -> FieldTable {
     let mut capabilities = FieldTable::new();
     for cap in [
         "publisher_confirms",

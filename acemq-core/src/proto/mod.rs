@@ -4,9 +4,9 @@
 
 mod channel;
 mod connection;
-#[doc(hidden)]
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
-pub mod handshake;
+mod handshake;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -18,5 +18,5 @@ pub use connection::{
     CallError, CloseReason, CommandError, Connection, ConnectionParams, EncodedPublishes, Event, Initiator, Refusal,
     Reply,
 };
-pub use handshake::{Auth, Secret, TuneRequest, Tuned};
+pub use handshake::{Auth, Secret, TuneRequest, Tuned, MIN_FRAME_MAX};
 pub use timer::{Timeouts, Wait};

@@ -337,6 +337,19 @@ fn a_frame_on_an_unopened_channel_closes_the_connection_with_504() {
 }
 
 /// An open connection with one channel in confirm mode, events taken.
+/// Publishes one message through [`Connection::encoded_publishes`], the
+/// one way into the machine, encoded as the driver's command queue encodes
+/// it (see `fuzzing::publish_encoded`).
+fn publish_one(
+    conn: &mut Connection,
+    channel: u16,
+    publish: &BasicPublish,
+    properties: &BasicProperties,
+    body: &[u8],
+) -> Result<Option<u64>, CommandError> {
+    super::fuzzing::publish_encoded(conn, &mut PublishEncoder::new(), channel, publish, properties, body)
+}
+
 fn confirming_peer() -> (Peer, u16) {
     let mut p = Peer::open(0);
     let ch = p.open_channel();
@@ -359,12 +372,18 @@ fn confirms_and_returns_pair_through_the_machine() {
         message_id: Some(id.into()),
         ..Default::default()
     };
-    assert_eq!(p.conn.publish(ch, &publish("q"), &props("a"), b"1").unwrap(), Some(1));
     assert_eq!(
-        p.conn.publish(ch, &publish("none"), &props("b"), b"2").unwrap(),
+        publish_one(&mut p.conn, ch, &publish("q"), &props("a"), b"1").unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        publish_one(&mut p.conn, ch, &publish("none"), &props("b"), b"2").unwrap(),
         Some(2)
     );
-    assert_eq!(p.conn.publish(ch, &publish("q"), &props("c"), b"3").unwrap(), Some(3));
+    assert_eq!(
+        publish_one(&mut p.conn, ch, &publish("q"), &props("c"), b"3").unwrap(),
+        Some(3)
+    );
     assert_eq!(p.conn.unconfirmed(ch), 3);
     let ret = BasicReturn {
         reply_code: 312,
@@ -707,7 +726,7 @@ fn a_confirm_in_the_middle_of_a_message_is_out_of_place_and_one_on_a_closing_cha
         ..Default::default()
     };
     assert_eq!(
-        p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+        publish_one(&mut p.conn, ch, &publish, &BasicProperties::default(), b"x").unwrap(),
         Some(1)
     );
     let close = ChannelClose {
@@ -734,7 +753,7 @@ fn a_confirm_in_the_middle_of_a_message_is_out_of_place_and_one_on_a_closing_cha
 
     let (mut p, ch) = confirming_peer();
     assert_eq!(
-        p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+        publish_one(&mut p.conn, ch, &publish, &BasicProperties::default(), b"x").unwrap(),
         Some(1)
     );
     while p.client_frame().is_some() {}
@@ -766,7 +785,7 @@ fn a_multiple_ack_gives_one_event_per_run_of_consecutive_publishes() {
     };
     for seq in 1..=1000 {
         assert_eq!(
-            p.conn.publish(ch, &publish, &BasicProperties::default(), b"x").unwrap(),
+            publish_one(&mut p.conn, ch, &publish, &BasicProperties::default(), b"x").unwrap(),
             Some(seq)
         );
     }
@@ -852,9 +871,14 @@ fn a_body_is_split_at_the_negotiated_frame_max() {
     let mut p = Peer::open(0);
     let ch = p.open_channel();
     let body = vec![1u8; 300_000];
-    p.conn
-        .publish(ch, &BasicPublish::default(), &BasicProperties::default(), &body)
-        .unwrap();
+    publish_one(
+        &mut p.conn,
+        ch,
+        &BasicPublish::default(),
+        &BasicProperties::default(),
+        &body,
+    )
+    .unwrap();
     assert!(matches!(
         p.client_frame(),
         Some(Frame::Method(_, Method::BasicPublish(_)))

@@ -5,7 +5,7 @@
 
 use acemq_codec::{FieldTable, FieldValue, ShortString};
 
-use crate::error::{rs_queue, AmqpError};
+use crate::error::{invalid, rs_queue, type_name, AmqpError};
 
 /// The queue types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,29 +44,6 @@ pub(crate) struct QueueSettings {
     pub max_age_ms: Option<u64>,
     /// Streams: `x-stream-max-segment-size-bytes`.
     pub max_segment_size: Option<u64>,
-}
-
-/// RabbitMQ's name for a field type, as it appears in reply texts.
-pub(crate) fn type_name(value: &FieldValue) -> &'static str {
-    match value {
-        FieldValue::Bool(_) => "bool",
-        FieldValue::I8(_) => "byte",
-        FieldValue::U8(_) => "unsignedbyte",
-        FieldValue::I16(_) => "short",
-        FieldValue::U16(_) => "unsignedshort",
-        FieldValue::I32(_) => "signedint",
-        FieldValue::U32(_) => "unsignedint",
-        FieldValue::I64(_) | FieldValue::I64L(_) => "long",
-        FieldValue::F32(_) => "float",
-        FieldValue::F64(_) => "double",
-        FieldValue::Decimal(_) => "decimal",
-        FieldValue::LongString(_) => "longstr",
-        FieldValue::Array(_) => "array",
-        FieldValue::Timestamp(_) => "timestamp",
-        FieldValue::Table(_) => "table",
-        FieldValue::Void => "void",
-        FieldValue::ByteArray(_) => "binary",
-    }
 }
 
 /// RabbitMQ's type class: every integer width is one class.
@@ -189,10 +166,6 @@ pub(crate) fn assert_queue_args_equivalence(
     // RabbitMQ 3.10.8 compares the arguments the queue's type takes, in
     // the order of that type's list.
     assert_args_equivalence(current, received, &rs_queue(queue, vhost), type_arguments(kind))
-}
-
-pub(crate) fn invalid(key: &str, queue: &ShortString, vhost: &str, why: impl std::fmt::Display) -> AmqpError {
-    AmqpError::precondition(format!("invalid arg '{key}' for {}: {why}", rs_queue(queue, vhost)))
 }
 
 /// A non-negative integer argument; `positive` refuses 0 too (`x-expires`).

@@ -157,7 +157,7 @@ mod tests {
         QueueDeclare,
     };
 
-    use crate::broker::queue::Header;
+    use crate::broker::message::Header;
     use crate::broker::{BrokerMachine, ConnId, Publication};
     use crate::session::Session;
     use crate::BrokerConfig;

@@ -6,7 +6,8 @@
 use acemq_codec::{FieldArray, FieldTable, FieldValue, LongString, ShortString};
 
 use super::args::{set_table_value, sort_table};
-use super::queue::{DeathReason, Header, Message};
+use super::message::{Header, Message};
+use super::queue::DeathReason;
 
 fn long(s: &ShortString) -> FieldValue {
     FieldValue::LongString(LongString::from(s.to_bytes()))

@@ -14,7 +14,8 @@ use acemq_codec::{
 
 use super::dead_letter::{dead_lettered, is_death_cycle};
 use super::exchange::Destination;
-use super::queue::{ConsumerRef, DeathReason, Enqueued, Header, Message, Outgoing, Queued};
+use super::message::{Header, Message, Outgoing};
+use super::queue::{ConsumerRef, DeathReason, Enqueued, Queued};
 use super::Publication;
 use super::{
     wake_conn, write_content, write_delivery, write_method, BrokerMachine, Conn, ConnId, DeadLetter, QueueKind,

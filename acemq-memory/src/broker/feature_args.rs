@@ -5,8 +5,7 @@
 
 use acemq_codec::{FieldTable, FieldValue, ReplyCode, ShortString};
 
-use super::args::{invalid, type_name};
-use crate::error::AmqpError;
+use crate::error::{invalid, type_name, AmqpError};
 
 /// RabbitMQ's highest supported `x-max-priority`.
 const MAX_SUPPORTED_PRIORITY: i64 = 255;

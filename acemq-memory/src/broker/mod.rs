@@ -17,6 +17,7 @@ mod exchange;
 mod fast_hash;
 mod feature_args;
 mod ids;
+mod message;
 mod methods;
 mod queue;
 mod stream;
@@ -35,9 +36,10 @@ use bytes::BytesMut;
 pub(crate) use args::QueueKind;
 use exchange::{Destination, Exchange, ExchangeKind};
 pub(crate) use fast_hash::FastMap;
-pub(crate) use queue::Header;
+pub(crate) use message::Header;
 
-use queue::{DeathReason, Message, Outgoing, Queue, Queued};
+use message::{Message, Outgoing};
+use queue::{DeathReason, Queue, Queued};
 
 use crate::config::BrokerConfig;
 use crate::error::AmqpError;

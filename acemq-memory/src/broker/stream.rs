@@ -22,7 +22,7 @@ use acemq_codec::FieldValue;
 use bytes::BytesMut;
 
 use super::args::QueueSettings;
-use super::queue::Message;
+use super::message::Message;
 
 /// RabbitMQ's default `x-stream-max-segment-size-bytes`: 500 MB.
 const DEFAULT_MAX_SEGMENT_SIZE: u64 = 500_000_000;
@@ -206,7 +206,7 @@ fn entry_size(msg: &Message) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::queue::Header;
+    use crate::broker::message::Header;
     use acemq_codec::{FieldTable, Properties};
 
     fn settings(segment: u64, max_bytes: Option<u64>, max_age_ms: Option<u64>) -> QueueSettings {

@@ -2,6 +2,8 @@
 //! by acemq-codec: send methods and content, assert what comes back.
 #![allow(dead_code)]
 
+pub mod deadline;
+
 use std::time::Duration;
 
 use acemq_codec::{

@@ -1,7 +1,7 @@
 //! Content header frames: class, weight, body size and the property list.
 //!
-//! Must never turn a bad property list into a stream error: the envelope has
-//! already delimited the frame, so a property list that breaks a limit is
+//! Must never turn a bad property list into a stream error: the frame decoder
+//! has already delimited the frame, so a property list that breaks a limit is
 //! reported as an [`UndecodableHeader`] with its raw bytes, and the connection
 //! can carry on.
 
@@ -39,7 +39,7 @@ impl ContentHeader {
         }
     }
 
-    /// Appends the header payload (without the frame envelope).
+    /// Appends the header payload (without the frame header and end byte).
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         dst.put_u16(self.class_id);
         dst.put_u16(self.weight);
@@ -48,7 +48,7 @@ impl ContentHeader {
     }
 }
 
-/// A content header whose envelope and sizes are sound but whose property
+/// A content header whose frame and sizes are sound but whose property
 /// list could not be decoded: too deeply nested, an unknown field type, a
 /// length that lies, undefined flag bits. The message it belongs to can be
 /// set aside; the connection is fine.

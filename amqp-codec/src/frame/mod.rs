@@ -1,19 +1,22 @@
 //! Frames: the protocol header, method, content header, body and heartbeat
-//! frames, the streaming envelope decoder, and the encoders (those for
+//! frames, the streaming frame decoder, and the encoders (those for
 //! messages a server passes on, from stored property bytes, in `stored`).
 //!
 //! ```text
 //! frame = type:u8 channel:u16 size:u32 payload[size] 0xCE
 //! ```
 
-mod envelope;
+mod decoder;
 mod header;
 mod publish;
 mod stored;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub use envelope::{decode_frame, AckFrame, FrameDecoder};
+pub use decoder::{decode_frame, AckFrame, FrameDecoder};
+// What `track`'s `FrameDecoder::decode_assembled` shares with the decoder.
+pub(crate) use decoder::{check_end, malformed_deliver, split_frame, touch_ahead, BASIC_DELIVER_IDS, MAX_RESERVE};
+pub(crate) use header::{check_content_header, PROPERTIES_AT};
 pub use header::{ContentHeader, UndecodableHeader};
 pub use publish::{PropertiesRef, PublishEncoder};
 pub use stored::{encode_content_raw, encode_delivery, DeliverRef};
@@ -69,13 +72,13 @@ impl Frame {
         }
     }
 
-    /// Appends the whole frame, envelope included. On error nothing is
+    /// Appends the whole frame, frame header and end byte included. On error nothing is
     /// appended.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         match self {
             Frame::Method(ch, method) => encode_method(*ch, method, dst),
-            Frame::Header(ch, header) => with_envelope(FRAME_HEADER, *ch, dst, |dst| header.encode(dst)),
-            Frame::UndecodableHeader(ch, header) => with_envelope(FRAME_HEADER, *ch, dst, |dst| {
+            Frame::Header(ch, header) => framed(FRAME_HEADER, *ch, dst, |dst| header.encode(dst)),
+            Frame::UndecodableHeader(ch, header) => framed(FRAME_HEADER, *ch, dst, |dst| {
                 header.encode(dst);
                 Ok(())
             }),
@@ -96,7 +99,7 @@ impl From<(u16, Method)> for Frame {
 
 /// Appends a method frame. On error nothing is appended.
 pub fn encode_method(channel: u16, method: &Method, dst: &mut BytesMut) -> Result<(), EncodeError> {
-    with_envelope(FRAME_METHOD, channel, dst, |dst| method.encode(dst))
+    framed(FRAME_METHOD, channel, dst, |dst| method.encode(dst))
 }
 
 /// Appends one body frame carrying `body` (which must fit in one frame).
@@ -181,7 +184,7 @@ fn encode_header(
     properties: &BasicProperties,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
-    with_envelope(FRAME_HEADER, channel, dst, |dst| {
+    framed(FRAME_HEADER, channel, dst, |dst| {
         let mut fixed = [0; 12];
         fixed[..2].copy_from_slice(&class_id.to_be_bytes());
         // weight: 0
@@ -219,7 +222,7 @@ fn frame_head(frame_type: u8, channel: u16, size: u32) -> [u8; 7] {
 
 /// Writes type, channel and a size placeholder, the payload, the end byte,
 /// then patches the size. On error nothing is appended.
-fn with_envelope(
+fn framed(
     frame_type: u8,
     channel: u16,
     dst: &mut BytesMut,

@@ -16,7 +16,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::{encode_body, encode_method, with_envelope, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD};
+use super::{encode_body, encode_method, framed, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD};
 use crate::error::EncodeError;
 use crate::method::{BasicDeliver, Method};
 use crate::types::ShortString;
@@ -123,7 +123,7 @@ pub fn encode_delivery(
     let start = dst.len();
     let result = body_part_max(frame_max).and_then(|max_body| {
         reserve(dst, deliver.encoded_len(), raw_properties, body, max_body);
-        with_envelope(FRAME_METHOD, channel, dst, |dst| deliver.encode(dst))?;
+        framed(FRAME_METHOD, channel, dst, |dst| deliver.encode(dst))?;
         header_and_body(channel, BasicDeliver::CLASS_ID, raw_properties, body, max_body, dst)
     });
     if result.is_err() {
@@ -181,7 +181,7 @@ fn body_part_max(frame_max: u32) -> Result<usize, EncodeError> {
 }
 
 /// Room for the whole message at once: the method payload, the header, the
-/// body and every frame's envelope.
+/// body and every frame's header and end byte.
 #[inline]
 fn reserve(dst: &mut BytesMut, method_payload: usize, raw_properties: &[u8], body: &[u8], max_body: usize) {
     let body_frames = body.len().div_ceil(max_body.max(1));
@@ -200,7 +200,7 @@ fn header_and_body(
     max_body: usize,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
-    with_envelope(FRAME_HEADER, channel, dst, |dst| {
+    framed(FRAME_HEADER, channel, dst, |dst| {
         dst.put_u16(class_id);
         dst.put_u16(0);
         dst.put_u64(body.len() as u64);

@@ -18,7 +18,7 @@ use crate::error::EncodeError;
 const INLINE: usize = 38;
 const _: () = assert!(
     INLINE >= 32 && INLINE <= 48,
-    "Repr::window covers INLINE bytes in three 16-byte words"
+    "StringStorage::window covers INLINE bytes in three 16-byte words"
 );
 
 /// `PREFIX_MASKS[n]` keeps the first `n` bytes of an inline window and
@@ -40,28 +40,28 @@ static PREFIX_MASKS: [[u8; INLINE]; INLINE + 1] = {
 /// The storage behind both string types: short strings inline, longer ones
 /// as a (possibly shared) `Bytes`.
 #[derive(Clone)]
-enum Repr {
+enum StringStorage {
     Inline { len: u8, buf: [u8; INLINE] },
     Heap(Bytes),
 }
 
-impl Repr {
-    const EMPTY: Repr = Repr::Inline {
+impl StringStorage {
+    const EMPTY: StringStorage = StringStorage::Inline {
         len: 0,
         buf: [0; INLINE],
     };
 
     #[inline]
-    fn from_slice(s: &[u8]) -> Repr {
+    fn from_slice(s: &[u8]) -> StringStorage {
         if s.len() <= INLINE {
             let mut buf = [0; INLINE];
             buf[..s.len()].copy_from_slice(s);
-            Repr::Inline {
+            StringStorage::Inline {
                 len: s.len() as u8,
                 buf,
             }
         } else {
-            Repr::Heap(Bytes::copy_from_slice(s))
+            StringStorage::Heap(Bytes::copy_from_slice(s))
         }
     }
 
@@ -69,7 +69,7 @@ impl Repr {
     /// inline and `tail` has a whole window: the window is copied and the
     /// bytes past `len` masked to zero (fixed-size moves and an AND).
     #[inline(always)]
-    fn window(tail: &[u8], len: usize) -> Option<Repr> {
+    fn window(tail: &[u8], len: usize) -> Option<StringStorage> {
         let window = tail.first_chunk::<INLINE>()?;
         let mask = PREFIX_MASKS.get(len)?;
         // In three 16-byte words (the last overlapping the second), not
@@ -84,23 +84,23 @@ impl Repr {
             let masked = word(window, at) & word(mask, at);
             buf[at..at + 16].copy_from_slice(&masked.to_ne_bytes());
         }
-        Some(Repr::Inline { len: len as u8, buf })
+        Some(StringStorage::Inline { len: len as u8, buf })
     }
 
     #[inline]
-    fn from_bytes(b: Bytes) -> Repr {
+    fn from_bytes(b: Bytes) -> StringStorage {
         if b.len() <= INLINE {
-            Repr::from_slice(&b)
+            StringStorage::from_slice(&b)
         } else {
-            Repr::Heap(b)
+            StringStorage::Heap(b)
         }
     }
 
     #[inline]
     fn as_slice(&self) -> &[u8] {
         match self {
-            Repr::Inline { len, buf } => &buf[..usize::from(*len)],
-            Repr::Heap(b) => b,
+            StringStorage::Inline { len, buf } => &buf[..usize::from(*len)],
+            StringStorage::Heap(b) => b,
         }
     }
 
@@ -109,9 +109,9 @@ impl Repr {
     /// inline ones compare as their whole windows, in three 16-byte words
     /// (as `window` copies them), without a call to memcmp.
     #[inline]
-    fn same_bytes(&self, other: &Repr) -> bool {
+    fn same_bytes(&self, other: &StringStorage) -> bool {
         match (self, other) {
-            (Repr::Inline { len: a, buf: x }, Repr::Inline { len: b, buf: y }) => {
+            (StringStorage::Inline { len: a, buf: x }, StringStorage::Inline { len: b, buf: y }) => {
                 let word = |bytes: &[u8; INLINE], at: usize| -> u128 {
                     let mut w = [0; 16];
                     w.copy_from_slice(&bytes[at..at + 16]);
@@ -125,8 +125,8 @@ impl Repr {
 
     fn to_bytes(&self) -> Bytes {
         match self {
-            Repr::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
-            Repr::Heap(b) => b.clone(),
+            StringStorage::Inline { .. } => Bytes::copy_from_slice(self.as_slice()),
+            StringStorage::Heap(b) => b.clone(),
         }
     }
 }
@@ -179,17 +179,17 @@ macro_rules! byte_string {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Clone)]
-        pub struct $name(Repr);
+        pub struct $name(StringStorage);
 
         impl $name {
             /// An empty string.
             pub const fn new() -> Self {
-                $name(Repr::EMPTY)
+                $name(StringStorage::EMPTY)
             }
 
             /// A string from a `'static` literal, without copying.
             pub const fn from_static(s: &'static str) -> Self {
-                $name(Repr::Heap(Bytes::from_static(s.as_bytes())))
+                $name(StringStorage::Heap(Bytes::from_static(s.as_bytes())))
             }
 
 
@@ -260,13 +260,13 @@ macro_rules! byte_string {
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                $name(Repr::from_slice(s.as_bytes()))
+                $name(StringStorage::from_slice(s.as_bytes()))
             }
         }
 
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                $name(Repr::from_bytes(Bytes::from(s)))
+                $name(StringStorage::from_bytes(Bytes::from(s)))
             }
         }
 
@@ -320,7 +320,7 @@ impl ShortString {
     /// A string holding a copy of these bytes (no length check).
     #[inline]
     pub(crate) fn from_slice(bytes: &[u8]) -> Self {
-        ShortString(Repr::from_slice(bytes))
+        ShortString(StringStorage::from_slice(bytes))
     }
 
     /// Sets the string to the first `len` bytes of `tail` (no length check).
@@ -329,7 +329,7 @@ impl ShortString {
     /// into place: no `memcpy` call, no temporary.
     #[inline(always)]
     pub(crate) fn set_prefix(&mut self, tail: &[u8], len: usize) {
-        match Repr::window(tail, len) {
+        match StringStorage::window(tail, len) {
             Some(repr) => self.0 = repr,
             None => self.set_slow(tail.get(..len).unwrap_or(tail)),
         }
@@ -339,7 +339,7 @@ impl ShortString {
     /// window when `tail` is long enough.
     #[inline(always)]
     pub(crate) fn from_prefix(tail: &[u8], len: usize) -> Self {
-        match Repr::window(tail, len) {
+        match StringStorage::window(tail, len) {
             Some(repr) => ShortString(repr),
             None => ShortString::from_slice(tail.get(..len).unwrap_or(tail)),
         }
@@ -348,12 +348,12 @@ impl ShortString {
     #[cold]
     #[inline(never)]
     fn set_slow(&mut self, bytes: &[u8]) {
-        self.0 = Repr::from_slice(bytes);
+        self.0 = StringStorage::from_slice(bytes);
     }
 
     /// A short string from raw bytes, or `None` if they are longer than 255.
     pub fn from_bytes(bytes: Bytes) -> Option<Self> {
-        (bytes.len() <= 255).then(|| ShortString(Repr::from_bytes(bytes)))
+        (bytes.len() <= 255).then(|| ShortString(StringStorage::from_bytes(bytes)))
     }
 
     pub(crate) fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
@@ -375,7 +375,7 @@ impl LongString {
     #[inline(always)]
     pub(crate) fn encode_after(&self, dst: &mut BytesMut, code: Option<u8>) -> Result<(), EncodeError> {
         match &self.0 {
-            Repr::Inline { len, buf } => {
+            StringStorage::Inline { len, buf } => {
                 let [a, b, c, d] = u32::from(*len).to_be_bytes();
                 match code {
                     Some(code) => put_window(dst, &[code, a, b, c, d], buf, usize::from(*len)),
@@ -383,7 +383,7 @@ impl LongString {
                 }
                 Ok(())
             }
-            Repr::Heap(bytes) => {
+            StringStorage::Heap(bytes) => {
                 if let Some(code) = code {
                     dst.put_u8(code);
                 }
@@ -411,32 +411,32 @@ impl LongString {
     /// slice of `source` when there is one, which `tail` must lie within.
     #[inline(always)]
     pub(crate) fn from_prefix(tail: &[u8], len: usize, source: Option<&Bytes>) -> Self {
-        if let Some(repr) = Repr::window(tail, len) {
+        if let Some(repr) = StringStorage::window(tail, len) {
             return LongString(repr);
         }
         let bytes = tail.get(..len).unwrap_or(tail);
         match source {
-            Some(source) if bytes.len() > INLINE => LongString(Repr::Heap(source.slice_ref(bytes))),
-            _ => LongString(Repr::from_slice(bytes)),
+            Some(source) if bytes.len() > INLINE => LongString(StringStorage::Heap(source.slice_ref(bytes))),
+            _ => LongString(StringStorage::from_slice(bytes)),
         }
     }
 }
 
 impl From<Bytes> for LongString {
     fn from(bytes: Bytes) -> Self {
-        LongString(Repr::from_bytes(bytes))
+        LongString(StringStorage::from_bytes(bytes))
     }
 }
 
 impl From<Vec<u8>> for LongString {
     fn from(bytes: Vec<u8>) -> Self {
-        LongString(Repr::from_bytes(Bytes::from(bytes)))
+        LongString(StringStorage::from_bytes(Bytes::from(bytes)))
     }
 }
 
 impl From<&[u8]> for LongString {
     fn from(bytes: &[u8]) -> Self {
-        LongString(Repr::from_slice(bytes))
+        LongString(StringStorage::from_slice(bytes))
     }
 }
 

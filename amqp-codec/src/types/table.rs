@@ -51,12 +51,12 @@ type Entry = (ShortString, FieldValue);
 /// `insert`, `push` or `remove` holds only entries. Equality compares
 /// entries, never bytes.
 #[derive(Clone)]
-pub struct FieldTable(Repr);
+pub struct FieldTable(TableStorage);
 
 /// The two states of a table. Kept to the size of a `Vec` so that methods
 /// and field values holding a table do not grow.
 #[derive(Clone)]
-enum Repr {
+enum TableStorage {
     /// Entries of the table's own.
     Owned(Vec<Entry>),
     /// A table as decoded: the validated wire bytes, and the entries once
@@ -115,7 +115,7 @@ impl Default for FieldTable {
 impl FieldTable {
     /// An empty table.
     pub const fn new() -> Self {
-        FieldTable(Repr::Owned(Vec::new()))
+        FieldTable(TableStorage::Owned(Vec::new()))
     }
 
     /// Decodes a table (its 32-bit length prefix included) that must fill
@@ -177,31 +177,31 @@ impl FieldTable {
                 })
             }
         }
-        FieldTable(Repr::Wire(wire))
+        FieldTable(TableStorage::Wire(wire))
     }
 
     /// The entries, built from the wire bytes on first access.
     #[inline]
     fn built(&self) -> &[Entry] {
         match &self.0 {
-            Repr::Owned(entries) => entries,
-            Repr::Wire(wire) => wire.entries.get_or_init(|| materialize_table(&wire.raw)),
+            TableStorage::Owned(entries) => entries,
+            TableStorage::Wire(wire) => wire.entries.get_or_init(|| materialize_table(&wire.raw)),
         }
     }
 
     /// The entries, to change: from now on the table holds its own.
     fn entries_mut(&mut self) -> &mut Vec<Entry> {
-        if let Repr::Wire(wire) = &mut self.0 {
+        if let TableStorage::Wire(wire) = &mut self.0 {
             let entries = match wire.entries.take() {
                 Some(entries) => entries,
                 None => materialize_table(&wire.raw),
             };
-            self.0 = Repr::Owned(entries);
+            self.0 = TableStorage::Owned(entries);
         }
         match &mut self.0 {
-            Repr::Owned(entries) => entries,
+            TableStorage::Owned(entries) => entries,
             // Just turned into `Owned` above.
-            Repr::Wire(_) => unreachable!("a table being changed owns its entries"),
+            TableStorage::Wire(_) => unreachable!("a table being changed owns its entries"),
         }
     }
 
@@ -268,9 +268,9 @@ impl FieldTable {
     /// Whether the table has no entries.
     pub fn is_empty(&self) -> bool {
         match &self.0 {
-            Repr::Owned(entries) => entries.is_empty(),
+            TableStorage::Owned(entries) => entries.is_empty(),
             // A validated body that is not empty holds at least one entry.
-            Repr::Wire(_) => false,
+            TableStorage::Wire(_) => false,
         }
     }
 
@@ -278,8 +278,8 @@ impl FieldTable {
     /// written back byte for byte.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let entries = match &self.0 {
-            Repr::Owned(entries) => entries,
-            Repr::Wire(wire) => return encode_long_bytes(wire.raw.as_slice(), dst),
+            TableStorage::Owned(entries) => entries,
+            TableStorage::Wire(wire) => return encode_long_bytes(wire.raw.as_slice(), dst),
         };
         with_length_prefix(dst, |dst| {
             for (key, value) in entries {
@@ -305,7 +305,7 @@ impl fmt::Debug for FieldTable {
 
 impl<K: Into<ShortString>, V: Into<FieldValue>> FromIterator<(K, V)> for FieldTable {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        FieldTable(Repr::Owned(
+        FieldTable(TableStorage::Owned(
             iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
         ))
     }

@@ -10,7 +10,7 @@
 
 use nom::number::complete::be_u8;
 
-use super::{Decimal, Entry, FieldArray, FieldTable, FieldValue, Repr};
+use super::{Decimal, Entry, FieldArray, FieldTable, FieldValue, TableStorage};
 use crate::types::validate::{long_bytes, short_string_len};
 use crate::wire::num::{be_f32, be_f64, be_i16, be_i32, be_i64, be_i8, be_u16, be_u32, be_u64};
 use crate::wire::PResult;
@@ -50,8 +50,8 @@ impl FieldTable {
     /// read a table once); for one built here, its entries.
     pub fn view(&self) -> FieldTableRef<'_> {
         FieldTableRef(match &self.0 {
-            Repr::Owned(entries) => TableRef::Entries(entries),
-            Repr::Wire(wire) => TableRef::Wire(wire.raw.as_slice()),
+            TableStorage::Owned(entries) => TableRef::Entries(entries),
+            TableStorage::Wire(wire) => TableRef::Wire(wire.raw.as_slice()),
         })
     }
 }

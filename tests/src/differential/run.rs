@@ -1,7 +1,7 @@
 //! Runs a sequence of [`Op`]s against one broker through the low-level
 //! engine API and records everything the broker says into a transcript.
 //!
-//! Determinism: each operation is followed by `Run::settle`, which makes
+//! Determinism: each operation is followed by `Run::quieten`, which makes
 //! the broker quiet before the next one starts:
 //!
 //! - every open channel gets a synchronous round trip (a passive declare of
@@ -37,7 +37,7 @@ use super::ops::*;
 
 /// How long one broker reply may take before it is recorded as missing.
 const REPLY: Duration = Duration::from_secs(10);
-/// How long a settle may wait for the queues to become quiet.
+/// How long `quieten` may wait for the queues to become quiet.
 const QUIET: Duration = Duration::from_secs(5);
 /// How long a stream consumer with credit must have received nothing to be
 /// taken as caught up.
@@ -141,7 +141,7 @@ pub struct Run {
     consumers: u32,
     step: usize,
     last_counts: String,
-    /// Quiet rounds in a row that make a settle quiet.
+    /// Quiet rounds in a row that make the broker quiet.
     rounds: usize,
     /// The type each queue slot was declared with, while it exists.
     kinds: [Option<Q>; 3],
@@ -169,7 +169,7 @@ pub async fn run(url: &str, prefix: &str, ops: &[Op]) -> Vec<String> {
     for (i, op) in ops.iter().enumerate() {
         run.step = i;
         run.apply(op).await;
-        run.settle(op.channel()).await;
+        run.quieten(op.channel()).await;
     }
     run.step = ops.len();
     run.cleanup().await;
@@ -1030,7 +1030,7 @@ impl Run {
     /// Brings every channel up to date and waits for the queues to be quiet;
     /// then writes out what arrived, channel by channel, and the queue counts
     /// if they changed.
-    async fn settle(&mut self, first: Ch) {
+    async fn quieten(&mut self, first: Ch) {
         let started = Instant::now();
         let mut quiet_rounds = 0;
         let mut counts = String::new();

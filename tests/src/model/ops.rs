@@ -213,8 +213,8 @@ pub enum Op {
         /// first tries to subscribe again find no queue.
         gap: bool,
     },
-    /// Waits until every message the running consumer has is done.
-    Settle,
+    /// Waits until every message the running consumer has is done: quiet.
+    Quiet,
 }
 
 fn queue_type() -> impl Strategy<Value = QueueType> {
@@ -291,7 +291,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::ForceClose),
         1 => (0usize..2).prop_map(|q| Op::DeleteDlq { q }),
         1 => (0usize..2, any::<bool>()).prop_map(|(q, gap)| Op::Cancel { q, gap }),
-        2 => Just(Op::Settle),
+        2 => Just(Op::Quiet),
     ]
 }
 

@@ -33,10 +33,11 @@ pub struct Target {
     pub url: Option<String>,
 }
 
-/// How long a `Settle` step waits for the consumer to finish its messages.
-const SETTLE: Duration = Duration::from_secs(3);
-/// How long the last settle waits, before the consumer is closed.
-const LAST_SETTLE: Duration = Duration::from_secs(4);
+/// How long a `Quiet` step waits for the consumer to finish its messages.
+const QUIET: Duration = Duration::from_secs(3);
+/// How long the last wait for quiet takes at most, before the consumer is
+/// closed.
+const LAST_QUIET: Duration = Duration::from_secs(4);
 /// How long the rungs may take to hand their messages back at the end.
 const RUNGS_EMPTY: Duration = Duration::from_secs(3);
 /// How long the `Conn` may take to recover from a forced close.
@@ -45,7 +46,7 @@ const RECOVERY: Duration = Duration::from_secs(5);
 /// once its queue is back (its backoff is 20 ms doubling to 200 ms).
 const RESUBSCRIBE: Duration = Duration::from_secs(5);
 /// How long a message whose queue was deleted under it may show no sign of
-/// life (no call, not found) before a settle stops waiting for it: it went
+/// life (no call, not found) before `quieten` stops waiting for it: it went
 /// with the queue. Every wait a live message spends is far shorter.
 const GONE_QUIET: Duration = Duration::from_millis(1000);
 /// How long `Conn::close()` may take (its drain is two seconds).
@@ -197,7 +198,7 @@ impl Runner<'_> {
             self.step(op).await?;
         }
         if self.running.is_some() {
-            self.settle(LAST_SETTLE).await?;
+            self.quieten(LAST_QUIET).await?;
             self.close().await?;
         }
         self.wait_for_rungs().await;
@@ -344,9 +345,9 @@ impl Runner<'_> {
                 let qi = q % self.queues.len();
                 self.cancel(qi, *gap).await?;
             }
-            Op::Settle => {
+            Op::Quiet => {
                 if self.running.is_some() {
-                    self.settle(SETTLE).await?;
+                    self.quieten(QUIET).await?;
                 }
             }
         }
@@ -724,7 +725,7 @@ impl Runner<'_> {
         Ok(())
     }
 
-    async fn settle(&mut self, limit: Duration) -> Result<(), String> {
+    async fn quieten(&mut self, limit: Duration) -> Result<(), String> {
         let until = Instant::now() + limit;
         loop {
             self.observe_set_asides().await?;
@@ -741,11 +742,11 @@ impl Runner<'_> {
                 .map(|r| r.n)
                 .collect();
             if waiting.is_empty() {
-                self.note("settled");
+                self.note("quiet");
                 return Ok(());
             }
             if Instant::now() >= until {
-                self.note(format!("not settled within {limit:?}: {waiting:?} not done"));
+                self.note(format!("not quiet within {limit:?}: {waiting:?} not done"));
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -1,14 +1,15 @@
 //! Nothing a client sends makes the broker panic: arbitrary bytes, and
 //! sequences of well-formed frames with arbitrary fields, after a valid
-//! handshake or without one.
+//! handshake or without one. Unit tests, because the entry point
+//! ([`super::client_bytes`]) is compiled only for tests and fuzzing.
 
+use crate::fuzzing::client_bytes;
 use acemq_codec::{
     encode_content, encode_method, BasicAck, BasicCancel, BasicConsume, BasicGet, BasicNack, BasicProperties,
     BasicPublish, BasicQos, BasicRecover, BasicReject, ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen,
     ConfirmSelect, ExchangeBind, ExchangeDeclare, ExchangeDelete, FieldTable, FieldValue, Method, QueueBind,
     QueueDeclare, QueueDelete, QueuePurge, QueueUnbind, TxCommit, TxRollback, TxSelect,
 };
-use acemq_memory::fuzzing::client_bytes;
 use bytes::BytesMut;
 use proptest::prelude::*;
 
@@ -257,13 +258,13 @@ proptest! {
     fn arbitrary_bytes_never_panic(mode in any::<u8>(), bytes in prop::collection::vec(any::<u8>(), 0..600)) {
         let mut data = vec![mode];
         data.extend(bytes);
-        acemq_memory::deadline::deadline_blocking(|| client_bytes(&data));
+        crate::deadline::deadline_blocking(|| client_bytes(&data));
     }
 
     #[test]
     fn arbitrary_frame_sequences_after_a_handshake_never_panic(mode in any::<u8>(), steps in prop::collection::vec(step(), 0..40)) {
         let mut data = vec![mode | 1];
         data.extend(encode(&steps));
-        acemq_memory::deadline::deadline_blocking(|| client_bytes(&data));
+        crate::deadline::deadline_blocking(|| client_bytes(&data));
     }
 }

@@ -1,17 +1,18 @@
 //! Replays the `broker` fuzz target's committed seeds
 //! (`fuzz/corpus/broker/`) and saved crash inputs
 //! (`fuzz/regressions/broker/`) through the entry point the target calls,
-//! on stable, in every `cargo test`. A missing or empty corpus is a failure,
-//! so this cannot silently check nothing.
+//! on stable, in every `cargo test` (unit tests: the harness is compiled
+//! only for tests and fuzzing). A missing or empty corpus is a failure, so
+//! this cannot silently check nothing.
 //!
-//! The seeds are written by `acemq_memory::fuzzing::seeds()`:
-//! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-memory --test fuzz_corpus`
+//! The seeds are written by `fuzzing::seeds()`:
+//! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-memory --lib fuzzing::corpus_tests`
 //! rewrites them after the input format changes.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use acemq_memory::fuzzing;
+use crate::fuzzing;
 
 fn dir(kind: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

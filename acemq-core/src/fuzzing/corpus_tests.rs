@@ -1,21 +1,22 @@
 //! Replays the committed seeds (`fuzz/corpus/<target>/`) and saved crash
 //! inputs (`fuzz/regressions/<target>/`) of acemq-core's fuzz targets through
 //! the entry points the targets call, on stable, in every `cargo test`:
-//! `connection` (`acemq_core::proto::fuzzing`) and `delivery`
-//! (`acemq_core::fuzzing`). A missing or empty corpus is a failure, so this
+//! `connection` (`crate::proto::fuzzing`) and `delivery`
+//! (`crate::fuzzing`). Unit tests, because the harness is compiled only for
+//! tests and fuzzing. A missing or empty corpus is a failure, so this
 //! cannot silently check nothing.
 //!
 //! The seeds the generators write (`proto::fuzzing::seeds()`,
 //! `fuzzing::seeds()`) must be in the corpus as written:
-//! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-core --test fuzz_corpus` rewrites
+//! `ACEMQ_WRITE_SEEDS=1 cargo test -p acemq-core --lib fuzzing::corpus_tests` rewrites
 //! them after an input format changes. The `delivery` corpus also keeps what
 //! the fuzzer found (minimised with `cargo fuzz cmin`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use acemq_core::fuzzing;
-use acemq_core::proto::fuzzing as proto_fuzzing;
+use crate::fuzzing;
+use crate::proto::fuzzing as proto_fuzzing;
 
 /// A target: its name, its entry point and its seed generator.
 struct Target {

@@ -1,6 +1,7 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) and any saved
 //! crash inputs (`fuzz/regressions/<target>/`) through the same entry points
-//! the cargo-fuzz targets call, on stable Rust, in every `cargo test`.
+//! the cargo-fuzz targets call, on stable Rust, in every `cargo test`: unit
+//! tests, because the harness is compiled only for tests and fuzzing.
 //!
 //! The seeds are written by `fuzz/make_corpus.py`. A missing or empty corpus
 //! directory is a failure, so this test cannot silently check nothing.
@@ -8,7 +9,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use acemq_codec::{fuzzing, FieldTable, Frame, FrameDecoder};
+use crate::{fuzzing, FieldTable, Frame, FrameDecoder};
 use bytes::Bytes;
 
 type Entry = fn(&[u8]);
@@ -109,16 +110,10 @@ fn regressions_replay_without_panics() {
     );
 }
 
-/// The decoder `fuzzing::decode_frames` builds for a selector byte (a copy of
-/// its private `limits`; if the two drift apart only the statistics suffer).
+/// The decoder `fuzzing::decode_frames` builds for a selector byte.
 fn decoder_for(selector: u8) -> FrameDecoder {
-    let frame_max = match selector & 0x3 {
-        0 => 0,
-        1 => acemq_codec::FRAME_MIN_SIZE,
-        2 => acemq_codec::DEFAULT_FRAME_MAX,
-        _ => 1 << 20,
-    };
-    FrameDecoder::new(frame_max).with_max_depth(1 + usize::from(selector >> 2) % 64)
+    let (frame_max, depth) = fuzzing::limits(selector);
+    FrameDecoder::new(frame_max).with_max_depth(depth)
 }
 
 /// The decode_frames seeds must mostly be real frames, or the fuzzer starts
@@ -128,7 +123,7 @@ fn decode_frames_seeds_are_frames() {
     let dir = fuzz_dir().join("corpus").join("decode_frames");
     let files = files_under(&dir);
     assert!(!files.is_empty(), "corpus directory {} is empty", dir.display());
-    // `CORPUS_STATS=1 cargo test -p acemq-codec --test fuzz_corpus -- --nocapture`
+    // `CORPUS_STATS=1 cargo test -p acemq-codec --lib fuzzing -- --nocapture`
     // lists every seed with its frame count and how decoding stopped.
     let verbose = std::env::var_os("CORPUS_STATS").is_some();
     let (mut decoding, mut frames_total) = (0, 0);

@@ -12,6 +12,11 @@
 //!
 //! The limit is [`DEFAULT_LIMIT`], or `ACEMQ_TEST_DEADLINE` seconds when that
 //! is set. Nothing here reads a tokio clock or touches a broker.
+//!
+//! One file, test support only and never part of acemq-memory's API:
+//! acemq-memory's integration tests have it as `common::deadline`, its
+//! no-panic unit tests as `crate::deadline`, and the workspace's tests crate
+//! as `acemq_tests::deadline` (each includes this file by path).
 
 use std::future::Future;
 use std::io::Write;
@@ -240,7 +245,7 @@ impl Watch {
 
     fn message(&self, labels: &[(u64, String)]) -> String {
         let waiting = if labels.is_empty() {
-            "nothing named (label the wait with acemq_memory::deadline::waiting_for)".to_owned()
+            "nothing named (label the wait with deadline::waiting_for)".to_owned()
         } else {
             let names: Vec<&str> = labels.iter().map(|(_, name)| name.as_str()).collect();
             names.join(" > ")

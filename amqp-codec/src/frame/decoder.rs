@@ -1,9 +1,12 @@
-//! The frame envelope: streaming only here.
+//! The frame decoder: streaming only here.
 //!
-//! Read the 7-byte header; refuse a size above `frame_max` before buffering
+//! Read the 7-byte frame header; refuse a size above `frame_max` before buffering
 //! anything more; wait for the whole frame; check the end byte; then parse the
 //! payload completely, so a short payload is `Malformed`, never `Incomplete`.
-//! Must never allocate for a frame before its size has been checked.
+//! Must never allocate for a frame before its size has been checked. Its
+//! step that feeds content assemblers directly,
+//! [`FrameDecoder::decode_assembled`], is in `track` (`track/decode.rs`),
+//! beside them: the frame layer knows nothing of assembly.
 
 use bytes::{Buf, Bytes, BytesMut};
 use nom::bytes::complete::take;
@@ -16,15 +19,15 @@ use super::{
 use crate::error::{DecodeErrorKind, Error};
 use crate::method::{BasicDeliver, Method};
 use crate::parse::{kind_of, ArgReader, Ctx, PError};
-use crate::track::{AssembleError, ContentAssembler, Decoded, Progress};
 use crate::types::DEFAULT_MAX_DEPTH;
 
 /// The class and method ids of `basic.deliver` (60, 60) as they start a
 /// method payload.
-const BASIC_DELIVER_IDS: [u8; 4] = [0, 60, 0, 60];
+pub(crate) const BASIC_DELIVER_IDS: [u8; 4] = [0, 60, 0, 60];
 
-/// The length of a `basic.ack` or `basic.nack` frame: the envelope (8) and
-/// a payload of the ids (4), the delivery tag (8) and the bits (1).
+/// The length of a `basic.ack` or `basic.nack` frame: the frame header and
+/// end byte (8) and a payload of the ids (4), the delivery tag (8) and the
+/// bits (1).
 const ACK_FRAME_LEN: usize = 21;
 
 /// A `basic.ack` or `basic.nack` frame, as [`FrameDecoder::take_ack`] takes
@@ -63,7 +66,7 @@ impl From<AckFrame> for Method {
 }
 
 /// The most [`FrameDecoder::decode`] reserves at once for a partial frame.
-const MAX_RESERVE: usize = 256 * 1024;
+pub(crate) const MAX_RESERVE: usize = 256 * 1024;
 
 /// Decodes frames from a read buffer, in place.
 ///
@@ -79,7 +82,8 @@ pub struct FrameDecoder {
     frame_max: u32,
     /// Bytes a frame may run over `frame_max` and still be taken.
     allowance: u32,
-    max_depth: usize,
+    /// Read by `track`'s `decode_assembled` too.
+    pub(crate) max_depth: usize,
 }
 
 impl Default for FrameDecoder {
@@ -90,7 +94,7 @@ impl Default for FrameDecoder {
 
 impl FrameDecoder {
     /// A decoder that refuses frames larger than `frame_max` bytes (the whole
-    /// frame, envelope included; 0 = no limit) and nests field values at most
+    /// frame, frame header and end byte included; 0 = no limit) and nests field values at most
     /// [`DEFAULT_MAX_DEPTH`] levels deep.
     pub fn new(frame_max: u32) -> Self {
         FrameDecoder {
@@ -250,144 +254,13 @@ impl FrameDecoder {
         frame.map(Some)
     }
 
-    /// Takes the next frame off `buf` if it is content (a content-bearing
-    /// method, a content header or a body frame) on a channel
-    /// `assembler_for` gives an assembler for, and feeds it to that
-    /// assembler: [`FrameDecoder::decode`] and [`ContentAssembler::push`] in
-    /// one step, for the frames that make up messages.
-    ///
-    /// What it saves is moving: a `basic.deliver` is decoded straight into
-    /// the message being assembled, no frame is built to be handed from the
-    /// decoder to the assembler, and a finished message is moved out once,
-    /// by [`ContentAssembler::take_complete`]. Anything else is
-    /// [`Decoded::Other`] and stays in `buf` for [`FrameDecoder::decode`].
-    ///
-    /// Errors are those of `decode`, or a content sequence error, which
-    /// resets that channel's assembler and comes with its channel; the frame
-    /// has been taken off `buf` either way.
-    ///
-    /// ```
-    /// use acemq_codec::track::{ContentAssembler, Decoded};
-    /// use acemq_codec::{encode_content, encode_method, BasicAck, BasicDeliver, BasicProperties, FrameDecoder, Method};
-    /// let mut buf = bytes::BytesMut::new();
-    /// let deliver = BasicDeliver { delivery_tag: 7, ..Default::default() };
-    /// encode_content(3, &deliver.into(), &BasicProperties::default(), b"hi", 4096, &mut buf).unwrap();
-    /// encode_method(3, &BasicAck::default().into(), &mut buf).unwrap();
-    ///
-    /// let decoder = FrameDecoder::new(4096);
-    /// let mut channel_3 = ContentAssembler::new();
-    /// let mut messages = Vec::new();
-    /// let mut others = Vec::new();
-    /// loop {
-    ///     match decoder.decode_assembled(&mut buf, |ch| (ch == 3).then_some(&mut channel_3)).unwrap() {
-    ///         Decoded::NeedMore => break,
-    ///         Decoded::Partial(_) => {}
-    ///         Decoded::Complete(3) => messages.extend(channel_3.take_complete()),
-    ///         Decoded::Complete(_) => unreachable!(),
-    ///         Decoded::Other => others.extend(decoder.decode(&mut buf).unwrap()),
-    ///     }
-    /// }
-    /// assert!(matches!(messages[0].method, Method::BasicDeliver(BasicDeliver { delivery_tag: 7, .. })));
-    /// assert_eq!(&messages[0].body[..], b"hi");
-    /// assert_eq!(others.len(), 1); // the basic.ack
-    /// ```
-    #[inline(always)]
-    pub fn decode_assembled<'a>(
-        &self,
-        buf: &mut BytesMut,
-        assembler_for: impl FnOnce(u16) -> Option<&'a mut ContentAssembler>,
-    ) -> Result<Decoded, AssembleError> {
-        let (frame_type, channel, total) = match self.frame_header(buf)? {
-            Ok(header) => header,
-            Err(_) => return Ok(Decoded::NeedMore),
-        };
-        if buf.len() < total {
-            buf.reserve((total - buf.len()).min(MAX_RESERVE));
-            return Ok(Decoded::NeedMore);
-        }
-        if channel == 0 || frame_type == FRAME_HEARTBEAT {
-            return Ok(Decoded::Other);
-        }
-        let Some(assembler) = assembler_for(channel) else {
-            return Ok(Decoded::Other);
-        };
-        if assembler.has_complete() {
-            return Ok(Decoded::Complete(channel));
-        }
-        let is_content_method = |payload: &[u8]| match payload.first_chunk::<4>() {
-            Some(&[c0, c1, m0, m1]) => {
-                Method::ids_have_content(u16::from_be_bytes([c0, c1]), u16::from_be_bytes([m0, m1]))
-            }
-            None => false,
-        };
-        if frame_type == FRAME_METHOD && !is_content_method(&buf[7..total - 1]) {
-            return Ok(Decoded::Other);
-        }
-        check_end(buf, total)?;
-        touch_ahead(buf, total);
-        let fed = if frame_type == FRAME_BODY {
-            assembler.on_body(split_frame(buf, total, 7))
-        } else if frame_type == FRAME_HEADER {
-            let checked = match check_content_header(&buf[7..total - 1], self.max_depth) {
-                Ok(checked) => checked,
-                Err(err) => {
-                    buf.advance(total);
-                    return Err(err.into());
-                }
-            };
-            let raw = split_frame(buf, total, 7 + PROPERTIES_AT);
-            assembler.on_header(checked.into_header(raw))
-        } else if buf[7..total - 1].starts_with(&BASIC_DELIVER_IDS) {
-            let fed = match assembler.begin_deliver() {
-                Ok(deliver) => {
-                    let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
-                    if let Err(kind) = deliver.decode_args_into(args) {
-                        assembler.reset();
-                        buf.advance(total);
-                        return Err(malformed_deliver(kind).into());
-                    }
-                    Ok(Progress::Partial)
-                }
-                Err(error) => {
-                    // Out of sequence; but a frame that does not decode is
-                    // the graver error, as it is for `decode`.
-                    let args = ArgReader::new(self.ctx(), None, &buf[11..], total - 12);
-                    if let Err(kind) = BasicDeliver::default().decode_args_into(args) {
-                        buf.advance(total);
-                        return Err(malformed_deliver(kind).into());
-                    }
-                    Err(error)
-                }
-            };
-            buf.advance(total);
-            fed
-        } else {
-            // basic.publish, basic.return, basic.get-ok: the general path.
-            let frame = self.parse_payload(frame_type, channel, buf, total, None);
-            buf.advance(total);
-            match frame? {
-                Frame::Method(_, method) => assembler.begin(method),
-                // A method frame decodes to a method.
-                _ => Ok(Progress::Partial),
-            }
-        };
-        match fed {
-            Ok(Progress::Partial) => Ok(Decoded::Partial(channel)),
-            Ok(Progress::Complete) => Ok(Decoded::Complete(channel)),
-            Err(error) => {
-                assembler.reset();
-                Err(AssembleError::Content { channel, error })
-            }
-        }
-    }
-
     /// The largest whole frame taken while `frame_max` is not 0.
     #[inline(always)]
     fn limit(&self) -> u64 {
         u64::from(self.frame_max) + u64::from(self.allowance)
     }
 
-    fn ctx(&self) -> Ctx {
+    pub(crate) fn ctx(&self) -> Ctx {
         Ctx {
             max_depth: self.max_depth,
             validated: false,
@@ -420,7 +293,7 @@ impl FrameDecoder {
     /// the total frame size, or how many more bytes the header itself needs.
     /// Refuses unknown types and oversized frames.
     #[inline]
-    fn frame_header(&self, buf: &[u8]) -> Result<Result<(u8, u16, usize), usize>, Error> {
+    pub(crate) fn frame_header(&self, buf: &[u8]) -> Result<Result<(u8, u16, usize), usize>, Error> {
         // Written out rather than with `tuple`, whose `parse` the compiler
         // does not inline here.
         let header = |i| -> nom::IResult<&[u8], (u8, u16, u32), PError> {
@@ -464,7 +337,7 @@ impl FrameDecoder {
     /// it is slack the string reader may look at but never parses. `frame`
     /// lies within `source` when there is one; tables are then zero-copy
     /// slices of it.
-    fn parse_payload(
+    pub(crate) fn parse_payload(
         &self,
         frame_type: u8,
         channel: u16,
@@ -522,7 +395,7 @@ impl FrameDecoder {
 /// read buffer, then the frozen slice trimmed (cheaper than advancing the
 /// `BytesMut` twice).
 #[inline(always)]
-fn split_frame(buf: &mut BytesMut, total: usize, skip: usize) -> Bytes {
+pub(crate) fn split_frame(buf: &mut BytesMut, total: usize, skip: usize) -> Bytes {
     let mut payload = buf.split_to(total).freeze();
     payload.truncate(total - 1);
     payload.advance(skip);
@@ -531,7 +404,7 @@ fn split_frame(buf: &mut BytesMut, total: usize, skip: usize) -> Bytes {
 
 /// The error for a `basic.deliver` whose arguments do not decode.
 #[cold]
-fn malformed_deliver(kind: DecodeErrorKind) -> Error {
+pub(crate) fn malformed_deliver(kind: DecodeErrorKind) -> Error {
     Error::Malformed {
         context: BasicDeliver::NAME,
         kind,
@@ -553,7 +426,7 @@ const TOUCH_DISTANCE: usize = 1024;
 /// buffer the socket has just filled, the lines are in cache already and
 /// the loads cost a few cycles.
 #[inline(always)]
-fn touch_ahead(buf: &[u8], total: usize) {
+pub(crate) fn touch_ahead(buf: &[u8], total: usize) {
     let end = buf.len().min(TOUCH_DISTANCE + total);
     let mut at = TOUCH_DISTANCE;
     while at < end {
@@ -566,7 +439,7 @@ fn touch_ahead(buf: &[u8], total: usize) {
 /// (which holds all of it): nom takes the header and payload, then the end
 /// byte.
 #[inline(always)]
-fn check_end(buf: &[u8], total: usize) -> Result<(), Error> {
+pub(crate) fn check_end(buf: &[u8], total: usize) -> Result<(), Error> {
     let end = |i| -> nom::IResult<&[u8], u8, PError> {
         let (i, _) = take(total - 1)(i)?;
         complete::be_u8(i)
