@@ -24,11 +24,3 @@ pub(crate) async fn connect_tcp(host: &str, port: u16, timeout: Duration) -> std
     stream.set_nodelay(true)?;
     Ok(stream)
 }
-
-/// Without the `memory` feature there is no in-process broker to reach.
-#[cfg(not(feature = "memory"))]
-pub(crate) fn connect_memory(name: &str) -> Result<tokio::io::DuplexStream, crate::amqp::UrlError> {
-    Err(crate::amqp::UrlError(format!(
-        "memory://{name} needs acemq-core's `memory` feature (the in-process acemq-memory broker)"
-    )))
-}
