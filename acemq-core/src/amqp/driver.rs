@@ -1,8 +1,13 @@
 //! The tokio driver: one task per connection that owns the socket (any
-//! transport from `io`) and the protocol machine. It reads into one buffer and lets the machine parse in
-//! place; it writes everything queued while the previous write was in flight
-//! in one go; it carries out commands from the API handles and routes the
-//! machine's events to them. It makes no protocol decision.
+//! transport from `io`) and the protocol machine. It reads into one buffer
+//! and lets the machine parse in place; it writes everything queued while
+//! the previous write was in flight in one go; it carries out commands from
+//! the API handles and routes the machine's events to them. Its state is
+//! one [`Driver`]; [`run`] is a short loop over its `drive_*` steps.
+//!
+//! It makes no protocol decision (the machine does), and it reaches the
+//! handles only through what `state` holds: it never imports a handle's
+//! module.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
