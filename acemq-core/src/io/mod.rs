@@ -1,7 +1,8 @@
 //! Transports only: TCP, TLS with rustls, and (behind the `memory` feature)
 //! the in-process duplex stream to acemq-memory. The driver task that runs
 //! a connection over one of them lives with the handles it serves, in
-//! `amqp`. Nothing here knows the protocol.
+//! `amqp`. Nothing here knows the protocol, and nothing here imports
+//! `amqp` (which says what a URL it cannot reach means).
 
 mod tls;
 
