@@ -39,7 +39,7 @@ use acemq_codec::{
 };
 use bytes::{Bytes, BytesMut};
 
-use crate::amqp::message::Acker;
+use crate::amqp::state::Acker;
 use crate::amqp::Delivery;
 use crate::codec::{Codec, Json};
 use crate::envelope::{Envelope, ATTEMPT_HEADER, FIRST_SEEN_HEADER, REPLAYED_HEADER};

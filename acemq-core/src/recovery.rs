@@ -294,7 +294,7 @@ async fn watch_until_lost(
     let (mut events, mut closed) = {
         let inner = weak.upgrade()?;
         let conn = link_of(&inner, which).current();
-        (conn.events(), conn.shared.closed.subscribe())
+        (conn.events(), conn.state.closed.subscribe())
     };
     loop {
         tokio::select! {

@@ -12,9 +12,8 @@ use acemq_codec::*;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::line::Line;
-use super::message::{Acker, Confirmation, Delivery, GetMessage};
-use super::message::{Command, Outgoing, Published};
+use super::message::Confirmation;
+use super::state::{Acker, ChannelConfirms, Command, Delivery, DeliveryQueue, GetMessage, Outgoing, Published};
 use super::{Connection, Error};
 use crate::proto::Reply;
 
@@ -43,12 +42,12 @@ pub struct Channel {
 /// last handle goes.
 #[derive(Debug)]
 struct ChannelState {
-    commands: super::lane::Sender<Command, Outgoing>,
+    commands: super::batch_queue::Sender<Command, Outgoing>,
     id: u16,
     generation: u64,
     open: Arc<AtomicBool>,
     /// Where its publishes wait for their confirms.
-    line: Arc<Line>,
+    confirms: Arc<ChannelConfirms>,
 }
 
 /// The properties a publish takes: a [`BasicProperties`] by value, or an
@@ -180,8 +179,8 @@ impl Connection {
     pub async fn channel(&self) -> Result<Channel, Error> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::OpenChannel { reply })?;
-        let (id, generation, open, line) = rx.await.map_err(|_| self.shared.closed_error())??;
-        Ok(Channel::new(self.clone(), id, generation, open, line))
+        let (id, generation, open, confirms) = rx.await.map_err(|_| self.state.closed_error())??;
+        Ok(Channel::new(self.clone(), id, generation, open, confirms))
     }
 }
 
@@ -243,10 +242,10 @@ impl Route<'_> {
 /// Where a publish's room in the publish buffer comes from.
 #[derive(Clone, Copy)]
 enum Room {
-    /// The lane's credit, if it holds enough.
+    /// The command queue's credit, if it holds enough.
     FromCredit,
     /// Taken from the publish buffer already, with `spare` more that goes
-    /// to the lane's credit.
+    /// to the command queue's credit.
     Taken {
         /// Taken beyond the message's room.
         spare: u32,
@@ -311,16 +310,16 @@ impl Future for Publishing<'_> {
 /// hold the [`Channel`] while waiting, or the confirm fails with the close.
 #[derive(Debug)]
 pub struct PublishConfirm {
-    /// The confirm line of its channel (one reference count, where a
+    /// The pending confirms of its channel (one reference count, where a
     /// [`Connection`] handle would cost three).
-    line: Arc<Line>,
-    /// Its number on the line; [`SPENT`] once its outcome was taken. (No
+    confirms: Arc<ChannelConfirms>,
+    /// Its number in them; [`SPENT`] once its outcome was taken. (No
     /// separate flag: 16 bytes, which a queue of confirms moves whole,
     /// where a flag and its padding made 24 that compilers copy piecemeal.)
     number: u64,
 }
 
-/// A [`PublishConfirm`]'s number once its outcome was taken (a line never
+/// A [`PublishConfirm`]'s number once its outcome was taken (a tracker never
 /// numbers that far).
 const SPENT: u64 = u64::MAX;
 
@@ -328,7 +327,7 @@ impl Drop for PublishConfirm {
     #[inline]
     fn drop(&mut self) {
         if self.number != SPENT {
-            self.line.abandon(self.number);
+            self.confirms.pending.abandon(self.number);
         }
     }
 }
@@ -338,7 +337,7 @@ impl PublishConfirm {
     /// on (see [`Connection::blocked_changes`]): a confirm does not come
     /// while the broker blocks it.
     pub fn blocked_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
-        self.line.shared.blocked.subscribe()
+        self.confirms.connection.blocked.subscribe()
     }
 }
 
@@ -351,9 +350,9 @@ impl Future for PublishConfirm {
         // Polled again after it returned: the connection's error, as a
         // dropped confirm would give (its outcome was taken).
         if this.number == SPENT {
-            return Poll::Ready(Err(this.line.shared.closed_error()));
+            return Poll::Ready(Err(this.confirms.connection.closed_error()));
         }
-        let outcome = std::task::ready!(this.line.poll(this.number, cx));
+        let outcome = std::task::ready!(this.confirms.pending.poll(this.number, cx));
         this.number = SPENT;
         Poll::Ready(outcome)
     }
@@ -365,7 +364,7 @@ impl Future for PublishConfirm {
 pub struct Consumer {
     tag: ShortString,
     channel: Channel,
-    deliveries: super::driver::DeliveryQueue,
+    deliveries: DeliveryQueue,
 }
 
 impl Consumer {
@@ -385,7 +384,7 @@ impl Consumer {
         std::future::poll_fn(|cx| {
             let polled = self.deliveries.poll_recv(cx);
             if polled.is_ready() {
-                self.channel.conn.shared.took_delivery();
+                self.channel.conn.state.took_delivery();
             }
             polled
         })
@@ -395,7 +394,7 @@ impl Consumer {
     /// Deliveries already here, without waiting.
     pub fn try_next(&mut self) -> Option<Delivery> {
         let delivery = self.deliveries.try_recv();
-        self.channel.conn.shared.took_delivery();
+        self.channel.conn.state.took_delivery();
         delivery
     }
 
@@ -434,13 +433,19 @@ macro_rules! rpc {
 }
 
 impl Channel {
-    pub(crate) fn new(conn: Connection, id: u16, generation: u64, open: Arc<AtomicBool>, line: Arc<Line>) -> Self {
+    pub(crate) fn new(
+        conn: Connection,
+        id: u16,
+        generation: u64,
+        open: Arc<AtomicBool>,
+        confirms: Arc<ChannelConfirms>,
+    ) -> Self {
         let state = Arc::new(ChannelState {
             commands: conn.commands.clone(),
             id,
             generation,
             open: open.clone(),
-            line,
+            confirms,
         });
         Channel {
             conn,
@@ -478,9 +483,10 @@ impl Channel {
         }
         Some(
             self.state
-                .line
+                .confirms
+                .pending
                 .failure()
-                .unwrap_or_else(|| self.conn.shared.closed_error()),
+                .unwrap_or_else(|| self.conn.state.closed_error()),
         )
     }
 
@@ -495,7 +501,7 @@ impl Channel {
             method: method.into(),
             reply,
         })?;
-        rx.await.map_err(|_| self.conn.shared.closed_error())?
+        rx.await.map_err(|_| self.conn.state.closed_error())?
     }
 
     fn send(&self, method: Method) -> Result<(), Error> {
@@ -674,7 +680,7 @@ impl Channel {
     /// [`Channel::basic_publish`] with properties the caller keeps too.
     ///
     /// The message is encoded here, in the caller's task, under the command
-    /// lane's lock: its frames go straight into the bytes the driver takes
+    /// command queue's lock: its frames go straight into the bytes the driver takes
     /// next, and the driver only checks the channel, numbers the confirm and
     /// copies them to the write buffer (see [`Outgoing`]).
     ///
@@ -702,7 +708,7 @@ impl Channel {
     /// it. `owned` is `body` as a `Bytes` a waiting publish keeps, when
     /// there is one (else it keeps a copy).
     ///
-    /// The room comes from the lane's credit (see [`Outgoing::credit`]),
+    /// The room comes from the command queue's credit (see [`Outgoing::credit`]),
     /// taken under the lock the publish is queued under anyway; only when
     /// that runs short does it go to the publish buffer's semaphore, for
     /// this message's room and a chunk of credit besides.
@@ -713,15 +719,15 @@ impl Channel {
         body: &[u8],
         owned: Option<&Bytes>,
     ) -> Publishing<'_> {
-        let shared = &self.conn.shared;
-        let room = shared.room_for(body.len());
+        let connection = &self.conn.state;
+        let room = connection.room_for(body.len());
         if let Some(queued) = self.queue_publish(route, properties, body, room, Room::FromCredit) {
             return Publishing::ready(queued);
         }
-        match shared.try_take_room_and_credit(room) {
+        match connection.try_take_room_and_credit(room) {
             Ok(Some(spare)) => {
                 let queued = self.queue_publish(route, properties, body, room, Room::Taken { spare });
-                Publishing::ready(queued.unwrap_or_else(|| Err(shared.closed_error())))
+                Publishing::ready(queued.unwrap_or_else(|| Err(connection.closed_error())))
             }
             Ok(None) => {
                 let publish = route.to_method();
@@ -731,7 +737,7 @@ impl Channel {
                 };
                 let body = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(body));
                 Publishing::Waiting(Box::pin(async move {
-                    self.conn.shared.take_room(room).await?;
+                    self.conn.state.take_room(room).await?;
                     let taken = Room::Taken { spare: 0 };
                     self.queue_publish(
                         &Route::Method(&publish),
@@ -740,15 +746,15 @@ impl Channel {
                         room,
                         taken,
                     )
-                    .unwrap_or_else(|| Err(self.conn.shared.closed_error()))
+                    .unwrap_or_else(|| Err(self.conn.state.closed_error()))
                 }))
             }
             Err(err) => Publishing::ready(Err(err)),
         }
     }
 
-    /// Encodes a message into the command lane, its room taken as `from`
-    /// says. `None` only when the lane's credit is short of `room`
+    /// Encodes a message into the command queue, its room taken as `from`
+    /// says. `None` only when the command queue's credit is short of `room`
     /// ([`Room::FromCredit`]): then nothing was queued nor taken.
     #[inline]
     fn queue_publish(
@@ -759,10 +765,10 @@ impl Channel {
         room: u32,
         from: Room,
     ) -> Option<Result<PublishConfirm, Error>> {
-        let shared = &self.conn.shared;
-        let frame_max = shared.tuned.get().map_or(FRAME_MIN_SIZE, |tuned| tuned.frame_max);
+        let connection = &self.conn.state;
+        let frame_max = connection.tuned.get().map_or(FRAME_MIN_SIZE, |tuned| tuned.frame_max);
         let (channel, generation) = (self.id, self.generation);
-        let line = &self.state.line;
+        let confirms = &self.state.confirms;
         let queued = self.conn.commands.send_with(|commands, outgoing| {
             match from {
                 Room::FromCredit => match outgoing.credit.checked_sub(room) {
@@ -808,18 +814,18 @@ impl Channel {
                 Some(Command::Publishes(run)) => *run += 1,
                 _ => commands.push(Command::Publishes(1)),
             }
-            // Numbered under the lane's lock, as the driver counts it.
-            Ok(line.number())
+            // Numbered under the command queue's lock, as the driver counts it.
+            Ok(confirms.pending.number())
         });
         match queued {
             Some(Ok(number)) => Some(Ok(PublishConfirm {
-                line: line.clone(),
+                confirms: confirms.clone(),
                 number,
             })),
             Some(Err(None)) => None,
             Some(Err(Some(err))) => Some(Err(Error::Command(crate::proto::CommandError::Encode(err)))),
             // The driver is gone (and the room with it).
-            None => Some(Err(shared.closed_error())),
+            None => Some(Err(connection.closed_error())),
         }
     }
 
@@ -832,7 +838,7 @@ impl Channel {
             method,
             reply,
         })?;
-        let (tag, deliveries) = rx.await.map_err(|_| self.conn.shared.closed_error())??;
+        let (tag, deliveries) = rx.await.map_err(|_| self.conn.state.closed_error())??;
         Ok(Consumer {
             tag,
             channel: self.clone(),
@@ -871,7 +877,7 @@ impl Channel {
                     properties: content.header.map(|h| h.properties),
                     body: content.body,
                     acker: Acker {
-                        shared: self.conn.shared.clone(),
+                        connection: self.conn.state.clone(),
                         channel: self.id,
                         generation: self.generation,
                     },

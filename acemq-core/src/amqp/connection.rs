@@ -8,9 +8,11 @@ use acemq_codec::FieldTable;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{broadcast, oneshot};
 
-use super::driver::{self, Shared};
-use super::message::{Command, ConnectionEvent, Outgoing};
-use super::url::AmqpUrl;
+use super::batch_queue;
+use super::driver;
+use super::message::ConnectionEvent;
+use super::state::{Command, ConnectionState, Outgoing, Settings};
+use super::url::{AmqpUrl, UrlError};
 use super::Error;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
@@ -123,28 +125,6 @@ impl Default for Config {
     }
 }
 
-/// What the driver takes from the [`Config`]: the bounds of a connection's
-/// queues ([`Config::publish_buffer`], [`Config::delivery_buffer`]) and
-/// [`Config::busy_poll`] and [`Config::read_interval`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Settings {
-    pub(crate) publish: usize,
-    pub(crate) deliveries: usize,
-    pub(crate) busy_poll: Duration,
-    pub(crate) read_interval: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            publish: 2 << 20,
-            deliveries: 1024,
-            busy_poll: Duration::ZERO,
-            read_interval: Duration::ZERO,
-        }
-    }
-}
-
 impl Config {
     /// Sets [`Config::tune`].
     pub fn with_tune(mut self, tune: TuneRequest) -> Self {
@@ -228,19 +208,33 @@ impl Config {
     }
 }
 
+/// The in-process broker called `name` (acemq-memory's).
+#[cfg(feature = "memory")]
+fn connect_memory(name: &str) -> Result<tokio::io::DuplexStream, UrlError> {
+    Ok(crate::io::connect_memory(name))
+}
+
+/// Without the `memory` feature there is no in-process broker to reach.
+#[cfg(not(feature = "memory"))]
+fn connect_memory(name: &str) -> Result<tokio::io::DuplexStream, UrlError> {
+    Err(UrlError(format!(
+        "memory://{name} needs acemq-core's `memory` feature (the in-process acemq-memory broker)"
+    )))
+}
+
 /// An open AMQP connection. Cheap to clone; the connection closes when
 /// [`Connection::close`] is called or every handle (connections, channels,
 /// consumers) is dropped.
 #[derive(Clone)]
 pub struct Connection {
-    pub(crate) commands: super::lane::Sender<Command, Outgoing>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: batch_queue::Sender<Command, Outgoing>,
+    pub(crate) state: Arc<ConnectionState>,
 }
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
-            .field("tuned", &self.shared.tuned.get())
+            .field("tuned", &self.state.tuned.get())
             .field("blocked", &self.is_blocked())
             .finish()
     }
@@ -277,7 +271,7 @@ impl Connection {
                 password: Secret::new(url.password.expose()),
             },
             (None | Some("plain"), _) => Auth::plain(url.username.clone(), url.password.expose()),
-            (Some(other), _) => return Err(Error::Url(super::UrlError(format!("unknown auth_mechanism {other:?}")))),
+            (Some(other), _) => return Err(Error::Url(UrlError(format!("unknown auth_mechanism {other:?}")))),
         };
         let params = ConnectionParams {
             auth,
@@ -293,7 +287,7 @@ impl Connection {
         };
         let settings = config.settings();
         if url.memory {
-            let stream = crate::io::connect_memory(&url.hosts[0].0)?;
+            let stream = connect_memory(&url.hosts[0].0)?;
             let attempt = Connection::handshake(stream, params, settings);
             return tokio::time::timeout(config.connection_timeout, attempt)
                 .await
@@ -320,7 +314,7 @@ impl Connection {
                 Err(_) => last_error = Some(Error::Timeout(config.connection_timeout)),
             }
         }
-        Err(last_error.unwrap_or(Error::Url(super::UrlError("no host".into()))))
+        Err(last_error.unwrap_or(Error::Url(UrlError("no host".into()))))
     }
 
     /// Runs the handshake over an already connected stream (e.g. a
@@ -338,15 +332,15 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        let (commands, rx) = super::lane::with_side();
-        let shared = Arc::new(Shared::new(settings, commands.downgrade()));
+        let (commands, rx) = batch_queue::with_side();
+        let state = Arc::new(ConnectionState::new(settings, commands.downgrade()));
         let machine = proto::Connection::new(params, tokio::time::Instant::now().into_std());
         let (opened_tx, opened_rx) = oneshot::channel();
-        tokio::spawn(driver::run(stream, machine, shared.clone(), rx, opened_tx));
+        tokio::spawn(driver::run(stream, machine, state.clone(), rx, opened_tx));
         match opened_rx.await {
-            Ok(Ok(())) => Ok(Connection { commands, shared }),
+            Ok(Ok(())) => Ok(Connection { commands, state }),
             Ok(Err(err)) => Err(err),
-            Err(_) => Err(shared.closed_error()),
+            Err(_) => Err(state.closed_error()),
         }
     }
 
@@ -364,16 +358,12 @@ impl Connection {
 
     /// The negotiated limits.
     pub fn tuned(&self) -> Tuned {
-        *self
-            .shared
-            .tuned
-            .get()
-            .expect("set before the connection is handed out")
+        *self.state.tuned.get().expect("set before the connection is handed out")
     }
 
     /// The broker's `connection.start` properties (product, version, capabilities).
     pub fn server_properties(&self) -> &FieldTable {
-        self.shared
+        self.state
             .server_properties
             .get()
             .expect("set before the connection is handed out")
@@ -381,48 +371,48 @@ impl Connection {
 
     /// Whether the broker has blocked publishing on this connection.
     pub fn is_blocked(&self) -> bool {
-        self.shared.blocked.borrow().is_some()
+        self.state.blocked.borrow().is_some()
     }
 
     /// Why the broker blocks this connection, while it does.
     pub fn blocked_reason(&self) -> Option<String> {
-        self.shared.blocked.borrow().clone()
+        self.state.blocked.borrow().clone()
     }
 
     /// Watches the blocked state (the broker's reason while blocked).
     pub fn blocked_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
-        self.shared.blocked.subscribe()
+        self.state.blocked.subscribe()
     }
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        *self.shared.closed.borrow()
+        *self.state.closed.borrow()
     }
 
     /// Why the connection ended, once it has.
     pub fn close_reason(&self) -> Option<CloseReason> {
-        self.shared.close_reason.lock().ok().and_then(|r| r.clone())
+        self.state.close_reason.lock().ok().and_then(|r| r.clone())
     }
 
     /// Waits until the connection has ended, and says why.
     pub async fn closed(&self) -> CloseReason {
-        let mut rx = self.shared.closed.subscribe();
+        let mut rx = self.state.closed.subscribe();
         let _ = rx.wait_for(|closed| *closed).await;
         self.close_reason().unwrap_or(CloseReason::ConnectionLost)
     }
 
     /// Events about the connection as a whole, from now on.
     pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
-        self.shared.events.subscribe()
+        self.state.events.subscribe()
     }
 
     /// How many bytes of publishes wait to be written to the socket (at
     /// most [`Config::publish_buffer`]).
     pub fn publish_backlog(&self) -> usize {
-        self.shared.publish_backlog()
+        self.state.publish_backlog()
     }
 
     pub(crate) fn send(&self, command: Command) -> Result<(), Error> {
-        self.commands.send(command).map_err(|_| self.shared.closed_error())
+        self.commands.send(command).map_err(|_| self.state.closed_error())
     }
 }

@@ -1,240 +1,43 @@
 //! The tokio driver: one task per connection that owns the socket (any
-//! transport from `io`) and the protocol machine. It reads into one buffer and lets the machine parse in
-//! place; it writes everything queued while the previous write was in flight
-//! in one go; it carries out commands from the API handles and routes the
-//! machine's events to them. It makes no protocol decision.
+//! transport from `io`) and the protocol machine. It reads into one buffer
+//! and lets the machine parse in place; it writes everything queued while
+//! the previous write was in flight in one go; it carries out commands from
+//! the API handles and routes the machine's events to them. Its state is
+//! one [`Driver`]; [`run`] is a short loop over its `drive_*` steps.
+//!
+//! It makes no protocol decision (the machine does), and it reaches the
+//! handles only through what `state` holds: it never imports a handle's
+//! module.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::task::Poll;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use acemq_codec::{FieldTable, Method, ShortString};
+use acemq_codec::{Method, ShortString};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{broadcast, oneshot, watch, Notify, Semaphore};
+use tokio::sync::oneshot;
+use tokio::time::Sleep;
 
-use super::connection::Settings;
+use super::batch_queue;
 use super::error::Error;
-use super::line::{wake_all, Line};
-use super::message::{
-    Acker, Command, Confirmation, ConnectionEvent, Delivery, Outgoing, Published, Reply1, ReturnedMessage, SettleKind,
+use super::message::{Confirmation, ConnectionEvent, ReturnedMessage};
+use super::pending_confirms::{wake_all, PendingConfirms};
+use super::state::{
+    Acker, ChannelConfirms, Command, ConnectionState, Delivery, DeliveryQueue, Outgoing, Published, Reply1, SettleKind,
     SettleOp,
 };
-use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token, Tuned};
-
-/// State the handles read without asking the driver.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) tuned: OnceLock<Tuned>,
-    pub(crate) server_properties: OnceLock<FieldTable>,
-    /// The broker's reason while it blocks this connection.
-    pub(crate) blocked: watch::Sender<Option<String>>,
-    pub(crate) close_reason: Mutex<Option<CloseReason>>,
-    pub(crate) closed: watch::Sender<bool>,
-    pub(crate) events: broadcast::Sender<ConnectionEvent>,
-    /// Room in the publish buffer, in bytes: a publish takes its share
-    /// before its command is queued, and the driver gives it back once the
-    /// frames are written. Closed when the driver ends.
-    pub(crate) room: Semaphore,
-    /// The whole publish buffer (what `room` holds when nothing waits).
-    pub(crate) publish_buffer: u32,
-    /// The least bound of a consumer's delivery queue.
-    pub(crate) delivery_buffer: usize,
-    /// Every channel's confirm line, to fail those still there when the
-    /// driver ends however it ends.
-    pub(crate) lines: Mutex<Vec<std::sync::Weak<Line>>>,
-    /// Some consumer's queue is full and the driver waits for room: a
-    /// consumer that takes a delivery then says so on `consumer_took`.
-    pub(crate) stalled: AtomicBool,
-    pub(crate) consumer_took: Notify,
-    /// Acks, nacks and rejects from the deliveries' handles, in order. They
-    /// skip the command queue (a settlement is 24 bytes, a command ten
-    /// times that), and the driver takes them all before any command, so a
-    /// settlement always goes out before whatever its task sends next (it
-    /// may overtake a command sent before it that the driver has not taken
-    /// yet, which no caller waiting for its confirm or reply can see).
-    settles: Mutex<SettleLane>,
-    /// The lane holds something (set under its lock, read without it).
-    settles_waiting: AtomicBool,
-    /// To wake the driver for the lane; weak, so that deliveries do not
-    /// keep the connection open.
-    commands: super::lane::WeakSender<Command, Outgoing>,
-    /// How long the driver polls before it sleeps ([`super::Config::busy_poll`]).
-    busy_poll: Duration,
-    /// The least time between two reads ([`super::Config::read_interval`]).
-    read_interval: Duration,
-}
-
-#[derive(Debug, Default)]
-struct SettleLane {
-    ops: Vec<SettleOp>,
-    /// The driver is gone: settlements are refused.
-    ended: bool,
-}
+use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token};
 
 /// How many commands' room the driver's batch vector keeps between bursts.
 const KEPT_BATCH: usize = 1024;
 
-/// The most room the lane's credit takes from the publish buffer at once
-/// (see [`Outgoing::credit`]): some hundreds of small publishes.
-const CREDIT_CHUNK: u32 = 64 * 1024;
-
-/// Nor more than this part of the whole buffer.
-const CREDIT_PARTS: u32 = 16;
-
-/// What a publish costs in the publish buffer besides its body: roughly the
-/// frames' headers, the method and common properties.
-const PUBLISH_OVERHEAD: usize = 128;
-
-impl Shared {
-    pub(crate) fn new(settings: Settings, commands: super::lane::WeakSender<Command, Outgoing>) -> Self {
-        let publish_buffer = u32::try_from(settings.publish.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
-        Shared {
-            tuned: OnceLock::new(),
-            server_properties: OnceLock::new(),
-            blocked: watch::channel(None).0,
-            close_reason: Mutex::new(None),
-            closed: watch::channel(false).0,
-            events: broadcast::channel(256).0,
-            room: Semaphore::new(publish_buffer as usize),
-            publish_buffer,
-            delivery_buffer: settings.deliveries.max(1),
-            busy_poll: settings.busy_poll,
-            read_interval: settings.read_interval,
-            lines: Mutex::new(Vec::new()),
-            stalled: AtomicBool::new(false),
-            consumer_took: Notify::new(),
-            settles: Mutex::new(SettleLane::default()),
-            settles_waiting: AtomicBool::new(false),
-            commands,
-        }
-    }
-
-    /// The room a publish of `body_len` bytes takes: never more than the
-    /// whole buffer, so that a large message waits for it to be empty
-    /// rather than for ever.
-    pub(crate) fn room_for(&self, body_len: usize) -> u32 {
-        u32::try_from(body_len.saturating_add(PUBLISH_OVERHEAD))
-            .unwrap_or(u32::MAX)
-            .min(self.publish_buffer)
-    }
-
-    /// Takes `room` bytes of the publish buffer, waiting until the driver
-    /// has written enough; an error once the connection has ended.
-    pub(crate) async fn take_room(&self, room: u32) -> Result<(), Error> {
-        // The credit the lane holds goes back first: a message that needs
-        // the whole buffer must not wait on room that no one is using.
-        if let Some(credit @ 1..) = self.commands.side(|outgoing| std::mem::take(&mut outgoing.credit)) {
-            self.room.add_permits(credit as usize);
-        }
-        if !self.try_take_room(room)? {
-            // Boxed: the wait for room is the rare path, and a future that
-            // holds it inline is as large as the semaphore's, which a
-            // publish would then move about on every call.
-            Box::pin(self.room.acquire_many(room))
-                .await
-                .map_err(|_| self.closed_error())?
-                .forget();
-        }
-        Ok(())
-    }
-
-    /// [`Shared::take_room`] without waiting: `false` if the room is not
-    /// there now. (The driver gives it back with `add_permits` once written.)
-    pub(crate) fn try_take_room(&self, room: u32) -> Result<bool, Error> {
-        match self.room.try_acquire_many(room) {
-            Ok(permit) => {
-                permit.forget();
-                Ok(true)
-            }
-            Err(tokio::sync::TryAcquireError::Closed) => Err(self.closed_error()),
-            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(false),
-        }
-    }
-
-    /// [`Shared::try_take_room`] for `room` and, when the buffer has it, a
-    /// chunk of credit for the lane besides: `Some(spare)`, the room taken
-    /// beyond `room`, if `room` was taken; `None` if it is not there now.
-    pub(crate) fn try_take_room_and_credit(&self, room: u32) -> Result<Option<u32>, Error> {
-        let chunk = (self.publish_buffer / CREDIT_PARTS).min(CREDIT_CHUNK);
-        if chunk > room && self.try_take_room(chunk)? {
-            return Ok(Some(chunk - room));
-        }
-        Ok(self.try_take_room(room)?.then_some(0))
-    }
-
-    /// A consumer took a delivery from its queue: wakes the driver if it
-    /// waits for room.
-    pub(crate) fn took_delivery(&self) {
-        if self.stalled.load(Ordering::SeqCst) {
-            self.consumer_took.notify_one();
-        }
-    }
-
-    /// Queues a settlement for the driver, and wakes it if the lane was
-    /// empty; an error once the driver or the handles are gone.
-    pub(crate) fn settle(&self, op: SettleOp) -> Result<(), ()> {
-        let first = {
-            let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
-            if lane.ended {
-                return Err(());
-            }
-            lane.ops.push(op);
-            let first = lane.ops.len() == 1;
-            if first {
-                self.settles_waiting.store(true, Ordering::SeqCst);
-            }
-            first
-        };
-        if first {
-            let commands = self.commands.upgrade().ok_or(())?;
-            commands.send(Command::Settled).map_err(|_| ())?;
-        }
-        Ok(())
-    }
-
-    /// Whether the connection has ended (its driver, or every handle).
-    pub(crate) fn connection_gone(&self) -> bool {
-        self.settles.lock().unwrap_or_else(|p| p.into_inner()).ended
-            || self.commands.upgrade().is_none_or(|c| c.is_closed())
-    }
-
-    /// Takes what the lane holds into `into` (emptied first).
-    fn take_settles(&self, into: &mut Vec<SettleOp>) {
-        into.clear();
-        if !self.settles_waiting.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::swap(&mut lane.ops, into);
-        self.settles_waiting.store(false, Ordering::SeqCst);
-    }
-
-    /// The driver is done: later settlements fail.
-    fn end_settles(&self) {
-        let mut lane = self.settles.lock().unwrap_or_else(|p| p.into_inner());
-        lane.ended = true;
-        lane.ops.clear();
-        self.settles_waiting.store(false, Ordering::SeqCst);
-    }
-
-    /// Bytes of publishes taken from the buffer and not yet written.
-    pub(crate) fn publish_backlog(&self) -> usize {
-        let credit = self.commands.side(|outgoing| outgoing.credit).unwrap_or(0);
-        (self.publish_buffer as usize).saturating_sub(self.room.available_permits() + credit as usize)
-    }
-
-    pub(crate) fn closed_error(&self) -> Error {
-        let reason = self.close_reason.lock().ok().and_then(|r| r.clone());
-        Error::ConnectionClosed(reason.unwrap_or(CloseReason::ConnectionLost))
-    }
-}
-
 enum Pending {
-    Open(Reply1<(u16, u64, Arc<AtomicBool>, Arc<Line>)>),
+    Open(Reply1<(u16, u64, Arc<AtomicBool>, Arc<ChannelConfirms>)>),
     Call(Reply1<Option<Reply>>),
     Consume {
         route: ConsumerRoute,
@@ -248,9 +51,9 @@ struct ChannelRoutes {
     /// Shared with the channel's handles: false once the channel is gone.
     open: Arc<AtomicBool>,
     /// Where the channel's publishes wait for their confirms.
-    line: Arc<Line>,
+    confirms: Arc<ChannelConfirms>,
     /// How many of its publishes the driver has taken: the number of the
-    /// next (see `line.rs`).
+    /// next (see `pending_confirms.rs`).
     taken: u64,
     /// The number of its first publish in confirm mode, whose sequence
     /// number is 1.
@@ -261,67 +64,6 @@ struct ChannelRoutes {
     /// The per-consumer prefetch last asked for with `basic.qos`: a new
     /// consumer's delivery queue holds at least that many.
     prefetch: u16,
-}
-
-/// One consumer's delivery queue, as its [`super::Consumer`] holds it:
-/// unbounded underneath, bounded by the driver, which counts what it puts
-/// in while the consumer counts what it takes out.
-///
-/// A lane (see `super::lane`): the consumer takes everything the driver
-/// has queued under one lock, then hands it out from `taken` one by one,
-/// lowering the count for each as it goes, so a delivery still in `taken`
-/// is still queued as far as the driver's bound is concerned.
-#[derive(Debug)]
-pub(crate) struct DeliveryQueue {
-    rx: super::lane::Receiver<Delivery>,
-    taken: VecDeque<Delivery>,
-    queued: Arc<AtomicUsize>,
-}
-
-impl DeliveryQueue {
-    /// The next delivery; `None` once the consumer is over.
-    pub(crate) fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Delivery>> {
-        use std::task::Poll;
-        if self.taken.is_empty() {
-            match self.refill(|rx, batch| rx.poll_recv(cx, batch)) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(false) => return Poll::Ready(None),
-                Poll::Ready(true) => {}
-            }
-        }
-        Poll::Ready(self.take_one())
-    }
-
-    /// A delivery already here, without waiting.
-    pub(crate) fn try_recv(&mut self) -> Option<Delivery> {
-        if self.taken.is_empty() {
-            self.refill(|rx, batch| rx.try_recv(batch));
-        }
-        self.take_one()
-    }
-
-    /// Lets `take` swap what the lane holds into the (empty) `taken`. The
-    /// buffers change hands whole: an empty deque becomes a vector and back
-    /// without moving or allocating anything.
-    fn refill<R>(&mut self, take: impl FnOnce(&mut super::lane::Receiver<Delivery>, &mut Vec<Delivery>) -> R) -> R {
-        let mut batch = Vec::from(std::mem::take(&mut self.taken));
-        let result = take(&mut self.rx, &mut batch);
-        self.taken = VecDeque::from(batch);
-        result
-    }
-
-    fn take_one(&mut self) -> Option<Delivery> {
-        let delivery = self.taken.pop_front();
-        if delivery.is_some() {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-        }
-        delivery
-    }
-
-    /// How many deliveries wait in it.
-    pub(crate) fn len(&self) -> usize {
-        self.taken.len() + self.rx.len()
-    }
 }
 
 /// Why [`ConsumerRoute::offer`] did not queue a delivery.
@@ -335,7 +77,7 @@ enum Refused {
 /// Where one consumer's deliveries go.
 struct ConsumerRoute {
     tag: ShortString,
-    tx: super::lane::Sender<Delivery>,
+    tx: batch_queue::Sender<Delivery>,
     /// Queued and not yet taken (the consumer takes its share off).
     queued: Arc<AtomicUsize>,
     bound: usize,
@@ -352,7 +94,7 @@ impl ConsumerRoute {
     /// A route whose queue holds at most `bound` deliveries, and the
     /// consumer's end of that queue. The tag is set once the broker gives it.
     fn new(bound: usize) -> (Self, DeliveryQueue) {
-        let (tx, rx) = super::lane::channel();
+        let (tx, rx) = batch_queue::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let route = ConsumerRoute {
             tag: ShortString::default(),
@@ -362,17 +104,12 @@ impl ConsumerRoute {
             overflow: VecDeque::new(),
             cancelling: false,
         };
-        let queue = DeliveryQueue {
-            rx,
-            taken: VecDeque::new(),
-            queued,
-        };
-        (route, queue)
+        (route, DeliveryQueue::new(rx, queued))
     }
 
     /// Queues `delivery` if there is room. The count is raised before the
     /// send and the consumer lowers it after taking one, then looks at
-    /// `Shared::stalled`; the driver sets that flag before it looks at the
+    /// `ConnectionState::stalled`; the driver sets that flag before it looks at the
     /// count again, so one of them always sees the other.
     // The refused delivery comes back whole, as with `try_send`: boxing it
     // would allocate on the path that is already the slow one.
@@ -443,17 +180,20 @@ fn lost_delivery(delivery: &Delivery, more: usize) {
     );
 }
 
+/// The driver task's state: the protocol machine, what the handles wait on
+/// (replies, channels, consumers), the socket's buffers and the loop's own
+/// flags. [`run`] turns its loop; each step is a `drive_*` method.
 struct Driver {
     machine: proto::Connection,
-    shared: Arc<Shared>,
+    state: Arc<ConnectionState>,
     pending: HashMap<Token, Pending>,
     channels: Vec<Option<ChannelRoutes>>,
     next_generation: u64,
     opened: Option<oneshot::Sender<Result<(), Error>>>,
     closers: Vec<Reply1<()>>,
-    /// The wakers of confirms settled together, woken once the line's
+    /// The wakers of confirms resolved together, woken once the tracker's
     /// lock is let go (kept for its capacity).
-    wake: Vec<std::task::Waker>,
+    wake: Vec<Waker>,
     /// The consumers (channel, generation, tag) with an overflow.
     stalled: Vec<(u16, u64, ShortString)>,
     /// Consumers gone from their channel (cancelled, channel closed) whose
@@ -468,8 +208,64 @@ struct Driver {
     /// Bytes ever put in the write buffer, and ever written from it.
     buffered: u64,
     written: u64,
-    /// Settlements taken from the lane (kept for its allocation).
+    /// Settlements taken from the settle queue (kept for its allocation).
     settling: Vec<SettleOp>,
+    /// What the socket gave and the machine has not parsed yet.
+    read_buf: BytesMut,
+    /// What waits to be written to the socket.
+    write_buf: BytesMut,
+    /// What the command queue held when last taken (its allocation is kept:
+    /// the queue and the driver swap two vectors back and forth).
+    batch: Vec<Command>,
+    /// The publishes' records and frames that came with it (swapped with
+    /// the queue's side the same way).
+    records: Vec<Published>,
+    frames: BytesMut,
+    /// Some handle is left: the command queue is open.
+    commands_open: bool,
+    /// The socket is read (not paused for a full consumer queue).
+    reading: bool,
+    /// With a read interval, the socket rests after each read until the
+    /// rest timer goes off: its input gathers meanwhile.
+    resting: bool,
+    /// The time a read was handled at, which the loop's next turn takes as
+    /// its own rather than read the clock again (nothing slept between).
+    read_at: Option<Instant>,
+    /// How long the loop polls before it sleeps ([`super::Config::busy_poll`]).
+    busy_poll: Duration,
+    /// With busy polling, when the driver last did something (it polls
+    /// until `busy_poll` after that, then sleeps).
+    active_at: Instant,
+    /// The least time between two reads ([`super::Config::read_interval`]).
+    read_interval: Duration,
+    /// Dropped after everything above, however the task ends.
+    end: EndGuard,
+    /// Dropped last: commands queued after the end are dropped with it.
+    commands: batch_queue::Receiver<Command, Outgoing>,
+}
+
+/// What the loop polls in place, pinned on the task's stack: the socket
+/// and its two timers.
+struct Pinned<'a, S> {
+    /// One stream, read and written from this one task: no `split`, whose
+    /// halves take a lock on every read and write.
+    stream: Pin<&'a mut S>,
+    /// The machine's next deadline, on one timer kept for the whole
+    /// connection (a timer made for each turn of the loop was put into
+    /// tokio's timer wheel and taken out again on every turn).
+    timer: Pin<&'a mut Sleep>,
+    /// With a read interval, when the socket's rest after a read is over.
+    rest: Pin<&'a mut Sleep>,
+}
+
+/// What one turn waits for besides the socket and the command queue.
+struct Waits<'a, T, Y> {
+    /// A consumer taking a delivery, while some consumer is stalled.
+    took: Option<Pin<&'a mut T>>,
+    /// The machine's deadline, when it has one.
+    deadline: bool,
+    /// A yield to the runtime, when busy polling.
+    yielding: Option<Pin<&'a mut Y>>,
 }
 
 /// Runs a connection over `stream` until it ends. `opened` hears when the
@@ -477,195 +273,56 @@ struct Driver {
 pub(crate) async fn run<S>(
     stream: S,
     machine: proto::Connection,
-    shared: Arc<Shared>,
-    mut commands: super::lane::Receiver<Command, Outgoing>,
+    state: Arc<ConnectionState>,
+    commands: batch_queue::Receiver<Command, Outgoing>,
     opened: oneshot::Sender<Result<(), Error>>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    // However the task ends (a bug that panics, or a runtime shut down under
-    // it), everyone waiting on the connection hears that it is over.
-    let _over = Over(shared.clone());
-    // One stream, read and written from this one task: no `split`, whose
-    // halves take a lock on every read and write.
-    let mut stream = std::pin::pin!(stream);
-    let mut driver = Driver {
-        machine,
-        shared,
-        pending: HashMap::new(),
-        channels: Vec::new(),
-        next_generation: 0,
-        opened: Some(opened),
-        closers: Vec::new(),
-        wake: Vec::new(),
-        stalled: Vec::new(),
-        retired: Vec::new(),
-        room_applied: 0,
-        room_written: VecDeque::new(),
-        buffered: 0,
-        written: 0,
-        settling: Vec::new(),
-    };
-    let mut read_buf = BytesMut::with_capacity(128 * 1024);
-    let mut write_buf = BytesMut::with_capacity(128 * 1024);
-    let mut commands_open = true;
-    // What the lane held when last taken (its allocation is kept: the lane
-    // and the driver swap two vectors back and forth).
-    let mut batch: Vec<Command> = Vec::new();
-    // The publishes' records and frames that came with it (swapped with
-    // the lane's side the same way).
-    let mut records: Vec<Published> = Vec::new();
-    let mut frames = BytesMut::new();
-    let mut reading = true;
-    let shared = driver.shared.clone();
-    // With busy polling, when the driver last did something (it polls
-    // until `busy_poll` after that, then sleeps).
-    let busy_poll = shared.busy_poll;
-    let mut active_at = Instant::now();
-    // The machine's next deadline, on one timer kept for the whole
-    // connection (a timer made for each turn of the loop was put into
-    // tokio's timer wheel and taken out again on every turn).
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
-    // The time a read was handled at, which the loop's next turn takes as
-    // its own rather than read the clock again (nothing slept between).
-    let mut read_at: Option<Instant> = None;
-    // With a read interval, the socket rests after each read until this
-    // timer goes off (`resting`): its input gathers meanwhile.
-    let read_interval = shared.read_interval;
-    let mut rest = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
-    let mut resting = false;
+    let consumers = state.clone();
+    let mut driver = Driver::new(machine, state, commands, opened);
+    let stream = std::pin::pin!(stream);
+    let timer = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let rest = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let mut io = Pinned { stream, timer, rest };
     loop {
         driver.settle();
         driver.drain_events();
-        let before = write_buf.len();
-        let turn_at = read_at.take().unwrap_or_else(now);
-        driver.machine.poll_transmit(&mut write_buf, turn_at);
-        driver.transmitted(write_buf.len() - before);
-        // A full consumer queue pauses reading until that consumer takes one.
-        let stalled = driver.unstall();
-        let read = !stalled.pausing || !driver.machine.is_open();
-        if read != reading {
-            reading = read;
-            driver.machine.pause_input(!reading, turn_at);
-        }
+        let turn_at = driver.drive_transmit();
+        let stalled = driver.drive_consumers(turn_at);
         if driver.machine.is_closed() {
-            // Say close-ok (or close) before hanging up, briefly.
-            if !write_buf.is_empty() {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&write_buf)).await;
-            }
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.shutdown()).await;
+            driver.hang_up(io.stream.as_mut()).await;
             break;
         }
-        let deadline = driver.machine.poll_timeout().map(tokio::time::Instant::from_std);
-        if let Some(at) = deadline {
-            // Moved only when the deadline comes sooner (or the timer went
-            // off): a heartbeat's deadline moves later on every send and
-            // receive, and a timer left earlier only wakes the loop once,
-            // to find nothing due and set the later one.
-            if at < timer.deadline() || timer.is_elapsed() {
-                timer.as_mut().reset(at);
-            }
-        }
-        if read_buf.capacity() - read_buf.len() < 16 * 1024 {
-            read_buf.reserve(64 * 1024);
-        }
+        let deadline = driver.drive_timer(io.timer.as_mut());
+        driver.make_room_to_read();
         // What this turn waits for, polled in this order (the first ready
         // wins): the socket's input (unless it rests after the last read),
         // room to write, a consumer taking a delivery, new commands, the
         // machine's deadline, and, when busy polling, a yield to the runtime.
-        let mut took = std::pin::pin!(shared.consumer_took.notified());
+        let mut took = std::pin::pin!(consumers.consumer_took.notified());
         let mut yielding = std::pin::pin!(tokio::task::yield_now());
-        let busy = !busy_poll.is_zero() && active_at.elapsed() < busy_poll;
-        let turn = std::future::poll_fn(|cx| {
-            if resting && rest.as_mut().poll(cx).is_ready() {
-                resting = false;
-            }
-            if reading && !resting {
-                let mut stream = stream.as_mut();
-                if let Poll::Ready(read) = std::pin::pin!(stream.read_buf(&mut read_buf)).poll(cx) {
-                    return Poll::Ready(Turn::Read(read));
-                }
-            }
-            // What the socket takes is written here, within this turn: a
-            // write makes no event and nothing new to transmit, so it needs
-            // no turn of the loop of its own (one less per publish batch).
-            while !write_buf.is_empty() {
-                match stream.as_mut().poll_write(cx, &write_buf) {
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        write_buf.advance(n);
-                        driver.wrote(n);
-                    }
-                    Poll::Ready(ended) => return Poll::Ready(Turn::Ended(ended.err())),
-                    Poll::Pending => break,
-                }
-            }
-            if stalled.any && took.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Turn::ConsumerTook);
-            }
-            if commands_open {
-                let taken = commands.poll_recv_with(cx, &mut batch, |outgoing| {
-                    std::mem::swap(&mut outgoing.records, &mut records);
-                    std::mem::swap(&mut outgoing.frames, &mut frames);
-                });
-                if let Poll::Ready(more) = taken {
-                    return Poll::Ready(Turn::Commands { more });
-                }
-            }
-            if deadline.is_some() && timer.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Turn::Deadline);
-            }
-            if busy && yielding.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Turn::Yielded);
-            }
-            Poll::Pending
-        })
-        .await;
-        match turn {
+        let mut waits = Waits {
+            took: stalled.any.then_some(took.as_mut()),
+            deadline,
+            yielding: driver.busy().then_some(yielding.as_mut()),
+        };
+        match std::future::poll_fn(|cx| driver.poll_turn(cx, &mut io, &mut waits)).await {
             Turn::Read(Ok(0) | Err(_)) => driver.machine.handle_eof(),
-            Turn::Ended(err) => {
-                if let Some(err) = err {
-                    tracing::debug!(%err, "writing to the socket failed");
-                }
-                driver.machine.handle_eof();
-            }
-            Turn::Read(Ok(_)) => {
-                let at = now();
-                read_at = Some(at);
-                driver.machine.handle_input(&mut read_buf, at);
-                if !read_interval.is_zero() {
-                    rest.as_mut().reset(tokio::time::Instant::from_std(at + read_interval));
-                    resting = true;
-                }
-            }
+            Turn::Ended(err) => driver.drive_write_failed(err),
+            Turn::Read(Ok(_)) => driver.drive_read(io.rest.as_mut()),
             // The loop's top hands the consumer more.
             Turn::ConsumerTook => {}
-            // Everything queued since the last batch: it goes out in one write.
-            Turn::Commands { more: true } => {
-                driver.apply_batch(&mut batch, &mut records, &mut frames);
-                frames.clear();
-                // A burst (up to the publish buffer's worth) leaves no
-                // large vector behind in the lane or here.
-                batch.shrink_to(KEPT_BATCH);
-                records.shrink_to(KEPT_BATCH);
-            }
-            Turn::Commands { more: false } => {
-                commands_open = false;
-                driver.machine.close();
-            }
+            Turn::Commands { more: true } => driver.drive_commands(),
+            Turn::Commands { more: false } => driver.drive_no_more_commands(),
             Turn::Deadline => driver.machine.handle_timeout(now()),
             // Nothing to do, and busy polling: the runtime polled the
             // sockets without sleeping, and this runs again.
             Turn::Yielded => continue,
         }
-        if !busy_poll.is_zero() {
-            active_at = Instant::now();
-        }
+        driver.mark_active();
     }
-    driver.shared.end_settles();
-    driver.drain_events();
-    driver.fail_everything();
-    // Publishers waiting for room hear that the connection is gone.
-    driver.shared.room.close();
+    driver.finish();
 }
 
 /// What woke one turn of the driver's loop.
@@ -677,7 +334,7 @@ enum Turn {
     Ended(Option<std::io::Error>),
     /// A consumer took a delivery from its full queue.
     ConsumerTook,
-    /// Commands were taken from the lane (`more`), or every sender is gone.
+    /// Commands were taken from the command queue (`more`), or every sender is gone.
     Commands { more: bool },
     /// The machine's deadline passed.
     Deadline,
@@ -687,37 +344,43 @@ enum Turn {
 
 /// What a command the machine refused fails with: the connection's error
 /// once the machine is closed.
-fn command_error(shared: &Shared, closed: bool, err: CommandError) -> Error {
+fn command_error(state: &ConnectionState, closed: bool, err: CommandError) -> Error {
     match err {
-        CommandError::ConnectionNotOpen if closed => shared.closed_error(),
+        CommandError::ConnectionNotOpen if closed => state.closed_error(),
         other => Error::Command(other),
     }
 }
 
 /// Marks the connection over when the driver's task ends, also when it
 /// ends without reaching the end of `run`: `closed()` and `is_closed()` then
-/// say so, publishers waiting for room and new settlements fail. (Pending
-/// replies fail by themselves: their senders are dropped with the driver.)
-struct Over(Arc<Shared>);
+/// say so, publishers waiting for room and new settlements fail, and every
+/// confirm still pending fails. (Pending replies fail by themselves: their
+/// senders are dropped with the driver.)
+struct EndGuard {
+    state: Arc<ConnectionState>,
+    /// Every channel's pending confirms, to fail those still there when the
+    /// driver ends however it ends.
+    confirms: Vec<Weak<ChannelConfirms>>,
+}
 
-impl Drop for Over {
+impl Drop for EndGuard {
     fn drop(&mut self) {
-        let shared = &self.0;
-        shared.end_settles();
-        shared.room.close();
-        if !*shared.closed.borrow() {
-            if let Ok(mut slot) = shared.close_reason.lock() {
+        let state = &self.state;
+        state.end_settles();
+        state.room.close();
+        if !*state.closed.borrow() {
+            if let Ok(mut slot) = state.close_reason.lock() {
                 slot.get_or_insert(CloseReason::ConnectionLost);
             }
-            let _ = shared.events.send(ConnectionEvent::Closed(CloseReason::ConnectionLost));
-            shared.closed.send_replace(true);
+            let _ = state.events.send(ConnectionEvent::Closed(CloseReason::ConnectionLost));
+            state.closed.send_replace(true);
         }
         // After the driver is gone: a confirm still waiting is one no
-        // settle will reach.
-        let lines = std::mem::take(&mut *shared.lines.lock().unwrap_or_else(|p| p.into_inner()));
+        // resolve will reach.
+        let confirms = std::mem::take(&mut self.confirms);
         let mut wake = Vec::new();
-        for line in lines.iter().filter_map(std::sync::Weak::upgrade) {
-            line.fail(shared.closed_error(), u64::MAX, &mut wake);
+        for confirms in confirms.iter().filter_map(Weak::upgrade) {
+            confirms.pending.fail(state.closed_error(), u64::MAX, &mut wake);
         }
         wake_all(&mut wake);
     }
@@ -735,8 +398,232 @@ struct Stalled {
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
-
 impl Driver {
+    fn new(
+        machine: proto::Connection,
+        state: Arc<ConnectionState>,
+        commands: batch_queue::Receiver<Command, Outgoing>,
+        opened: oneshot::Sender<Result<(), Error>>,
+    ) -> Self {
+        Driver {
+            machine,
+            busy_poll: state.busy_poll,
+            read_interval: state.read_interval,
+            // However the task ends (a bug that panics, or a runtime shut
+            // down under it), everyone waiting on the connection hears that
+            // it is over.
+            end: EndGuard {
+                state: state.clone(),
+                confirms: Vec::new(),
+            },
+            state,
+            pending: HashMap::new(),
+            channels: Vec::new(),
+            next_generation: 0,
+            opened: Some(opened),
+            closers: Vec::new(),
+            wake: Vec::new(),
+            stalled: Vec::new(),
+            retired: Vec::new(),
+            room_applied: 0,
+            room_written: VecDeque::new(),
+            buffered: 0,
+            written: 0,
+            settling: Vec::new(),
+            read_buf: BytesMut::with_capacity(128 * 1024),
+            write_buf: BytesMut::with_capacity(128 * 1024),
+            batch: Vec::new(),
+            records: Vec::new(),
+            frames: BytesMut::new(),
+            commands_open: true,
+            reading: true,
+            resting: false,
+            read_at: None,
+            active_at: Instant::now(),
+            commands,
+        }
+    }
+
+    // ---- the loop's steps, in the order of a turn ----
+
+    /// Puts what the machine has to send in the write buffer; the turn's
+    /// time (that of the read just handled, if any).
+    fn drive_transmit(&mut self) -> Instant {
+        let before = self.write_buf.len();
+        let turn_at = self.read_at.take().unwrap_or_else(now);
+        self.machine.poll_transmit(&mut self.write_buf, turn_at);
+        self.transmitted(self.write_buf.len() - before);
+        turn_at
+    }
+
+    /// Hands the consumers what their overflows hold: a full consumer
+    /// queue pauses reading until that consumer takes one.
+    fn drive_consumers(&mut self, turn_at: Instant) -> Stalled {
+        let stalled = self.unstall();
+        let read = !stalled.pausing || !self.machine.is_open();
+        if read != self.reading {
+            self.reading = read;
+            self.machine.pause_input(!self.reading, turn_at);
+        }
+        stalled
+    }
+
+    /// The machine is closed: says close-ok (or close) before hanging up,
+    /// briefly.
+    async fn hang_up<S: AsyncWrite>(&mut self, mut stream: Pin<&mut S>) {
+        if !self.write_buf.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&self.write_buf)).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+    }
+
+    /// Sets the timer to the machine's next deadline; whether it has one.
+    fn drive_timer(&mut self, mut timer: Pin<&mut Sleep>) -> bool {
+        let Some(at) = self.machine.poll_timeout().map(tokio::time::Instant::from_std) else {
+            return false;
+        };
+        // Moved only when the deadline comes sooner (or the timer went
+        // off): a heartbeat's deadline moves later on every send and
+        // receive, and a timer left earlier only wakes the loop once, to
+        // find nothing due and set the later one.
+        if at < timer.deadline() || timer.is_elapsed() {
+            timer.as_mut().reset(at);
+        }
+        true
+    }
+
+    fn make_room_to_read(&mut self) {
+        if self.read_buf.capacity() - self.read_buf.len() < 16 * 1024 {
+            self.read_buf.reserve(64 * 1024);
+        }
+    }
+
+    /// Whether this turn busy-polls (yields to the runtime rather than
+    /// sleep).
+    fn busy(&self) -> bool {
+        !self.busy_poll.is_zero() && self.active_at.elapsed() < self.busy_poll
+    }
+
+    /// One poll of what a turn waits for (see [`run`]), in its order.
+    #[inline]
+    fn poll_turn<S, T, Y>(
+        &mut self,
+        cx: &mut Context<'_>,
+        io: &mut Pinned<'_, S>,
+        waits: &mut Waits<'_, T, Y>,
+    ) -> Poll<Turn>
+    where
+        S: AsyncRead + AsyncWrite,
+        T: Future<Output = ()>,
+        Y: Future<Output = ()>,
+    {
+        if self.resting && io.rest.as_mut().poll(cx).is_ready() {
+            self.resting = false;
+        }
+        if self.reading && !self.resting {
+            let mut stream = io.stream.as_mut();
+            if let Poll::Ready(read) = std::pin::pin!(stream.read_buf(&mut self.read_buf)).poll(cx) {
+                return Poll::Ready(Turn::Read(read));
+            }
+        }
+        // What the socket takes is written here, within this turn: a
+        // write makes no event and nothing new to transmit, so it needs
+        // no turn of the loop of its own (one less per publish batch).
+        while !self.write_buf.is_empty() {
+            match io.stream.as_mut().poll_write(cx, &self.write_buf) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.write_buf.advance(n);
+                    self.wrote(n);
+                }
+                Poll::Ready(ended) => return Poll::Ready(Turn::Ended(ended.err())),
+                Poll::Pending => break,
+            }
+        }
+        if let Some(took) = &mut waits.took {
+            if took.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::ConsumerTook);
+            }
+        }
+        if self.commands_open {
+            let (records, frames) = (&mut self.records, &mut self.frames);
+            let taken = self.commands.poll_recv_with(cx, &mut self.batch, |outgoing| {
+                std::mem::swap(&mut outgoing.records, records);
+                std::mem::swap(&mut outgoing.frames, frames);
+            });
+            if let Poll::Ready(more) = taken {
+                return Poll::Ready(Turn::Commands { more });
+            }
+        }
+        if waits.deadline && io.timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Turn::Deadline);
+        }
+        if let Some(yielding) = &mut waits.yielding {
+            if yielding.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::Yielded);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// The socket's input: the machine parses it in place. With a read
+    /// interval the socket then rests.
+    fn drive_read(&mut self, rest: Pin<&mut Sleep>) {
+        let at = now();
+        self.read_at = Some(at);
+        self.machine.handle_input(&mut self.read_buf, at);
+        if !self.read_interval.is_zero() {
+            rest.reset(tokio::time::Instant::from_std(at + self.read_interval));
+            self.resting = true;
+        }
+    }
+
+    /// A write to the socket found it closed or failed.
+    fn drive_write_failed(&mut self, err: Option<std::io::Error>) {
+        if let Some(err) = err {
+            tracing::debug!(%err, "writing to the socket failed");
+        }
+        self.machine.handle_eof();
+    }
+
+    /// Everything queued since the last batch: it goes out in one write.
+    fn drive_commands(&mut self) {
+        // Taken out while it is applied (moving a vector's three words).
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut records = std::mem::take(&mut self.records);
+        self.apply_batch(&mut batch, &mut records);
+        self.frames.clear();
+        // A burst (up to the publish buffer's worth) leaves no large
+        // vector behind in the queue or here.
+        batch.shrink_to(KEPT_BATCH);
+        records.shrink_to(KEPT_BATCH);
+        self.batch = batch;
+        self.records = records;
+    }
+
+    /// Every handle is gone: the connection closes.
+    fn drive_no_more_commands(&mut self) {
+        self.commands_open = false;
+        self.machine.close();
+    }
+
+    /// With busy polling, notes that the driver did something.
+    fn mark_active(&mut self) {
+        if !self.busy_poll.is_zero() {
+            self.active_at = Instant::now();
+        }
+    }
+
+    /// The loop is over: later settlements fail, the last events are
+    /// routed, everyone still waiting hears why, and publishers waiting
+    /// for room hear that the connection is gone.
+    fn finish(&mut self) {
+        self.state.end_settles();
+        self.drain_events();
+        self.fail_everything();
+        self.state.room.close();
+    }
+
+    // ---- what the steps do to the connection ----
     fn routes(&mut self, channel: u16, generation: u64) -> Option<&mut ChannelRoutes> {
         self.channels
             .get_mut(usize::from(channel))
@@ -745,13 +632,13 @@ impl Driver {
     }
 
     fn command_error(&self, err: CommandError) -> Error {
-        command_error(&self.shared, self.machine.is_closed(), err)
+        command_error(&self.state, self.machine.is_closed(), err)
     }
 
-    /// Writes the settlements waiting in the lane.
+    /// Writes the settlements waiting in the settle queue.
     fn settle(&mut self) {
         let mut ops = std::mem::take(&mut self.settling);
-        self.shared.take_settles(&mut ops);
+        self.state.take_settles(&mut ops);
         for op in &ops {
             if self.routes(op.channel, op.generation).is_none() {
                 // Its channel has closed since (the broker closed it, or a
@@ -776,8 +663,8 @@ impl Driver {
     /// Carries out one command from the handles, after the settlements
     /// queued before it.
     fn apply(&mut self, command: Command) {
-        // Checked here first: most commands find the settle lane empty.
-        if self.shared.settles_waiting.load(Ordering::SeqCst) {
+        // Checked here first: most commands find the settle queue empty.
+        if self.state.settles_waiting.load(Ordering::SeqCst) {
             self.settle();
         }
         match command {
@@ -807,7 +694,7 @@ impl Driver {
         }
     }
 
-    fn open_channel(&mut self, reply: Reply1<(u16, u64, Arc<AtomicBool>, Arc<Line>)>) {
+    fn open_channel(&mut self, reply: Reply1<(u16, u64, Arc<AtomicBool>, Arc<ChannelConfirms>)>) {
         match self.machine.open_channel() {
             Ok((_, token)) => {
                 self.pending.insert(token, Pending::Open(reply));
@@ -855,10 +742,10 @@ impl Driver {
         }
     }
 
-    /// Carries out a batch taken from the lane: its commands in order, each
+    /// Carries out a batch taken from the command queue: its commands in order, each
     /// run of publishes with the next records (and their frames) of the
-    /// lane's side taken with it. Leaves `batch` and `records` empty.
-    fn apply_batch(&mut self, batch: &mut Vec<Command>, records: &mut Vec<Published>, frames: &mut BytesMut) {
+    /// queue's side taken with it. Leaves `batch` and `records` empty.
+    fn apply_batch(&mut self, batch: &mut Vec<Command>, records: &mut Vec<Published>) {
         let mut records = records.drain(..);
         let mut at = 0;
         for command in batch.drain(..) {
@@ -866,23 +753,26 @@ impl Driver {
                 self.apply(command);
                 continue;
             };
-            if self.shared.settles_waiting.load(Ordering::SeqCst) {
+            if self.state.settles_waiting.load(Ordering::SeqCst) {
                 self.settle();
             }
-            at = self.publish_run(records.by_ref().take(run), frames, at);
+            at = self.publish_run(records.by_ref().take(run), at);
         }
         debug_assert!(records.next().is_none(), "every record has its command");
-        debug_assert!(at == frames.len() || frames.is_empty(), "every frame has its record");
+        debug_assert!(
+            at == self.frames.len() || self.frames.is_empty(),
+            "every frame has its record"
+        );
     }
 
     /// Queues a run of publishes' frames, encoded by the tasks that
     /// published them, each if its channel is still the one it was
     /// published on. The run's frames start at `from`; returns where they
     /// end.
-    fn publish_run(&mut self, records: impl Iterator<Item = Published>, frames: &mut BytesMut, from: usize) -> usize {
+    fn publish_run(&mut self, records: impl Iterator<Item = Published>, from: usize) -> usize {
         let closed = self.machine.is_closed();
         let mut end = from;
-        let mut run = self.machine.encoded_publishes(frames, from);
+        let mut run = self.machine.encoded_publishes(&mut self.frames, from);
         let mut records = records.peekable();
         while let Some(record) = records.next() {
             let Published {
@@ -914,7 +804,7 @@ impl Driver {
                 .get_mut(usize::from(channel))
                 .and_then(Option::as_mut)
                 .filter(|r| r.generation == generation);
-            // A channel gone since: its line failed then, and says so to
+            // A channel gone since: its confirms failed then, and says so to
             // every publish it had not taken.
             let Some(routes) = routes else {
                 run.skip(len);
@@ -931,15 +821,18 @@ impl Driver {
                     if routes.first_confirmed.is_none() {
                         let first = (number + 1).saturating_sub(seq);
                         routes.first_confirmed = Some(first);
-                        routes.line.confirm_mode_from(first);
+                        routes.confirms.pending.confirm_mode_from(first);
                     }
                 }
-                // Settles the group's last and every publish before it.
-                Ok(None) => routes.line.not_requested(number + count - 1, &mut self.wake),
+                // Resolves the group's last and every publish before it.
+                Ok(None) => routes
+                    .confirms
+                    .pending
+                    .not_requested(number + count - 1, &mut self.wake),
                 // Fails the group's first and every publish after it.
                 Err(err) => {
-                    let error = command_error(&self.shared, closed, err);
-                    routes.line.refuse(number, error, &mut self.wake);
+                    let error = command_error(&self.state, closed, err);
+                    routes.confirms.pending.refuse(number, error, &mut self.wake);
                 }
             }
         }
@@ -960,7 +853,7 @@ impl Driver {
             return;
         };
         let prefetch = usize::from(routes.prefetch);
-        let bound = self.shared.delivery_buffer.max(prefetch);
+        let bound = self.state.delivery_buffer.max(prefetch);
         let (route, queue) = ConsumerRoute::new(bound);
         let no_wait_tag = method.no_wait.then(|| method.consumer_tag.clone());
         match self.machine.call(channel, Method::BasicConsume(method)) {
@@ -1019,12 +912,12 @@ impl Driver {
             Event::Flow { .. } => {}
             Event::ChannelClosed { channel, refusal, .. } => self.channel_closed(channel, refusal),
             Event::Blocked { reason } => {
-                self.shared.blocked.send_replace(Some(reason.clone()));
-                let _ = self.shared.events.send(ConnectionEvent::Blocked { reason });
+                self.state.blocked.send_replace(Some(reason.clone()));
+                let _ = self.state.events.send(ConnectionEvent::Blocked { reason });
             }
             Event::Unblocked => {
-                self.shared.blocked.send_replace(None);
-                let _ = self.shared.events.send(ConnectionEvent::Unblocked);
+                self.state.blocked.send_replace(None);
+                let _ = self.state.events.send(ConnectionEvent::Unblocked);
             }
             Event::Closed(reason) => self.closed(reason),
         }
@@ -1032,10 +925,10 @@ impl Driver {
 
     fn opened(&mut self) {
         if let Some(tuned) = self.machine.tuned() {
-            let _ = self.shared.tuned.set(tuned);
+            let _ = self.state.tuned.set(tuned);
         }
         let _ = self
-            .shared
+            .state
             .server_properties
             .set(self.machine.server_properties().clone());
         if let Some(opened) = self.opened.take() {
@@ -1061,7 +954,7 @@ impl Driver {
             properties: content.header.map(|h| h.properties),
             body: content.body,
             acker: Acker {
-                shared: self.shared.clone(),
+                connection: self.state.clone(),
                 channel,
                 generation,
             },
@@ -1094,7 +987,7 @@ impl Driver {
             return Stalled::default();
         }
         // Consumers that take a delivery from now on wake the driver.
-        self.shared.stalled.store(true, Ordering::SeqCst);
+        self.state.stalled.store(true, Ordering::SeqCst);
         let mut pausing = false;
         let mut stalled = std::mem::take(&mut self.stalled);
         stalled.retain(|(channel, generation, tag)| {
@@ -1109,7 +1002,7 @@ impl Driver {
         self.retired.retain_mut(ConsumerRoute::unstall);
         let any = !self.stalled.is_empty() || !self.retired.is_empty();
         if !any {
-            self.shared.stalled.store(false, Ordering::SeqCst);
+            self.state.stalled.store(false, Ordering::SeqCst);
         }
         Stalled { any, pausing }
     }
@@ -1140,7 +1033,7 @@ impl Driver {
         if self.room_applied > 0 {
             let room = std::mem::take(&mut self.room_applied);
             if self.buffered == self.written {
-                self.shared.room.add_permits(room as usize);
+                self.state.room.add_permits(room as usize);
             } else {
                 match self.room_written.back_mut() {
                     Some((at, more)) if *at == self.buffered => *more += room,
@@ -1162,7 +1055,7 @@ impl Driver {
             self.room_written.pop_front();
         }
         if room > 0 {
-            self.shared.room.add_permits(room);
+            self.state.room.add_permits(room);
         }
     }
 
@@ -1185,13 +1078,16 @@ impl Driver {
             (_, Some(returned)) => Confirmation::Returned(Box::new(returned)),
             (_, None) => Confirmation::Ack,
         };
-        routes.line.settle(first + seq - 1, Ok(confirmation), &mut self.wake);
+        routes
+            .confirms
+            .pending
+            .resolve(first + seq - 1, Ok(confirmation), &mut self.wake);
         wake_all(&mut self.wake);
     }
 
     /// Confirms `first..=last` (sequence numbers the broker confirmed
-    /// together, none of them returned): when they are the oldest unsettled
-    /// and acked, one move of the line's watermark.
+    /// together, none of them returned): when they are the oldest unresolved
+    /// and acked, one move of the tracker's watermark.
     fn confirm_run(&mut self, channel: u16, first: u64, last: u64, outcome: acemq_codec::track::Outcome) {
         let Some(routes) = self.channels.get_mut(usize::from(channel)).and_then(Option::as_mut) else {
             return;
@@ -1204,15 +1100,16 @@ impl Driver {
             acemq_codec::track::Outcome::Ack => Confirmation::Ack,
         };
         routes
-            .line
-            .settle_run(base + first - 1, base + last - 1, confirmation, &mut self.wake);
+            .confirms
+            .pending
+            .resolve_run(base + first - 1, base + last - 1, confirmation, &mut self.wake);
         wake_all(&mut self.wake);
     }
 
     fn unmatched_return(&mut self, channel: u16, content: acemq_codec::track::Content) {
         if let Some(message) = ReturnedMessage::from_content(content) {
             tracing::warn!(channel, exchange = %message.exchange, routing_key = %message.routing_key, "returned message matches no publish");
-            let _ = self.shared.events.send(ConnectionEvent::Returned {
+            let _ = self.state.events.send(ConnectionEvent::Returned {
                 channel,
                 message: Box::new(message),
             });
@@ -1229,7 +1126,7 @@ impl Driver {
             self.retire(route);
         }
         let _ = self
-            .shared
+            .state
             .events
             .send(ConnectionEvent::ConsumerCancelled { channel, consumer_tag });
     }
@@ -1249,7 +1146,7 @@ impl Driver {
             return;
         };
         routes.open.store(false, Ordering::SeqCst);
-        routes.line.fail(error, routes.taken, &mut self.wake);
+        routes.confirms.pending.fail(error, routes.taken, &mut self.wake);
         wake_all(&mut self.wake);
         // Dropping the consumers' senders ends their streams, once what
         // their overflows hold is handed over.
@@ -1259,10 +1156,10 @@ impl Driver {
     }
 
     fn closed(&mut self, reason: CloseReason) {
-        if let Ok(mut slot) = self.shared.close_reason.lock() {
+        if let Ok(mut slot) = self.state.close_reason.lock() {
             slot.get_or_insert(reason.clone());
         }
-        self.shared.blocked.send_replace(None);
+        self.state.blocked.send_replace(None);
         let error = Error::ConnectionClosed(reason.clone());
         if let Some(opened) = self.opened.take() {
             let _ = opened.send(Err(error));
@@ -1274,8 +1171,8 @@ impl Driver {
         for closer in self.closers.drain(..) {
             let _ = closer.send(closed.clone());
         }
-        let _ = self.shared.events.send(ConnectionEvent::Closed(reason));
-        self.shared.closed.send_replace(true);
+        let _ = self.state.events.send(ConnectionEvent::Closed(reason));
+        self.state.closed.send_replace(true);
     }
 
     fn on_reply(&mut self, channel: u16, token: Token, result: Result<Reply, proto::CallError>) {
@@ -1308,16 +1205,17 @@ impl Driver {
                         self.channels.resize_with(index + 1, || None);
                     }
                     let open = Arc::new(AtomicBool::new(true));
-                    let line = Arc::new(Line::new(self.shared.clone(), channel));
-                    {
-                        let mut lines = self.shared.lines.lock().unwrap_or_else(|p| p.into_inner());
-                        lines.retain(|line| line.strong_count() > 0);
-                        lines.push(Arc::downgrade(&line));
-                    }
+                    let confirms = Arc::new(ChannelConfirms {
+                        connection: self.state.clone(),
+                        pending: PendingConfirms::new(channel),
+                    });
+                    let registered = &mut self.end.confirms;
+                    registered.retain(|confirms| confirms.strong_count() > 0);
+                    registered.push(Arc::downgrade(&confirms));
                     let earlier = self.channels[index].replace(ChannelRoutes {
                         generation,
                         open: open.clone(),
-                        line: line.clone(),
+                        confirms: confirms.clone(),
                         taken: 0,
                         first_confirmed: None,
                         consumers: Vec::new(),
@@ -1329,11 +1227,12 @@ impl Driver {
                     if let Some(earlier) = earlier {
                         earlier.open.store(false, Ordering::SeqCst);
                         earlier
-                            .line
+                            .confirms
+                            .pending
                             .fail(Error::ChannelNotOpen(channel), earlier.taken, &mut self.wake);
                         wake_all(&mut self.wake);
                     }
-                    let _ = reply.send(Ok((channel, generation, open, line)));
+                    let _ = reply.send(Ok((channel, generation, open, confirms)));
                 }
                 Err(err) => {
                     let _ = reply.send(Err(err.into()));
@@ -1371,7 +1270,7 @@ impl Driver {
 
     /// The connection is over: everyone still waiting hears why.
     fn fail_everything(&mut self) {
-        let error = self.shared.closed_error();
+        let error = self.state.closed_error();
         for (_, pending) in self.pending.drain() {
             match pending {
                 Pending::Open(r) => drop(r.send(Err(error.clone()))),
@@ -1382,7 +1281,7 @@ impl Driver {
         for routes in self.channels.drain(..).flatten() {
             routes.open.store(false, Ordering::SeqCst);
             // The connection is gone: what was queued and never taken too.
-            routes.line.fail(error.clone(), u64::MAX, &mut self.wake);
+            routes.confirms.pending.fail(error.clone(), u64::MAX, &mut self.wake);
         }
         wake_all(&mut self.wake);
         if let Some(opened) = self.opened.take() {
@@ -1391,6 +1290,6 @@ impl Driver {
         for closer in self.closers.drain(..) {
             let _ = closer.send(Ok(()));
         }
-        self.shared.closed.send_replace(true);
+        self.state.closed.send_replace(true);
     }
 }

@@ -19,19 +19,21 @@
 //! # Ok(()) }
 //! ```
 
+mod batch_queue;
 mod channel;
 mod connection;
 mod driver;
 mod error;
-mod lane;
-mod line;
-pub(crate) mod message;
+mod message;
+mod pending_confirms;
+pub(crate) mod state;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
 pub use connection::{Config, Connection};
 pub use error::Error;
-pub use message::{Confirmation, ConnectionEvent, Delivery, GetMessage, Properties, ReturnedMessage};
+pub use message::{Confirmation, ConnectionEvent, Properties, ReturnedMessage};
+pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;

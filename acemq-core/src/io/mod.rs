@@ -1,7 +1,8 @@
 //! Transports only: TCP, TLS with rustls, and (behind the `memory` feature)
 //! the in-process duplex stream to acemq-memory. The driver task that runs
 //! a connection over one of them lives with the handles it serves, in
-//! `amqp`. Nothing here knows the protocol.
+//! `amqp`. Nothing here knows the protocol, and nothing here imports
+//! `amqp` (which says what a URL it cannot reach means).
 
 mod tls;
 
@@ -23,12 +24,4 @@ pub(crate) async fn connect_tcp(host: &str, port: u16, timeout: Duration) -> std
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {host}:{port}")))??;
     stream.set_nodelay(true)?;
     Ok(stream)
-}
-
-/// Without the `memory` feature there is no in-process broker to reach.
-#[cfg(not(feature = "memory"))]
-pub(crate) fn connect_memory(name: &str) -> Result<tokio::io::DuplexStream, crate::amqp::UrlError> {
-    Err(crate::amqp::UrlError(format!(
-        "memory://{name} needs acemq-core's `memory` feature (the in-process acemq-memory broker)"
-    )))
 }

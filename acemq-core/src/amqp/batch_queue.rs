@@ -1,9 +1,9 @@
-//! The command lane: many senders, one receiver that takes everything
+//! The batch queue: many senders, one receiver that takes everything
 //! queued in one swap. It replaces an unbounded mpsc for the driver's
 //! commands: a send is a lock, a push and (only when the driver sleeps on
-//! an empty lane) a wake; the driver takes a whole batch under one lock.
+//! an empty queue) a wake; the driver takes a whole batch under one lock.
 //! Each consumer's delivery queue is one too, with the driver as its one
-//! sender (see `driver::DeliveryQueue`).
+//! sender (see `state::DeliveryQueue`).
 //!
 //! It keeps what the driver relied on from the mpsc:
 //! - one order for every command of every sender;
@@ -12,21 +12,24 @@
 //! - a send after the receiver is dropped fails and hands the value back,
 //!   and values still queued when it is dropped are dropped with it (their
 //!   reply senders then tell their waiters);
-//! - weak senders, which do not keep the lane open.
+//! - weak senders, which do not keep the queue open.
 //!
 //! Every change of state and the receiver's waker live under one mutex, so
 //! a send can never slip between the receiver's check and its sleep.
 //!
-//! A lane may also carry a side state `S` beside its values, which a sender
+//! A queue may also carry a side state `S` beside its values, which a sender
 //! changes under the same lock as it queues ([`Sender::send_with`]) and the
 //! receiver takes from in the same swap ([`Receiver::poll_recv_with`]). The
-//! command lane keeps its publishes' frames there: a publish is encoded by
+//! command queue keeps its publishes' frames there: a publish is encoded by
 //! its caller, straight into the bytes the driver takes next.
+//!
+//! It knows nothing of what it carries, and must never run a caller's code
+//! that blocks, or wake a task, under its lock.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-struct State<T, S> {
+struct Contents<T, S> {
     items: Vec<T>,
     side: S,
     senders: usize,
@@ -34,27 +37,27 @@ struct State<T, S> {
     waker: Option<Waker>,
 }
 
-struct Lane<T, S> {
-    state: Mutex<State<T, S>>,
+struct BatchQueue<T, S> {
+    contents: Mutex<Contents<T, S>>,
 }
 
-impl<T, S> Lane<T, S> {
-    fn lock(&self) -> MutexGuard<'_, State<T, S>> {
+impl<T, S> BatchQueue<T, S> {
+    fn lock(&self) -> MutexGuard<'_, Contents<T, S>> {
         // Nothing runs user code under this lock; a poisoned one still
         // holds a consistent state.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.contents.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-/// A new lane's sender and receiver.
+/// A new queue's sender and receiver.
 pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
     with_side()
 }
 
-/// A new lane whose side state starts as `S::default()`.
+/// A new queue whose side state starts as `S::default()`.
 pub(crate) fn with_side<T, S: Default>() -> (Sender<T, S>, Receiver<T, S>) {
-    let lane = Arc::new(Lane {
-        state: Mutex::new(State {
+    let queue = Arc::new(BatchQueue {
+        contents: Mutex::new(Contents {
             items: Vec::new(),
             side: S::default(),
             senders: 1,
@@ -62,17 +65,17 @@ pub(crate) fn with_side<T, S: Default>() -> (Sender<T, S>, Receiver<T, S>) {
             waker: None,
         }),
     });
-    (Sender { lane: lane.clone() }, Receiver { lane })
+    (Sender { queue: queue.clone() }, Receiver { queue })
 }
 
-/// Sends into the lane; the lane stays open while one exists.
+/// Sends into the queue; the queue stays open while one exists.
 pub(crate) struct Sender<T, S = ()> {
-    lane: Arc<Lane<T, S>>,
+    queue: Arc<BatchQueue<T, S>>,
 }
 
 impl<T, S> std::fmt::Debug for Sender<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("lane::Sender").finish_non_exhaustive()
+        f.debug_struct("batch_queue::Sender").finish_non_exhaustive()
     }
 }
 
@@ -80,7 +83,7 @@ impl<T, S> Sender<T, S> {
     /// Queues `value`, or hands it back once the receiver is gone.
     pub(crate) fn send(&self, value: T) -> Result<(), T> {
         let waker = {
-            let mut state = self.lane.lock();
+            let mut state = self.queue.lock();
             if state.receiver_gone {
                 return Err(value);
             }
@@ -93,13 +96,13 @@ impl<T, S> Sender<T, S> {
         Ok(())
     }
 
-    /// Runs `queue` under the lane's lock, with its values and its side
+    /// Runs `queue` under the queue's lock, with its values and its side
     /// state, and wakes the receiver if it waits and values are queued
     /// then; `None` (without running `queue`) once the receiver is gone.
     /// `queue` must not block: the receiver takes the same lock.
     pub(crate) fn send_with<R>(&self, queue: impl FnOnce(&mut Vec<T>, &mut S) -> R) -> Option<R> {
         let (result, waker) = {
-            let mut state = self.lane.lock();
+            let mut state = self.queue.lock();
             if state.receiver_gone {
                 return None;
             }
@@ -120,22 +123,22 @@ impl<T, S> Sender<T, S> {
 
     /// Whether the receiver is gone.
     pub(crate) fn is_closed(&self) -> bool {
-        self.lane.lock().receiver_gone
+        self.queue.lock().receiver_gone
     }
 
-    /// A sender that does not keep the lane open.
+    /// A sender that does not keep the queue open.
     pub(crate) fn downgrade(&self) -> WeakSender<T, S> {
         WeakSender {
-            lane: self.lane.clone(),
+            queue: self.queue.clone(),
         }
     }
 }
 
 impl<T, S> Clone for Sender<T, S> {
     fn clone(&self) -> Self {
-        self.lane.lock().senders += 1;
+        self.queue.lock().senders += 1;
         Sender {
-            lane: self.lane.clone(),
+            queue: self.queue.clone(),
         }
     }
 }
@@ -143,7 +146,7 @@ impl<T, S> Clone for Sender<T, S> {
 impl<T, S> Drop for Sender<T, S> {
     fn drop(&mut self) {
         let waker = {
-            let mut state = self.lane.lock();
+            let mut state = self.queue.lock();
             state.senders -= 1;
             if state.senders == 0 {
                 state.waker.take()
@@ -157,53 +160,53 @@ impl<T, S> Drop for Sender<T, S> {
     }
 }
 
-/// A sender that does not keep the lane open (see [`Sender::downgrade`]).
+/// A sender that does not keep the queue open (see [`Sender::downgrade`]).
 pub(crate) struct WeakSender<T, S = ()> {
-    lane: Arc<Lane<T, S>>,
+    queue: Arc<BatchQueue<T, S>>,
 }
 
 impl<T, S> std::fmt::Debug for WeakSender<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("lane::WeakSender").finish_non_exhaustive()
+        f.debug_struct("batch_queue::WeakSender").finish_non_exhaustive()
     }
 }
 
 impl<T, S> WeakSender<T, S> {
-    /// Runs `f` on the side state under the lane's lock; `None` once the
+    /// Runs `f` on the side state under the queue's lock; `None` once the
     /// receiver is gone.
     pub(crate) fn side<R>(&self, f: impl FnOnce(&mut S) -> R) -> Option<R> {
-        let mut state = self.lane.lock();
+        let mut state = self.queue.lock();
         (!state.receiver_gone).then(|| f(&mut state.side))
     }
 
-    /// A sender, while some other sender still keeps the lane open.
+    /// A sender, while some other sender still keeps the queue open.
     pub(crate) fn upgrade(&self) -> Option<Sender<T, S>> {
-        let mut state = self.lane.lock();
+        let mut state = self.queue.lock();
         if state.senders == 0 {
             return None;
         }
         state.senders += 1;
         drop(state);
         Some(Sender {
-            lane: self.lane.clone(),
+            queue: self.queue.clone(),
         })
     }
 }
 
-/// Takes what the lane holds, in batches.
+/// Takes what the queue holds, in batches.
 pub(crate) struct Receiver<T, S = ()> {
-    lane: Arc<Lane<T, S>>,
+    queue: Arc<BatchQueue<T, S>>,
 }
 
 impl<T, S> std::fmt::Debug for Receiver<T, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("lane::Receiver").finish_non_exhaustive()
+        f.debug_struct("batch_queue::Receiver").finish_non_exhaustive()
     }
 }
 
 impl<T, S> Receiver<T, S> {
     /// Swaps everything queued into `batch`, which must be empty: `Ready(true)`
-    /// when that is something, `Ready(false)` once the lane is empty and
+    /// when that is something, `Ready(false)` once the queue is empty and
     /// every sender is gone, else `Pending` (woken by the next send, or by
     /// the last sender's drop).
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<bool> {
@@ -219,7 +222,7 @@ impl<T, S> Receiver<T, S> {
         take: impl FnOnce(&mut S),
     ) -> Poll<bool> {
         debug_assert!(batch.is_empty(), "the last batch is not used up");
-        let mut state = self.lane.lock();
+        let mut state = self.queue.lock();
         if !state.items.is_empty() {
             std::mem::swap(&mut state.items, batch);
             take(&mut state.side);
@@ -239,14 +242,14 @@ impl<T, S> Receiver<T, S> {
     /// waiting; whether that was something.
     pub(crate) fn try_recv(&mut self, batch: &mut Vec<T>) -> bool {
         debug_assert!(batch.is_empty(), "the last batch is not used up");
-        let mut state = self.lane.lock();
+        let mut state = self.queue.lock();
         std::mem::swap(&mut state.items, batch);
         !batch.is_empty()
     }
 
     /// How many values are queued.
     pub(crate) fn len(&self) -> usize {
-        self.lane.lock().items.len()
+        self.queue.lock().items.len()
     }
 
     /// [`Receiver::poll_recv`] as a future.
@@ -259,7 +262,7 @@ impl<T, S> Receiver<T, S> {
 impl<T, S> Drop for Receiver<T, S> {
     fn drop(&mut self) {
         let left = {
-            let mut state = self.lane.lock();
+            let mut state = self.queue.lock();
             state.receiver_gone = true;
             state.waker = None;
             std::mem::take(&mut state.items)
@@ -277,7 +280,7 @@ mod tests {
         let mut batch = Vec::new();
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv(&mut batch))
             .await
-            .expect("the lane answers within 5 s");
+            .expect("the queue answers within 5 s");
         got.then_some(batch)
     }
 
@@ -331,7 +334,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_lane_ends_after_the_last_strong_sender_and_what_it_sent() {
+    async fn the_queue_ends_after_the_last_strong_sender_and_what_it_sent() {
         let (tx, mut rx) = channel();
         let weak = tx.downgrade();
         let upgraded = weak.upgrade().expect("a strong sender exists");

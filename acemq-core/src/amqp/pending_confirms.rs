@@ -1,34 +1,38 @@
-//! Where the publishes of one channel wait for their confirms: a line, in
-//! the order they were queued, instead of an entry each.
+//! The confirm tracker: where the publishes of one channel wait for their
+//! confirms, kept as one run in the order they were queued instead of an
+//! entry each. The driver resolves them (acked, nacked, returned or failed);
+//! each [`PublishConfirm`](super::PublishConfirm) polls for its own. It
+//! knows nothing of the connection, the driver or the socket, and it must
+//! never wake a task under its lock (wakers are collected and woken after).
 //!
-//! A publish is numbered as it is queued (under the command lane's lock, so
-//! the numbers follow the lane's order), and its
-//! [`PublishConfirm`](super::PublishConfirm) is that number and the line. The
+//! A publish is numbered as it is queued (under the command queue's lock, so
+//! the numbers follow the queue's order), and its
+//! [`PublishConfirm`](super::PublishConfirm) is that number and the tracker. The
 //! driver takes the records in the same order and counts them the same way,
 //! so it knows each one's number without being told; the broker's sequence
 //! numbers start at the first publish in confirm mode, so a number is the
-//! sequence number plus the line's offset.
+//! sequence number plus the tracker's offset.
 //!
 //! What the broker says of most publishes is the same: a run of acks. The
-//! line keeps it as one watermark: every publish numbered below it is
-//! settled, with a plain outcome (`Ack`, or `NotRequested` below the first
+//! tracker keeps it as one watermark: every publish numbered below it is
+//! resolved, with a plain outcome (`Ack`, or `NotRequested` below the first
 //! publish in confirm mode). A confirm below the watermark is ready with one
 //! atomic load. Only what differs is kept one by one, in `odd`: a nack, a
 //! return, a confirm that came ahead of the watermark, and a publish whose
 //! confirm was dropped before its outcome came (so that the outcome is not
 //! kept for nobody).
 //!
-//! When the channel or the connection is gone, the line fails: what is not
-//! settled then fails with its error, and a publish the driver never took
+//! When the channel or the connection is gone, the tracker fails: what is not
+//! resolved then fails with its error, and a publish the driver never took
 //! (queued after the channel was gone) fails with `ChannelNotOpen`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
-use super::driver::Shared;
-use super::{Confirmation, Error};
+use super::error::Error;
+use super::message::Confirmation;
 
 /// What a confirm resolves to.
 pub(crate) type Outcome = Result<Confirmation, Error>;
@@ -37,51 +41,49 @@ pub(crate) type Outcome = Result<Confirmation, Error>;
 const NONE_CONFIRMED: u64 = u64::MAX;
 
 /// One channel's confirms (see the module docs).
-pub(crate) struct Line {
-    /// The connection the channel is on (its errors, its block watch).
-    pub(crate) shared: Arc<Shared>,
+pub(crate) struct PendingConfirms {
     /// The channel's number, for `ChannelNotOpen`.
     channel: u16,
     /// The number the next publish queued gets (raised under the command
-    /// lane's lock).
+    /// queue's lock).
     next: AtomicU64,
-    /// Every publish numbered below this is settled: plainly, unless `odd`
+    /// Every publish numbered below this is resolved: plainly, unless `odd`
     /// holds its outcome.
-    settled_below: AtomicU64,
+    resolved_below: AtomicU64,
     /// The number of the first publish in confirm mode (`NONE_CONFIRMED`
     /// until there is one): those below it were not confirmed.
     first_confirmed: AtomicU64,
-    /// Whether `odd` holds anything, or the line failed: if not, a confirm
+    /// Whether `odd` holds anything, or the tracker failed: if not, a confirm
     /// below the watermark needs no lock.
     quiet: AtomicBool,
-    inner: Mutex<Inner>,
+    locked: Mutex<Locked>,
 }
 
 #[derive(Default)]
-struct Inner {
-    odd: Kept,
+struct Locked {
+    odd: OddOutcomes,
     /// Confirms waiting for their outcome, in ascending order of number:
-    /// found by binary search, the settled taken off the front. (As many as
+    /// found by binary search, the resolved taken off the front. (As many as
     /// tasks await their confirm at once: hundreds, with one task a send.)
     waiters: VecDeque<(u64, Waker)>,
     /// The first publish the driver refused or never took, and what it and
     /// every later one fail with.
     refused: Option<(u64, Error)>,
     /// The channel or the connection is gone: what fails everything still
-    /// unsettled below `refused`.
+    /// unresolved below `refused`.
     failed: Option<Error>,
 }
 
-/// What a line keeps one by one, in ascending order of number: found by
-/// binary search, settled off the front. Numbers are kept as their
+/// What a tracker keeps one by one, in ascending order of number: found by
+/// binary search, resolved off the front. Numbers are kept as their
 /// publishes' confirms come and go, mostly at the back and taken from the
 /// front, so the one allocation is kept and reused (a map would allocate a
 /// node for the first entry and free it with the last, on every publish
 /// whose confirm is dropped before its outcome, say).
 #[derive(Default)]
-struct Kept(VecDeque<(u64, Odd)>);
+struct OddOutcomes(VecDeque<(u64, Odd)>);
 
-impl Kept {
+impl OddOutcomes {
     fn at(&self, n: u64) -> Result<usize, usize> {
         self.0.binary_search_by_key(&n, |(k, _)| *k)
     }
@@ -135,70 +137,69 @@ impl Kept {
 }
 
 enum Odd {
-    /// Settled with an outcome other than the plain one, or ahead of the
+    /// Resolved with an outcome other than the plain one, or ahead of the
     /// watermark; taken by its confirm.
     Done(Outcome),
-    /// Not settled, and its confirm is gone: the outcome is dropped when it
+    /// Not resolved, and its confirm is gone: the outcome is dropped when it
     /// comes.
     Abandoned,
-    /// Settled ahead of the watermark, its confirm gone: only there for the
+    /// Resolved ahead of the watermark, its confirm gone: only there for the
     /// watermark to pass.
     Dropped,
 }
 
-impl std::fmt::Debug for Line {
+impl std::fmt::Debug for PendingConfirms {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Line")
+        f.debug_struct("PendingConfirms")
             .field("channel", &self.channel)
             .field("next", &self.next.load(Ordering::Relaxed))
-            .field("settled_below", &self.settled_below.load(Ordering::Relaxed))
+            .field("resolved_below", &self.resolved_below.load(Ordering::Relaxed))
             .field("odd", &self.lock().odd.len())
             .finish()
     }
 }
 
-impl Line {
-    pub(crate) fn new(shared: Arc<Shared>, channel: u16) -> Self {
-        Line {
-            shared,
+impl PendingConfirms {
+    pub(crate) fn new(channel: u16) -> Self {
+        PendingConfirms {
             channel,
             next: AtomicU64::new(0),
-            settled_below: AtomicU64::new(0),
+            resolved_below: AtomicU64::new(0),
             first_confirmed: AtomicU64::new(NONE_CONFIRMED),
             quiet: AtomicBool::new(true),
-            inner: Mutex::new(Inner::default()),
+            locked: Mutex::new(Locked::default()),
         }
     }
 
-    /// Why the line failed (its channel or connection went), if it has.
+    /// Why the tracker failed (its channel or connection went), if it has.
     pub(crate) fn failure(&self) -> Option<Error> {
         self.lock().failed.clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
         // No code panics under this lock; a poisoned one is still whole.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The number of a publish being queued. Call it under the command
-    /// lane's lock, once the publish is sure to be queued.
+    /// queue's lock, once the publish is sure to be queued.
     #[inline]
     pub(crate) fn number(&self) -> u64 {
         // A load and a store, not an atomic add: every caller holds the
-        // lane's lock, which orders them.
+        // queue's lock, which orders them.
         let n = self.next.load(Ordering::Relaxed);
         self.next.store(n + 1, Ordering::Relaxed);
         n
     }
 
-    /// Whether `n` is settled and nothing is kept one by one: its outcome
+    /// Whether `n` is resolved and nothing is kept one by one: its outcome
     /// is then the plain one, known without the lock.
     #[inline]
-    fn plainly_settled(&self, n: u64) -> bool {
-        n < self.settled_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire)
+    fn plainly_resolved(&self, n: u64) -> bool {
+        n < self.resolved_below.load(Ordering::Acquire) && self.quiet.load(Ordering::Acquire)
     }
 
-    /// The plain outcome of a settled publish numbered `n`.
+    /// The plain outcome of a resolved publish numbered `n`.
     #[inline]
     fn plain(&self, n: u64) -> Confirmation {
         if n < self.first_confirmed.load(Ordering::Acquire) {
@@ -216,29 +217,29 @@ impl Line {
         self.first_confirmed.store(n, Ordering::Release);
     }
 
-    /// Publish `n` went out without confirms: settled at once (publishes
+    /// Publish `n` went out without confirms: resolved at once (publishes
     /// before it did too, in order).
     pub(crate) fn not_requested(&self, n: u64, wake: &mut Vec<Waker>) {
         self.advance_to(n + 1, wake);
     }
 
     /// The broker confirmed `first..=last` together (none returned): one
-    /// move of the watermark when they are the oldest unsettled and acked,
+    /// move of the watermark when they are the oldest unresolved and acked,
     /// else each on its own.
-    pub(crate) fn settle_run(&self, first: u64, last: u64, confirmation: Confirmation, wake: &mut Vec<Waker>) {
+    pub(crate) fn resolve_run(&self, first: u64, last: u64, confirmation: Confirmation, wake: &mut Vec<Waker>) {
         let plain = matches!(confirmation, Confirmation::Ack);
-        if plain && first == self.settled_below.load(Ordering::Relaxed) {
+        if plain && first == self.resolved_below.load(Ordering::Relaxed) {
             self.advance_to(last + 1, wake);
         } else {
             for n in first..=last {
-                self.settle(n, Ok(confirmation.clone()), wake);
+                self.resolve(n, Ok(confirmation.clone()), wake);
             }
         }
     }
 
-    /// Settles publish `n` with `outcome`.
-    pub(crate) fn settle(&self, n: u64, outcome: Outcome, wake: &mut Vec<Waker>) {
-        let below = self.settled_below.load(Ordering::Relaxed);
+    /// Resolves publish `n` with `outcome`.
+    pub(crate) fn resolve(&self, n: u64, outcome: Outcome, wake: &mut Vec<Waker>) {
+        let below = self.resolved_below.load(Ordering::Relaxed);
         let plain = matches!(outcome, Ok(Confirmation::Ack));
         if plain && n == below {
             self.advance_to(n + 1, wake);
@@ -246,7 +247,7 @@ impl Line {
         }
         let mut inner = self.lock();
         if n < below {
-            // Settled already (the tracker resolves a sequence number once,
+            // Resolved already (the tracker resolves a sequence number once,
             // so this would be a broker saying it twice): the first stands.
             tracing::debug!(channel = self.channel, n, "a publish confirmed twice");
             return;
@@ -266,20 +267,20 @@ impl Line {
         if n == below {
             self.advance_locked(&mut inner, n + 1, wake);
         } else {
-            wake_settled(&mut inner, below, n, wake);
+            wake_resolved(&mut inner, below, n, wake);
         }
         self.requiet(&inner);
     }
 
-    /// Every publish below `to` is settled (those in `odd` with theirs).
+    /// Every publish below `to` is resolved (those in `odd` with theirs).
     fn advance_to(&self, to: u64, wake: &mut Vec<Waker>) {
         let mut inner = self.lock();
         self.advance_locked(&mut inner, to, wake);
         self.requiet(&inner);
     }
 
-    fn advance_locked(&self, inner: &mut Inner, to: u64, wake: &mut Vec<Waker>) {
-        let from = self.settled_below.load(Ordering::Relaxed);
+    fn advance_locked(&self, inner: &mut Locked, to: u64, wake: &mut Vec<Waker>) {
+        let from = self.resolved_below.load(Ordering::Relaxed);
         let mut below = from.max(to);
         if !inner.odd.is_empty() {
             // What the watermark now passes: the marks of confirms that are
@@ -288,7 +289,7 @@ impl Line {
             inner
                 .odd
                 .retain_below(below, |odd| matches!(odd, Odd::Done(outcome) if !is_ack(outcome)));
-            // Then on past what was settled ahead of it.
+            // Then on past what was resolved ahead of it.
             loop {
                 match inner.odd.get(&below) {
                     Some(Odd::Done(outcome)) if is_ack(outcome) => {
@@ -303,12 +304,12 @@ impl Line {
                 below += 1;
             }
         }
-        self.settled_below.store(below, Ordering::Release);
+        self.resolved_below.store(below, Ordering::Release);
         take_waiters_below(inner, below, wake);
     }
 
-    /// Marks the line quiet again when nothing is kept one by one.
-    fn requiet(&self, inner: &Inner) {
+    /// Marks the tracker quiet again when nothing is kept one by one.
+    fn requiet(&self, inner: &Locked) {
         if inner.odd.is_empty() && inner.failed.is_none() && inner.refused.is_none() {
             self.quiet.store(true, Ordering::Release);
         }
@@ -322,11 +323,11 @@ impl Line {
             inner.refused = Some((n, error));
             self.quiet.store(false, Ordering::Release);
         }
-        take_failed_waiters(&mut inner, self.settled_below.load(Ordering::Relaxed), wake);
+        take_failed_waiters(&mut inner, self.resolved_below.load(Ordering::Relaxed), wake);
     }
 
     /// The channel (or the connection) is gone after the driver took
-    /// `taken` publishes: what is not settled fails with `error`, and what
+    /// `taken` publishes: what is not resolved fails with `error`, and what
     /// the driver never took with `ChannelNotOpen` (or what it was refused
     /// with).
     pub(crate) fn fail(&self, error: Error, taken: u64, wake: &mut Vec<Waker>) {
@@ -340,7 +341,7 @@ impl Line {
         self.quiet.store(false, Ordering::Release);
         // Only outcomes a confirm may still take are kept.
         inner.odd.retain(|odd| matches!(odd, Odd::Done(_)));
-        take_failed_waiters(&mut inner, self.settled_below.load(Ordering::Relaxed), wake);
+        take_failed_waiters(&mut inner, self.resolved_below.load(Ordering::Relaxed), wake);
     }
 
     // ---- the confirm's side ----
@@ -348,13 +349,13 @@ impl Line {
     /// The outcome of publish `n` once it is known. Spent once `Ready`.
     #[inline]
     pub(crate) fn poll(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
-        if self.plainly_settled(n) {
+        if self.plainly_resolved(n) {
             return Poll::Ready(Ok(self.plain(n)));
         }
         self.poll_locked(n, cx)
     }
 
-    /// [`Line::poll`] for a publish not settled with the plain outcome.
+    /// [`PendingConfirms::poll`] for a publish not resolved with the plain outcome.
     #[inline(never)]
     fn poll_locked(&self, n: u64, cx: &mut Context<'_>) -> Poll<Outcome> {
         let mut inner = self.lock();
@@ -376,14 +377,14 @@ impl Line {
     }
 
     /// The outcome of `n` if it has one, taken out of `odd`.
-    fn outcome_locked(&self, inner: &mut Inner, n: u64) -> Option<Outcome> {
-        let below = self.settled_below.load(Ordering::Acquire);
+    fn outcome_locked(&self, inner: &mut Locked, n: u64) -> Option<Outcome> {
+        let below = self.resolved_below.load(Ordering::Acquire);
         if let Some(Odd::Done(_)) = inner.odd.get(&n) {
             let Some(Odd::Done(outcome)) = inner.odd.remove(&n) else {
                 unreachable!("matched above")
             };
             if n >= below {
-                // Settled ahead of the watermark: it must still pass it.
+                // Resolved ahead of the watermark: it must still pass it.
                 inner.odd.insert(n, Odd::Dropped);
             }
             self.requiet(inner);
@@ -398,18 +399,18 @@ impl Line {
     /// The confirm of `n` is dropped without its outcome taken.
     #[inline]
     pub(crate) fn abandon(&self, n: u64) {
-        if self.plainly_settled(n) {
+        if self.plainly_resolved(n) {
             return;
         }
         self.abandon_locked(n);
     }
 
-    /// [`Line::abandon`] of a publish that may have something kept.
+    /// [`PendingConfirms::abandon`] of a publish that may have something kept.
     #[inline(never)]
     fn abandon_locked(&self, n: u64) {
         let mut inner = self.lock();
         remove_waiter(&mut inner, n);
-        let below = self.settled_below.load(Ordering::Acquire);
+        let below = self.resolved_below.load(Ordering::Acquire);
         match inner.odd.remove(&n) {
             Some(Odd::Done(_)) if n >= below => {
                 inner.odd.insert(n, Odd::Dropped);
@@ -424,7 +425,7 @@ impl Line {
         self.requiet(&inner);
     }
 
-    /// How many outcomes the line keeps one by one (for tests).
+    /// How many outcomes the tracker keeps one by one (for tests).
     #[cfg(test)]
     fn kept(&self) -> usize {
         self.lock().odd.len()
@@ -441,8 +442,8 @@ fn is_ack(outcome: &Outcome) -> bool {
     matches!(outcome, Ok(Confirmation::Ack))
 }
 
-/// The error an unsettled publish `n` fails with, if the line failed.
-fn failure(inner: &Inner, n: u64) -> Option<Error> {
+/// The error an unresolved publish `n` fails with, if the tracker failed.
+fn failure(inner: &Locked, n: u64) -> Option<Error> {
     match &inner.refused {
         Some((from, error)) if n >= *from => Some(error.clone()),
         _ => inner.failed.clone(),
@@ -450,12 +451,12 @@ fn failure(inner: &Inner, n: u64) -> Option<Error> {
 }
 
 /// Where the waiter of `n` is (`Ok`), or where it would go (`Err`).
-fn waiter_at(inner: &Inner, n: u64) -> Result<usize, usize> {
+fn waiter_at(inner: &Locked, n: u64) -> Result<usize, usize> {
     inner.waiters.binary_search_by_key(&n, |(w, _)| *w)
 }
 
 /// Forgets the waiter of `n`, if there is one.
-fn remove_waiter(inner: &mut Inner, n: u64) {
+fn remove_waiter(inner: &mut Locked, n: u64) {
     if let Ok(at) = waiter_at(inner, n) {
         inner.waiters.remove(at);
     }
@@ -463,21 +464,21 @@ fn remove_waiter(inner: &mut Inner, n: u64) {
 
 /// Wakes the waiters of everything below the watermark `below`: a run off
 /// the front.
-fn take_waiters_below(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
+fn take_waiters_below(inner: &mut Locked, below: u64, wake: &mut Vec<Waker>) {
     while inner.waiters.front().is_some_and(|(n, _)| *n < below) {
         wake.extend(inner.waiters.pop_front().map(|(_, waker)| waker));
     }
 }
 
-/// Wakes the waiter of `n`, just settled ahead of the watermark `below`.
-fn wake_settled(inner: &mut Inner, below: u64, n: u64, wake: &mut Vec<Waker>) {
+/// Wakes the waiter of `n`, just resolved ahead of the watermark `below`.
+fn wake_resolved(inner: &mut Locked, below: u64, n: u64, wake: &mut Vec<Waker>) {
     debug_assert!(n >= below);
     if let Ok(at) = waiter_at(inner, n) {
         wake.extend(inner.waiters.remove(at).map(|(_, waker)| waker));
     }
 }
 
-fn take_failed_waiters(inner: &mut Inner, below: u64, wake: &mut Vec<Waker>) {
+fn take_failed_waiters(inner: &mut Locked, below: u64, wake: &mut Vec<Waker>) {
     let waiters = std::mem::take(&mut inner.waiters);
     for (n, waker) in waiters {
         if n < below || inner.odd.contains_key(&n) || failure(inner, n).is_some() {
@@ -501,34 +502,32 @@ mod tests {
     use std::task::Waker;
     use std::time::Duration;
 
+    use std::sync::Arc;
+
     use super::*;
-    use crate::amqp::connection::Settings;
 
-    fn line() -> Arc<Line> {
-        let (commands, _rx) =
-            super::super::lane::with_side::<super::super::message::Command, super::super::message::Outgoing>();
-        let shared = Arc::new(Shared::new(Settings::default(), commands.downgrade()));
-        Arc::new(Line::new(shared, 7))
+    fn tracker() -> Arc<PendingConfirms> {
+        Arc::new(PendingConfirms::new(7))
     }
 
-    fn numbers(line: &Line, count: u64) -> Vec<u64> {
-        (0..count).map(|_| line.number()).collect()
+    fn numbers(confirms: &PendingConfirms, count: u64) -> Vec<u64> {
+        (0..count).map(|_| confirms.number()).collect()
     }
 
-    /// A line in confirm mode from its first publish, `count` published.
-    fn confirming(count: u64) -> Arc<Line> {
-        let line = line();
-        numbers(&line, count);
-        line.confirm_mode_from(0);
-        line
+    /// A tracker in confirm mode from its first publish, `count` published.
+    fn confirming(count: u64) -> Arc<PendingConfirms> {
+        let confirms = tracker();
+        numbers(&confirms, count);
+        confirms.confirm_mode_from(0);
+        confirms
     }
 
-    fn now(line: &Line, n: u64) -> Poll<Outcome> {
-        line.poll(n, &mut Context::from_waker(Waker::noop()))
+    fn now(confirms: &PendingConfirms, n: u64) -> Poll<Outcome> {
+        confirms.poll(n, &mut Context::from_waker(Waker::noop()))
     }
 
-    fn ready(line: &Line, n: u64) -> Confirmation {
-        match now(line, n) {
+    fn ready(confirms: &PendingConfirms, n: u64) -> Confirmation {
+        match now(confirms, n) {
             Poll::Ready(Ok(confirmation)) => confirmation,
             other => panic!("publish {n}: {other:?}"),
         }
@@ -536,102 +535,111 @@ mod tests {
 
     #[test]
     fn acks_in_order_move_the_watermark_and_publishes_before_confirm_mode_were_not_requested() {
-        let line = line();
+        let confirms = tracker();
         let mut wake = Vec::new();
-        assert_eq!(numbers(&line, 6), [0, 1, 2, 3, 4, 5]);
-        line.not_requested(0, &mut wake);
-        line.not_requested(1, &mut wake);
-        line.confirm_mode_from(2);
-        line.settle_run(2, 4, Confirmation::Ack, &mut wake);
-        assert_eq!(ready(&line, 0), Confirmation::NotRequested);
-        assert_eq!(ready(&line, 1), Confirmation::NotRequested);
-        assert_eq!(ready(&line, 3), Confirmation::Ack);
-        assert!(now(&line, 5).is_pending(), "not confirmed yet");
-        assert_eq!(line.kept(), 0, "nothing kept one by one");
+        assert_eq!(numbers(&confirms, 6), [0, 1, 2, 3, 4, 5]);
+        confirms.not_requested(0, &mut wake);
+        confirms.not_requested(1, &mut wake);
+        confirms.confirm_mode_from(2);
+        confirms.resolve_run(2, 4, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&confirms, 0), Confirmation::NotRequested);
+        assert_eq!(ready(&confirms, 1), Confirmation::NotRequested);
+        assert_eq!(ready(&confirms, 3), Confirmation::Ack);
+        assert!(now(&confirms, 5).is_pending(), "not confirmed yet");
+        assert_eq!(confirms.kept(), 0, "nothing kept one by one");
         assert!(wake.is_empty(), "nobody was waiting");
     }
 
     #[test]
     fn nacks_returns_and_acks_out_of_order_are_kept_until_taken_and_the_watermark_passes_them() {
-        let line = confirming(6);
+        let confirms = confirming(6);
         let mut wake = Vec::new();
-        line.settle(3, Ok(Confirmation::Ack), &mut wake);
-        line.settle(1, Ok(Confirmation::Nack), &mut wake);
-        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
-        assert_eq!(ready(&line, 3), Confirmation::Ack, "ahead of the watermark");
-        assert!(now(&line, 2).is_pending());
-        line.settle(2, Ok(Confirmation::Ack), &mut wake);
-        assert_eq!(ready(&line, 0), Confirmation::Ack);
-        assert_eq!(ready(&line, 2), Confirmation::Ack);
-        assert_eq!(ready(&line, 1), Confirmation::Nack, "kept below the watermark");
-        assert_eq!(line.kept(), 0, "every outcome taken, every mark passed");
-        // The watermark went past 3, settled before it.
-        line.settle_run(4, 5, Confirmation::Ack, &mut wake);
-        assert_eq!(ready(&line, 5), Confirmation::Ack);
-        assert_eq!(line.kept(), 0);
+        confirms.resolve(3, Ok(Confirmation::Ack), &mut wake);
+        confirms.resolve(1, Ok(Confirmation::Nack), &mut wake);
+        confirms.resolve_run(0, 0, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&confirms, 3), Confirmation::Ack, "ahead of the watermark");
+        assert!(now(&confirms, 2).is_pending());
+        confirms.resolve(2, Ok(Confirmation::Ack), &mut wake);
+        assert_eq!(ready(&confirms, 0), Confirmation::Ack);
+        assert_eq!(ready(&confirms, 2), Confirmation::Ack);
+        assert_eq!(ready(&confirms, 1), Confirmation::Nack, "kept below the watermark");
+        assert_eq!(confirms.kept(), 0, "every outcome taken, every mark passed");
+        // The watermark went past 3, resolved before it.
+        confirms.resolve_run(4, 5, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&confirms, 5), Confirmation::Ack);
+        assert_eq!(confirms.kept(), 0);
     }
 
     #[test]
     fn a_confirm_dropped_before_or_after_its_outcome_leaves_nothing_behind() {
-        let line = confirming(5);
+        let confirms = confirming(5);
         let mut wake = Vec::new();
-        line.abandon(1);
-        line.settle(1, Ok(Confirmation::Nack), &mut wake);
-        line.settle(3, Ok(Confirmation::Nack), &mut wake);
-        line.abandon(3);
-        assert!(line.kept() > 0, "marks ahead of the watermark");
-        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
-        line.settle(2, Ok(Confirmation::Ack), &mut wake);
-        line.settle(4, Ok(Confirmation::Ack), &mut wake);
-        assert_eq!(ready(&line, 4), Confirmation::Ack, "the watermark passed 1 and 3");
-        assert_eq!(line.kept(), 0);
+        confirms.abandon(1);
+        confirms.resolve(1, Ok(Confirmation::Nack), &mut wake);
+        confirms.resolve(3, Ok(Confirmation::Nack), &mut wake);
+        confirms.abandon(3);
+        assert!(confirms.kept() > 0, "marks ahead of the watermark");
+        confirms.resolve_run(0, 0, Confirmation::Ack, &mut wake);
+        confirms.resolve(2, Ok(Confirmation::Ack), &mut wake);
+        confirms.resolve(4, Ok(Confirmation::Ack), &mut wake);
+        assert_eq!(ready(&confirms, 4), Confirmation::Ack, "the watermark passed 1 and 3");
+        assert_eq!(confirms.kept(), 0);
     }
 
     #[test]
-    fn a_failed_line_fails_the_unsettled_with_its_error_and_the_never_taken_with_channel_not_open() {
-        let line = confirming(6);
+    fn a_failed_tracker_fails_the_unresolved_with_its_error_and_the_never_taken_with_channel_not_open() {
+        let confirms = confirming(6);
         let mut wake = Vec::new();
-        line.settle_run(0, 0, Confirmation::Ack, &mut wake);
-        line.settle(2, Ok(Confirmation::Nack), &mut wake);
+        confirms.resolve_run(0, 0, Confirmation::Ack, &mut wake);
+        confirms.resolve(2, Ok(Confirmation::Nack), &mut wake);
         let gone = Error::ConnectionClosed(crate::proto::CloseReason::ConnectionLost);
         // The driver had taken 4 of the 6 when the channel went.
-        line.fail(gone, 4, &mut wake);
-        assert_eq!(ready(&line, 0), Confirmation::Ack);
-        assert!(matches!(now(&line, 1), Poll::Ready(Err(Error::ConnectionClosed(_)))));
-        assert_eq!(ready(&line, 2), Confirmation::Nack, "settled before, kept");
-        assert!(matches!(now(&line, 3), Poll::Ready(Err(Error::ConnectionClosed(_)))));
-        assert!(matches!(now(&line, 4), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
-        assert!(matches!(now(&line, 9), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        confirms.fail(gone, 4, &mut wake);
+        assert_eq!(ready(&confirms, 0), Confirmation::Ack);
+        assert!(matches!(
+            now(&confirms, 1),
+            Poll::Ready(Err(Error::ConnectionClosed(_)))
+        ));
+        assert_eq!(ready(&confirms, 2), Confirmation::Nack, "resolved before, kept");
+        assert!(matches!(
+            now(&confirms, 3),
+            Poll::Ready(Err(Error::ConnectionClosed(_)))
+        ));
+        assert!(matches!(now(&confirms, 4), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        assert!(matches!(now(&confirms, 9), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
     }
 
     #[test]
     fn a_refused_publish_and_every_later_one_fail_with_the_refusal() {
-        let line = confirming(4);
+        let confirms = confirming(4);
         let mut wake = Vec::new();
-        line.refuse(2, Error::ChannelNotOpen(7), &mut wake);
-        assert!(now(&line, 1).is_pending(), "written before: its confirm may still come");
-        assert!(matches!(now(&line, 2), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
-        assert!(matches!(now(&line, 3), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
-        line.settle_run(0, 1, Confirmation::Ack, &mut wake);
-        assert_eq!(ready(&line, 1), Confirmation::Ack);
+        confirms.refuse(2, Error::ChannelNotOpen(7), &mut wake);
+        assert!(
+            now(&confirms, 1).is_pending(),
+            "written before: its confirm may still come"
+        );
+        assert!(matches!(now(&confirms, 2), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        assert!(matches!(now(&confirms, 3), Poll::Ready(Err(Error::ChannelNotOpen(7)))));
+        confirms.resolve_run(0, 1, Confirmation::Ack, &mut wake);
+        assert_eq!(ready(&confirms, 1), Confirmation::Ack);
     }
 
     #[tokio::test]
-    async fn a_waiting_confirm_is_woken_when_another_task_settles_it() {
-        let line = confirming(3);
-        let settler = line.clone();
+    async fn a_waiting_confirm_is_woken_when_another_task_resolves_it() {
+        let confirms = confirming(3);
+        let resolver = confirms.clone();
         let task = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let mut wake = Vec::new();
-            settler.settle(1, Ok(Confirmation::Nack), &mut wake);
+            resolver.resolve(1, Ok(Confirmation::Nack), &mut wake);
             wake_all(&mut wake);
             tokio::time::sleep(Duration::from_millis(20)).await;
-            settler.settle_run(0, 0, Confirmation::Ack, &mut wake);
+            resolver.resolve_run(0, 0, Confirmation::Ack, &mut wake);
             wake_all(&mut wake);
         });
         let wait = |n| {
-            let line = line.clone();
-            std::future::poll_fn(move |cx| line.poll(n, cx))
+            let confirms = confirms.clone();
+            std::future::poll_fn(move |cx| confirms.poll(n, cx))
         };
         let (nack, ack) = tokio::time::timeout(Duration::from_secs(5), async { (wait(1).await, wait(0).await) })
             .await
@@ -653,12 +661,12 @@ mod tests {
     #[test]
     fn hundreds_of_confirms_awaited_in_any_order_are_each_woken_once_when_their_outcome_is_known() {
         const COUNT: u64 = 300;
-        let line = confirming(COUNT);
+        let confirms = confirming(COUNT);
         let counters: Vec<Arc<Counter>> = (0..COUNT)
             .map(|_| Arc::new(Counter(std::sync::atomic::AtomicUsize::new(0))))
             .collect();
         let wakers: Vec<Waker> = counters.iter().map(|c| Waker::from(c.clone())).collect();
-        let poll = |n: u64| line.poll(n, &mut Context::from_waker(&wakers[n as usize]));
+        let poll = |n: u64| confirms.poll(n, &mut Context::from_waker(&wakers[n as usize]));
         // Awaited in a scrambled order (7 and 300 share no factor), each
         // twice: the second poll must not add a second waiter.
         for i in 0..COUNT {
@@ -666,7 +674,7 @@ mod tests {
             assert!(poll(n).is_pending());
             assert!(poll(n).is_pending());
         }
-        let waiting = line.waiting();
+        let waiting = confirms.waiting();
         assert_eq!(waiting, (0..COUNT).collect::<Vec<_>>(), "one waiter each, in order");
         // Which were woken so far, and how often.
         let woken = || -> Vec<u64> {
@@ -681,23 +689,23 @@ mod tests {
                 .collect()
         };
         let mut wake = Vec::new();
-        let mut step = |settle: &dyn Fn(&mut Vec<Waker>)| {
-            settle(&mut wake);
+        let mut step = |resolve: &dyn Fn(&mut Vec<Waker>)| {
+            resolve(&mut wake);
             wake_all(&mut wake);
             woken()
         };
         // A nack ahead of the watermark wakes its waiter alone.
-        assert_eq!(step(&|w| line.settle(150, Ok(Confirmation::Nack), w)), [150]);
+        assert_eq!(step(&|w| confirms.resolve(150, Ok(Confirmation::Nack), w)), [150]);
         // A run of acks wakes the front, and no one twice.
         let expected: Vec<u64> = (0..100).chain([150]).collect();
-        assert_eq!(step(&|w| line.settle_run(0, 99, Confirmation::Ack, w)), expected);
+        assert_eq!(step(&|w| confirms.resolve_run(0, 99, Confirmation::Ack, w)), expected);
         // A confirm dropped while waiting is never woken.
-        line.abandon(200);
+        confirms.abandon(200);
         // The channel goes: everyone still waiting is woken, once.
         let gone = Error::ConnectionClosed(crate::proto::CloseReason::ConnectionLost);
         let expected: Vec<u64> = (0..COUNT).filter(|&n| n != 200).collect();
-        assert_eq!(step(&|w| line.fail(gone.clone(), 250, w)), expected);
-        assert!(line.waiting().is_empty(), "no waiter left behind");
+        assert_eq!(step(&|w| confirms.fail(gone.clone(), 250, w)), expected);
+        assert!(confirms.waiting().is_empty(), "no waiter left behind");
         // And each finds the outcome it was woken for.
         for n in (0..COUNT).filter(|&n| n != 200) {
             match poll(n) {
@@ -711,36 +719,36 @@ mod tests {
     }
 
     #[test]
-    fn what_the_line_keeps_stays_bounded_by_the_confirms_outstanding() {
-        let line = line();
+    fn what_the_tracker_keeps_stays_bounded_by_the_confirms_outstanding() {
+        let confirms = tracker();
         let mut wake = Vec::new();
-        line.confirm_mode_from(0);
+        confirms.confirm_mode_from(0);
         let mut most = 0;
         let mut outstanding = std::collections::VecDeque::new();
         for i in 0..100_000u64 {
-            outstanding.push_back(line.number());
+            outstanding.push_back(confirms.number());
             if outstanding.len() == 1000 {
                 // The broker acks the oldest 500 at once, now and then out of
                 // order (one alone first) or with a nack among them.
                 let first = *outstanding.front().unwrap();
                 if i % 7_000 == 999 {
-                    line.settle(first + 10, Ok(Confirmation::Ack), &mut wake);
-                    line.settle(first + 20, Ok(Confirmation::Nack), &mut wake);
-                    line.settle_run(first, first + 9, Confirmation::Ack, &mut wake);
-                    line.settle_run(first + 11, first + 19, Confirmation::Ack, &mut wake);
-                    line.settle_run(first + 21, first + 499, Confirmation::Ack, &mut wake);
+                    confirms.resolve(first + 10, Ok(Confirmation::Ack), &mut wake);
+                    confirms.resolve(first + 20, Ok(Confirmation::Nack), &mut wake);
+                    confirms.resolve_run(first, first + 9, Confirmation::Ack, &mut wake);
+                    confirms.resolve_run(first + 11, first + 19, Confirmation::Ack, &mut wake);
+                    confirms.resolve_run(first + 21, first + 499, Confirmation::Ack, &mut wake);
                 } else {
-                    line.settle_run(first, first + 499, Confirmation::Ack, &mut wake);
+                    confirms.resolve_run(first, first + 499, Confirmation::Ack, &mut wake);
                 }
                 for n in outstanding.drain(..500) {
                     // A tenth of the confirms are dropped unread.
                     if n % 10 == 3 {
-                        line.abandon(n);
+                        confirms.abandon(n);
                     } else {
-                        assert!(now(&line, n).is_ready());
+                        assert!(now(&confirms, n).is_ready());
                     }
                 }
-                most = most.max(line.kept());
+                most = most.max(confirms.kept());
             }
         }
         assert!(most <= 2, "kept at most {most}");
