@@ -34,9 +34,10 @@ pub(crate) enum Outcome {
     /// Handed back to the broker unhandled: the consumer started closing
     /// before a handler slot was free.
     Returned,
-    /// Handed back to the broker because what the handler decided could
-    /// not be carried out (the consumer is closing, or the delivery's
-    /// connection is gone). Not counted in `acemq_handled_total`.
+    /// Handed back to the broker because its handling failed on the way: a
+    /// held publish gave up (the consumer is closing, or the delivery's
+    /// connection is gone), or a settlement could not be sent. Not counted
+    /// in `acemq_handled_total`.
     Requeued,
 }
 
