@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_core::hops::{Pipeline, RoutingSlip, SlipAllowList};
+use acemq_core::pipeline::{Pipeline, RoutingSlip, SlipAllowList};
 use acemq_core::schedule::Scheduler;
 use acemq_core::{consume, Ack, Config, Conn, Envelope, Error, Message, Topology};
 use serde::{Deserialize, Serialize};

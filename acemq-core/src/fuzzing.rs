@@ -180,11 +180,11 @@ fn received(
 fn as_the_consumer(delivery: &Delivery) {
     let properties: BasicProperties = match &delivery.properties {
         Ok(properties) => {
-            let envelope = crate::consume::envelope_of(&properties.view(), delivery);
+            let envelope = crate::consume::delivery::envelope_of(&properties.view(), delivery);
             let _ = crate::hop::has_slip_in(&envelope.headers);
-            let _ = crate::consume::stream_offset(delivery);
+            let _ = crate::consume::delivery::stream_offset(delivery);
             let _ = Json.decode::<serde_json::Value>(&delivery.body);
-            let id = crate::consume::id_of(delivery, properties);
+            let id = crate::consume::delivery::id_of(delivery, properties);
             assert_eq!(id, envelope.id, "the id a retry writes is the one the handler saw");
             decide(envelope.attempt, envelope.first_seen);
             retried(delivery, properties, envelope.attempt, &id);
@@ -197,8 +197,8 @@ fn as_the_consumer(delivery: &Delivery) {
         Err(raw) => raw.salvage().properties,
     };
     // A set-aside: undecodable, fatal, given up, parked.
-    let attempt = crate::consume::envelope_of(&properties.view(), delivery).attempt;
-    let copy = crate::consume::hop_properties(&properties, delivery, "orders", attempt, Some("fuzz"));
+    let attempt = crate::consume::delivery::envelope_of(&properties.view(), delivery).attempt;
+    let copy = crate::consume::delivery::hop_properties(&properties, delivery, "orders", attempt, Some("fuzz"));
     published(&copy, "a set-aside");
     assert_eq!(
         Envelope::read_from(&copy).attempt,
@@ -230,9 +230,9 @@ fn retried(delivery: &Delivery, properties: &BasicProperties, attempt: u32, id: 
     // The queue: one the delivery's routing key names (so the library's own
     // copies may come back), and one it does not.
     let queue = delivery.routing_key.to_string_lossy();
-    let copy = crate::consume::hop_properties(properties, delivery, &queue, next, None);
+    let copy = crate::consume::delivery::hop_properties(properties, delivery, &queue, next, None);
     published(&copy, "a retry");
-    let copy = crate::consume::hop_properties(properties, delivery, "orders", next, None);
+    let copy = crate::consume::delivery::hop_properties(properties, delivery, "orders", next, None);
     published(&copy, "a retry");
     let read = Envelope::read_from(&copy);
     assert_eq!(read.id, id, "a retry keeps the id");

@@ -1,8 +1,15 @@
 //! One hop as it is published: where an accepted message goes next (the
 //! next step of its routing slip, or its `Ack::then` output to the
-//! consumer's destination), and the publish itself with the hop's
-//! message-id, causation, correlation and attempt. What
-//! `consume.rs` calls when a handler is done; [`crate::hops`] builds on it.
+//! consumer's destination), which slip destinations a consumer follows
+//! ([`SlipDestinations`]), and the publish itself with the hop's
+//! message-id, causation, correlation and attempt. What a consumer's
+//! per-delivery work (`consume/delivery.rs`) calls when a handler is done;
+//! [`crate::pipeline`] builds its pipelines and routing slips on it.
+//!
+//! Must never: follow a slip step the consumer's [`SlipDestinations`] do not
+//! allow (such a step is a fatal error of the message), or carry the
+//! input's attempt, error or dead-letter history onto a hop (a hop is a new
+//! message: attempt 1).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,6 +28,41 @@ use crate::error::Error;
 pub const ROUTING_SLIP_HEADER: &str = "x-acemq-routing-slip";
 /// Header: the index of the slip step this copy is for (`I`).
 pub const ROUTING_SLIP_STEP_HEADER: &str = "x-acemq-routing-slip-step";
+
+/// Which routing slip destinations a consumer forwards to: given to
+/// [`crate::ConsumerBuilder::routing_slips`]. A slip is written by whoever
+/// published the message, so a consumer follows one only when built to, and
+/// only to the destinations this accepts; a step it refuses is a fatal error
+/// of that message, which goes to the dead letters with the reason.
+///
+/// A closure over `(exchange, routing_key)` is one; [`crate::pipeline::SlipAllowList`] is a
+/// list of them.
+///
+/// ```no_run
+/// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
+/// use acemq_core::{consume, pipeline::SlipAllowList, Ack, Message};
+/// let check = consume(&conn, "orders.check", |_: Message<serde_json::Value>| async { Ack::accept() })
+///     .routing_slips(SlipAllowList::new().queue("orders.reserve").exchange("billing"))
+///     .await?;
+/// let any_orders_queue = consume(&conn, "orders.reserve", |_: Message<serde_json::Value>| async { Ack::accept() })
+///     .routing_slips(|exchange: &str, key: &str| exchange.is_empty() && key.starts_with("orders."))
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub trait SlipDestinations: Send + Sync + 'static {
+    /// Whether a slip may send a message to `exchange` with `routing_key`
+    /// (the default exchange is `""`, its key the queue's name).
+    fn allows(&self, exchange: &str, routing_key: &str) -> bool;
+}
+
+impl<F> SlipDestinations for F
+where
+    F: Fn(&str, &str) -> bool + Send + Sync + 'static,
+{
+    fn allows(&self, exchange: &str, routing_key: &str) -> bool {
+        self(exchange, routing_key)
+    }
+}
 
 /// Where a hop publishes: an exchange and routing key, and whether the
 /// broker writes it to disk.
@@ -76,7 +118,7 @@ pub(crate) fn next_hop(
     input_id: &str,
     then: Option<&Destination>,
     output: Option<(Bytes, String)>,
-    slips: Option<&dyn crate::hops::SlipDestinations>,
+    slips: Option<&dyn SlipDestinations>,
 ) -> Result<Option<Hop>, crate::ack::Fatal> {
     let (body, content_type) = match output {
         Some((body, content_type)) => (Some(body), Some(content_type)),

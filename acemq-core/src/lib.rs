@@ -60,7 +60,7 @@
 //! [`Config`] holds what a `Conn` is told: confirms, recovery's backoff,
 //! `publish_timeout`, `blocked_timeout`, the default retry policy, TLS and
 //! the engine's settings. [`Conn::replay`] moves dead letters and parked
-//! messages back; [`hops`] and [`Scheduler`] publish onward on a handler's
+//! messages back; [`pipeline`] and [`Scheduler`] publish onward on a handler's
 //! behalf; the `outbox` feature adds a transactional outbox and inbox.
 //!
 //! # The guide
@@ -81,7 +81,7 @@
 //!   the exchange and routing key it was first published with instead
 //!   (where every bound queue gets it again), as recorded by the consumer
 //!   from the delivery, never taken from a producer's headers.
-//! - Routing slips ([`hops::RoutingSlip`]) are followed only by a consumer
+//! - Routing slips ([`pipeline::RoutingSlip`]) are followed only by a consumer
 //!   built with [`ConsumerBuilder::routing_slips`], and only to the
 //!   destinations it allows; any other consumer treats the slip header as
 //!   an ordinary header.
@@ -127,7 +127,6 @@
 
 pub mod ack;
 pub mod amqp;
-mod attached;
 pub mod check;
 pub mod codec;
 mod config;
@@ -141,11 +140,11 @@ mod error;
 pub mod fuzzing;
 pub mod guide;
 mod hop;
-pub mod hops;
 pub mod io;
 pub mod metrics_names;
 #[cfg(feature = "outbox")]
 pub mod outbox;
+pub mod pipeline;
 pub mod proto;
 mod publish;
 mod recovery;
@@ -163,12 +162,11 @@ pub mod topology;
 pub struct ReadmeDoctests;
 
 pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
-pub use attached::OnCancel;
 pub use codec::{Codec, CodecError, Json};
 pub use config::{Config, OnRecovery, RecoveryEvent};
 pub use confirm::SendResult;
 pub use conn::Conn;
-pub use consume::{consume, Consumer, ConsumerBuilder, Message};
+pub use consume::{consume, Consumer, ConsumerBuilder, Message, OnCancel};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
 pub use publish::{PendingSend, Publisher, Settling};

@@ -388,7 +388,7 @@ impl Conn {
                     });
                     if in_flight.len() >= WINDOW {
                         if let Some(done) = in_flight.join_next().await {
-                            settle(done, &mut report, &mut held)?;
+                            on_resolved(done, &mut report, &mut held)?;
                         }
                     }
                 }
@@ -396,7 +396,7 @@ impl Conn {
             progress(&report);
         }
         while let Some(done) = in_flight.join_next().await {
-            settle(done, &mut report, &mut held)?;
+            on_resolved(done, &mut report, &mut held)?;
             progress(&report);
         }
         // Only what was sent back and confirmed was acked; the rest goes
@@ -516,7 +516,7 @@ impl Conn {
 
 /// A replayed copy's confirm came: the set-aside copy is acked, or kept
 /// with the reason.
-fn settle(
+fn on_resolved(
     done: Result<(Delivery, String, Result<(), Error>), tokio::task::JoinError>,
     report: &mut ReplayReport,
     held: &mut Vec<Delivery>,

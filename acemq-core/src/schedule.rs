@@ -125,10 +125,11 @@ use tokio::sync::{watch, OnceCell};
 use tokio::time::Instant;
 
 use crate::amqp::Delivery;
-use crate::attached::{self, settle_sent};
 use crate::codec::Codec;
 use crate::confirm::report;
 use crate::conn::Conn;
+use crate::consume::outcome::{ack, requeue};
+use crate::consume::task;
 use crate::declaration::Declaration;
 use crate::envelope::{
     hop_id, Envelope, ATTEMPT_HEADER, CAUSATION_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER,
@@ -495,9 +496,9 @@ impl SchedulerBuilder {
             queue: DELIVERY.into(),
             ..Default::default()
         };
-        let started = attached::start(&conn.inner, method, self.prefetch).await?;
+        let started = task::start(&conn.inner, method, self.prefetch).await?;
         let record = started.record.clone();
-        let shared = Arc::new(Shared {
+        let deliverer = Arc::new(Deliverer {
             conn: conn.clone(),
             shutdown: started.shutdown.clone(),
             exchanges: Mutex::default(),
@@ -508,7 +509,7 @@ impl SchedulerBuilder {
             DELIVERY.to_string(),
             self.drain_timeout,
             move |tasks, delivery| {
-                tasks.spawn(deliver(shared.clone(), delivery));
+                tasks.spawn(deliver(deliverer.clone(), delivery));
             },
         );
         Ok(Scheduler { record, done })
@@ -570,7 +571,9 @@ impl Scheduler {
     }
 }
 
-struct Shared {
+/// What every delivery of one scheduler works with: its connection, its
+/// shutdown signal, and what it knows of the destination exchanges.
+struct Deliverer {
     conn: Conn,
     shutdown: watch::Receiver<bool>,
     /// Whether each destination exchange exists, as a passive declare said
@@ -581,7 +584,7 @@ struct Shared {
     asking: tokio::sync::Mutex<()>,
 }
 
-impl Shared {
+impl Deliverer {
     /// Whether `exchange` exists, asked at most every [`EXCHANGE_RECHECK`].
     async fn exchange_exists(&self, exchange: &ShortString) -> Result<bool, Error> {
         if exchange.is_empty() {
@@ -636,17 +639,50 @@ impl Shared {
 }
 
 /// One due message, from its arrival to its ack (or its return).
-async fn deliver(shared: Arc<Shared>, delivery: Delivery) {
-    let outcome = match handle(&shared, &delivery).await {
+async fn deliver(deliverer: Arc<Deliverer>, delivery: Delivery) {
+    let outcome = match handle(&deliverer, &delivery).await {
         Ok(outcome) => outcome,
         Err(err) => {
             tracing::warn!(%err, "a scheduled delivery failed; the message goes back to the queue");
-            wait_unless_closing(&shared, RETRY_PAUSE).await;
-            let _ = settle_sent(&delivery, delivery.nack(true));
-            "failed"
+            wait_unless_closing(&deliverer, RETRY_PAUSE).await;
+            let _ = requeue(&delivery);
+            Scheduled::Failed
         }
     };
-    metrics::counter!(crate::metrics_names::SCHEDULED_TOTAL, "outcome" => outcome).increment(1);
+    metrics::counter!(crate::metrics_names::SCHEDULED_TOTAL, "outcome" => outcome.as_str()).increment(1);
+}
+
+/// What a scheduler did with one due message: the `outcome` of
+/// `acemq_scheduled_total` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheduled {
+    /// Delivered to its destination, then acked.
+    Delivered,
+    /// Delivered from a copy the broker had given out before (a possible
+    /// duplicate, with the same id), then acked.
+    Redelivered,
+    /// Back onto the ladder, early, then acked.
+    Rescheduled,
+    /// Set aside in `acemq.delay.delivery.dlq`, then acked.
+    DeadLettered,
+    /// Handed back to the queue after a failure, to be tried again.
+    Failed,
+    /// Handed back unfinished when closing.
+    Returned,
+}
+
+impl Scheduled {
+    /// Its label in `acemq_scheduled_total{outcome}`.
+    fn as_str(self) -> &'static str {
+        match self {
+            Scheduled::Delivered => "delivered",
+            Scheduled::Redelivered => "redelivered",
+            Scheduled::Rescheduled => "rescheduled",
+            Scheduled::DeadLettered => "dead_lettered",
+            Scheduled::Failed => "failed",
+            Scheduled::Returned => "returned",
+        }
+    }
 }
 
 /// Where a due message goes, from its headers.
@@ -693,7 +729,7 @@ pub(crate) fn target_of(properties: &BasicProperties) -> Result<Target, String> 
     })
 }
 
-async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Error> {
+async fn handle(deliverer: &Deliverer, delivery: &Delivery) -> Result<Scheduled, Error> {
     let properties = match &delivery.properties {
         Ok(properties) => properties.as_ref(),
         Err(raw) => {
@@ -703,9 +739,9 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
                 raw.error,
                 salvaged.lost.join(", ")
             );
-            set_aside(shared, delivery, salvaged.properties, &reason).await?;
-            settle_sent(delivery, delivery.ack())?;
-            return Ok("dead_lettered");
+            set_aside(deliverer, delivery, salvaged.properties, &reason).await?;
+            ack(delivery)?;
+            return Ok(Scheduled::DeadLettered);
         }
     };
     let input_id = match &properties.message_id {
@@ -717,34 +753,34 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
         Err(reason) => {
             let mut kept = properties.clone();
             kept.message_id = Some(input_id.as_str().into());
-            set_aside(shared, delivery, kept, &reason).await?;
-            settle_sent(delivery, delivery.ack())?;
-            return Ok("dead_lettered");
+            set_aside(deliverer, delivery, kept, &reason).await?;
+            ack(delivery)?;
+            return Ok(Scheduled::DeadLettered);
         }
     };
     if let Some(due) = target.due() {
         if let Ok(early) = due.duration_since(wall_clock()) {
             if early > HOLD_AT_MOST {
-                reschedule(shared, delivery, properties, &input_id, early).await?;
-                settle_sent(delivery, delivery.ack())?;
-                return Ok("rescheduled");
+                reschedule(deliverer, delivery, properties, &input_id, early).await?;
+                ack(delivery)?;
+                return Ok(Scheduled::Rescheduled);
             }
-            if !early.is_zero() && !wait_unless_closing(shared, early).await {
-                settle_sent(delivery, delivery.nack(true))?;
-                return Ok("returned");
+            if !early.is_zero() && !wait_unless_closing(deliverer, early).await {
+                requeue(delivery)?;
+                return Ok(Scheduled::Returned);
             }
         }
     }
     let output = delivered_properties(properties, &input_id, &target);
     let message_id = output.message_id.as_ref().map(|id| id.to_string()).unwrap_or_default();
-    if !shared.exchange_exists(&target.exchange).await? {
+    if !deliverer.exchange_exists(&target.exchange).await? {
         let reason = format!(
             "the scheduled delivery failed: exchange {:?} does not exist (404 NOT_FOUND)",
             target.exchange.to_string_lossy()
         );
-        set_aside(shared, delivery, with_destination(output, &target), &reason).await?;
-        settle_sent(delivery, delivery.ack())?;
-        return Ok("dead_lettered");
+        set_aside(deliverer, delivery, with_destination(output, &target), &reason).await?;
+        ack(delivery)?;
+        return Ok(Scheduled::DeadLettered);
     }
     let publish = BasicPublish {
         exchange: target.exchange.clone(),
@@ -752,30 +788,30 @@ async fn handle(shared: &Shared, delivery: &Delivery) -> Result<&'static str, Er
         mandatory: true,
         ..Default::default()
     };
-    let published = shared
+    let published = deliverer
         .conn
         .publish_library(publish, output.clone(), delivery.body.clone(), &message_id)
         .await;
     match published {
         Ok(_) => {
-            settle_sent(delivery, delivery.ack())?;
+            ack(delivery)?;
             Ok(if delivery.redelivered {
-                "redelivered"
+                Scheduled::Redelivered
             } else {
-                "delivered"
+                Scheduled::Delivered
             })
         }
         Err(err @ Error::Unroutable { .. }) => {
             let reason = format!("the scheduled delivery failed: {err}");
-            set_aside(shared, delivery, with_destination(output, &target), &reason).await?;
-            settle_sent(delivery, delivery.ack())?;
-            Ok("dead_lettered")
+            set_aside(deliverer, delivery, with_destination(output, &target), &reason).await?;
+            ack(delivery)?;
+            Ok(Scheduled::DeadLettered)
         }
         // A refusal closes the library channel, perhaps for another publish
         // (an exchange deleted since it was checked): tried again, the
         // exchange asked about afresh.
         Err(err @ Error::Refused { .. }) => {
-            shared.forget_exchange(&target.exchange);
+            deliverer.forget_exchange(&target.exchange);
             Err(err)
         }
         Err(err) => Err(err),
@@ -847,7 +883,7 @@ pub(crate) fn delivered_properties(input: &BasicProperties, input_id: &str, targ
 /// Puts a message that came `early` back onto the ladder for what remains,
 /// as it was (same id and headers, without the broker's `x-death`).
 async fn reschedule(
-    shared: &Shared,
+    deliverer: &Deliverer,
     delivery: &Delivery,
     properties: &BasicProperties,
     input_id: &str,
@@ -875,7 +911,7 @@ async fn reschedule(
         mandatory: true,
         ..Default::default()
     };
-    shared
+    deliverer
         .conn
         .publish_library(publish, again, delivery.body.clone(), input_id)
         .await
@@ -885,7 +921,7 @@ async fn reschedule(
 /// Sets a message aside in `acemq.delay.delivery.dlq` through `acemq.dlx`,
 /// with the reason in `x-acemq-error`.
 async fn set_aside(
-    shared: &Shared,
+    deliverer: &Deliverer,
     delivery: &Delivery,
     mut properties: BasicProperties,
     reason: &str,
@@ -907,7 +943,7 @@ async fn set_aside(
         mandatory: true,
         ..Default::default()
     };
-    shared
+    deliverer
         .conn
         .publish_library(publish, properties, delivery.body.clone(), &message_id)
         .await
@@ -916,8 +952,8 @@ async fn set_aside(
 
 /// Sleeps `wait`, or less if the scheduler starts closing: whether the
 /// whole wait was slept.
-async fn wait_unless_closing(shared: &Shared, wait: Duration) -> bool {
-    let mut shutdown = shared.shutdown.clone();
+async fn wait_unless_closing(deliverer: &Deliverer, wait: Duration) -> bool {
+    let mut shutdown = deliverer.shutdown.clone();
     tokio::select! {
         _ = tokio::time::sleep(wait) => true,
         _ = shutdown.wait_for(|stop| *stop) => false,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use acemq_codec::{FieldValue, QueueDeclare};
 use acemq_core::envelope::{hop_id, ERROR_HEADER};
-use acemq_core::hops::{Pipeline, RoutingSlip, ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
+use acemq_core::pipeline::{Pipeline, RoutingSlip, ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{brokers, chaos, deadline, depth, unique, Broker};
 use serde::{Deserialize, Serialize};
@@ -665,7 +665,7 @@ async fn a_slip_step_outside_the_allow_list_is_refused_and_set_aside_with_the_re
                 Topology::new().queue(q).dead_letters(q).declare(&conn).await.unwrap();
             }
             let consumer = consume(&conn, &queue, |_: Message<Order>| async { Ack::accept() })
-                .routing_slips(acemq_core::hops::SlipAllowList::new().queue(&allowed))
+                .routing_slips(acemq_core::pipeline::SlipAllowList::new().queue(&allowed))
                 .await
                 .unwrap();
             // A step it allows is followed...

@@ -13,7 +13,7 @@ use acemq_core::envelope::{
     ATTEMPT_HEADER, CAUSATION_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER, REPLAYED_HEADER,
 };
-use acemq_core::hops::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
+use acemq_core::pipeline::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use acemq_core::{consume, Ack, Config, Conn, Message, RecoveryEvent, ReplayOptions, RetryPolicy, Topology};
 use acemq_tests::{on_every_broker, secs, unique, Broker};
 use serde::{Deserialize, Serialize};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use acemq_codec::{BasicProperties, FieldArray, FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::amqp::{Channel, Config as EngineConfig, Connection};
 use acemq_core::envelope::{ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER};
-use acemq_core::hops::ROUTING_SLIP_HEADER;
+use acemq_core::pipeline::ROUTING_SLIP_HEADER;
 use acemq_core::retry::rung_name;
 use acemq_core::{consume, fatal, Ack, Config, Conn, Consumer, Message};
 use bytes::Bytes;

@@ -1,11 +1,13 @@
-//! The task of every consumer a `Conn` records for recovery (`consume`'s
-//! and the `Scheduler`'s): started on the consuming connection of the
-//! moment, it hands each delivery to its owner, waits through a loss for the
-//! supervisor to reattach it (or reattaches itself), subscribes again when
-//! the broker cancels it or closes its channel (unless built to end then),
-//! and on close cancels, hands back what nobody started on, drains the work
-//! under way up to the drain timeout and closes its channel. How it ended is
-//! published on its record, for `closed()` and `Conn::close`.
+//! The consumer task: the task every consumer a `Conn` records for
+//! recovery runs (`consume`'s and the `Scheduler`'s). Started on the
+//! consuming connection of the moment, it hands each delivery to its owner
+//! (for `consume`, [`super::delivery`]; it never handles one itself), waits
+//! through a loss for the supervisor to reattach it (or reattaches itself),
+//! subscribes again when the broker cancels it or closes its channel
+//! (unless built to end then), and on close cancels, hands back what nobody
+//! started on, drains the work under way up to the drain timeout and closes
+//! its channel. How it ended is published on its record, for `closed()`
+//! and `Conn::close`.
 //!
 //! It never settles a delivery on a channel other than the one it came on:
 //! a delivery's acker names its channel, and once that channel is gone the
@@ -414,24 +416,5 @@ async fn next_attachment<S: Future>(
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
-    }
-}
-
-/// Checks that a settlement went to the driver. One for a delivery of a
-/// connection that has since died cannot be sent (the tag would be unknown
-/// on a new connection, which would close the channel with 406): it is
-/// dropped and counted, and the broker redelivers the message.
-pub(crate) fn settle_sent(delivery: &Delivery, sent: Result<(), amqp::Error>) -> Result<(), Error> {
-    match sent {
-        Ok(()) => Ok(()),
-        Err(_) if delivery.acker.connection_gone() => {
-            metrics::counter!(crate::metrics_names::RECOVERY_TOTAL, "event" => "settlement_dropped").increment(1);
-            tracing::debug!(
-                delivery_tag = delivery.delivery_tag,
-                "the delivery's connection is gone; its settlement is dropped and the broker redelivers it"
-            );
-            Ok(())
-        }
-        Err(err) => Err(err.into()),
     }
 }

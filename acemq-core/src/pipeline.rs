@@ -10,6 +10,11 @@
 //! correlation-id the input's, and its attempt 1. A hop that fails (nack,
 //! NO_ROUTE, a lost connection) is a failure of the input, retried under
 //! its policy like a handler error.
+//!
+//! Must never: start a stage's consumer before every stage's queue, dead
+//! letters and rungs are declared; have an input acked before its hop is
+//! confirmed; or have a routing slip followed by a consumer that did not
+//! opt in ([`crate::ConsumerBuilder::routing_slips`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +30,7 @@ use crate::consume::{consume, Consumer, Message};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::hop::{now_secs, Destination};
-pub use crate::hop::{ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
+pub use crate::hop::{SlipDestinations, ROUTING_SLIP_HEADER, ROUTING_SLIP_STEP_HEADER};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 
@@ -39,7 +44,7 @@ use crate::topology::Topology;
 /// keeps its slip, so a replay resumes it at the step that failed.
 ///
 /// ```
-/// use acemq_core::hops::RoutingSlip;
+/// use acemq_core::pipeline::RoutingSlip;
 /// let slip = RoutingSlip::new()
 ///     .to_queue("orders.validate")
 ///     .step("billing", "invoice")
@@ -126,47 +131,12 @@ impl RoutingSlip {
     }
 }
 
-/// Which routing slip destinations a consumer forwards to: given to
-/// [`crate::ConsumerBuilder::routing_slips`]. A slip is written by whoever
-/// published the message, so a consumer follows one only when built to, and
-/// only to the destinations this accepts; a step it refuses is a fatal error
-/// of that message, which goes to the dead letters with the reason.
-///
-/// A closure over `(exchange, routing_key)` is one; [`SlipAllowList`] is a
-/// list of them.
-///
-/// ```no_run
-/// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
-/// use acemq_core::{consume, hops::SlipAllowList, Ack, Message};
-/// let check = consume(&conn, "orders.check", |_: Message<serde_json::Value>| async { Ack::accept() })
-///     .routing_slips(SlipAllowList::new().queue("orders.reserve").exchange("billing"))
-///     .await?;
-/// let any_orders_queue = consume(&conn, "orders.reserve", |_: Message<serde_json::Value>| async { Ack::accept() })
-///     .routing_slips(|exchange: &str, key: &str| exchange.is_empty() && key.starts_with("orders."))
-///     .await?;
-/// # Ok(()) }
-/// ```
-pub trait SlipDestinations: Send + Sync + 'static {
-    /// Whether a slip may send a message to `exchange` with `routing_key`
-    /// (the default exchange is `""`, its key the queue's name).
-    fn allows(&self, exchange: &str, routing_key: &str) -> bool;
-}
-
-impl<F> SlipDestinations for F
-where
-    F: Fn(&str, &str) -> bool + Send + Sync + 'static,
-{
-    fn allows(&self, exchange: &str, routing_key: &str) -> bool {
-        self(exchange, routing_key)
-    }
-}
-
 /// The destinations a consumer's routing slips may name, listed: queues
 /// (through the default exchange), exchanges with any key, or an exchange
 /// with one key. Empty, it allows nothing.
 ///
 /// ```
-/// use acemq_core::hops::{SlipAllowList, SlipDestinations};
+/// use acemq_core::pipeline::{SlipAllowList, SlipDestinations};
 /// let allow = SlipAllowList::new().queue("orders.reserve").destination("billing", "invoice");
 /// assert!(allow.allows("", "orders.reserve"));
 /// assert!(allow.allows("billing", "invoice"));
@@ -233,7 +203,7 @@ type StartFuture = Pin<Box<dyn Future<Output = Result<Consumer, Error>> + Send>>
 ///
 /// ```no_run
 /// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
-/// use acemq_core::{hops::Pipeline, Ack, Message};
+/// use acemq_core::{pipeline::Pipeline, Ack, Message};
 /// let running = Pipeline::new(&conn)
 ///     .stage("orders.parse", |m: Message<String>| async move { Ack::then(&m.payload.len()) })
 ///     .stage("orders.store", |m: Message<usize>| async move {
