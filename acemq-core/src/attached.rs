@@ -22,11 +22,11 @@ use tokio::task::JoinSet;
 
 use crate::amqp::{self, Delivery};
 use crate::config::RecoveryEvent;
+use crate::conn::{
+    emit, reattach, until_set, with_tag, Attachment, Backoff, ConnState, ConsumerRecord, Phase, StreamPosition,
+};
 use crate::error::Error;
 use crate::proto::CloseReason;
-use crate::recovery::{
-    emit, reattach, until_set, with_tag, Attachment, Backoff, ConsumerRecord, Inner, Phase, StreamPosition,
-};
 
 /// What a consumer does when the broker cancels it (`basic.cancel`: its
 /// queue was deleted, or lost its leader) or closes its channel (e.g. 406
@@ -64,7 +64,7 @@ pub(crate) struct Started {
 /// `basic.consume` of `method` after `basic.qos(prefetch)`, on a channel of
 /// the consuming connection (waiting through a recovery), recorded with the
 /// tag the broker gave so that recovery reattaches it.
-pub(crate) async fn start(inner: &Inner, method: BasicConsume, prefetch: u16) -> Result<Started, Error> {
+pub(crate) async fn start(inner: &ConnState, method: BasicConsume, prefetch: u16) -> Result<Started, Error> {
     let ((channel, deliveries), generation) = inner
         .on_consuming(|connection| {
             let method = method.clone();
@@ -115,7 +115,7 @@ impl Started {
     /// the `Conn`'s records and publishes how it ended.
     pub(crate) fn spawn<E>(
         self,
-        inner: Arc<Inner>,
+        inner: Arc<ConnState>,
         what: String,
         drain_timeout: Duration,
         each: E,
@@ -174,7 +174,7 @@ impl ConsumerRecord {
 
 #[allow(clippy::too_many_arguments)]
 async fn run<E>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     what: &str,
     mut attachment: Attachment,
@@ -315,7 +315,7 @@ enum Resubscribed {
 /// connection, with the recovery backoff between tries, until its queue is
 /// there again; the work under way goes on meanwhile.
 async fn resubscribe<S: Future>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     cancelled: &Attachment,
     stop: &mut Pin<&mut S>,
@@ -370,7 +370,7 @@ async fn resubscribe<S: Future>(
 /// back but nothing was handed over (the consumer started while the
 /// supervisor was restoring), it reattaches itself.
 async fn next_attachment<S: Future>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     dead: &Attachment,
     attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,

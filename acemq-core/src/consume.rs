@@ -27,6 +27,7 @@ use crate::amqp::Delivery;
 use crate::attached::{self, settle_sent, OnCancel};
 use crate::codec::{Codec, Json};
 use crate::conn::Conn;
+use crate::conn::{lock, ConsumerRecord};
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
     REPLAYED_HEADER, SOURCE_QUEUE_HEADER,
@@ -34,7 +35,6 @@ use crate::envelope::{
 use crate::error::Error;
 use crate::hop::Destination;
 use crate::hops::SlipDestinations;
-use crate::recovery::{lock, ConsumerRecord};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::set_aside::{publish_held, OnNoRoute};
 use crate::topology::{self, DLX};

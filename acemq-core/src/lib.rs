@@ -148,7 +148,6 @@ pub mod metrics_names;
 pub mod outbox;
 pub mod proto;
 mod publish;
-mod recovery;
 pub mod replay;
 pub mod retry;
 pub mod schedule;

@@ -21,8 +21,7 @@ use crate::codec::{Codec, Json};
 use crate::confirm::{await_confirm, outcome_label, report, settle, ConfirmTimeouts, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::recovery::is_loss;
+use crate::error::{is_loss, Error};
 
 /// A message on its way, kept whole so that it can be written again on the
 /// new connection after a recovery, with the same message-id and attempt.
