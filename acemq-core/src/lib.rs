@@ -58,8 +58,8 @@
 //! ```
 //!
 //! [`Config`] holds what a `Conn` is told: confirms, recovery's backoff,
-//! `publish_timeout`, `blocked_timeout`, the default retry policy, TLS and
-//! the engine's settings. [`Conn::replay`] moves dead letters and parked
+//! `publish_timeout`, `blocked_timeout`, the default retry policy, and the
+//! engine's settings (TLS and the connection name among them). [`Conn::replay`] moves dead letters and parked
 //! messages back; [`hops`] and [`Scheduler`] publish onward on a handler's
 //! behalf; the `outbox` feature adds a transactional outbox and inbox.
 //!
@@ -170,7 +170,7 @@ pub use conn::Conn;
 pub use consume::{consume, Consumer, ConsumerBuilder, Message};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
-pub use publish::{PendingSend, Publisher, Settling};
+pub use publish::{PendingSend, Publisher, Resolving};
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};
