@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use crate::amqp::{self, Delivery};
 use crate::config::RecoveryEvent;
 use crate::conn::{
-    emit, reattach, until_set, with_tag, Attachment, Backoff, ConnState, ConsumerRecord, Phase, StreamPosition,
+    emit, reattach, until_set, with_tag, Attachment, Backoff, ConnState, ConsumerRecord, LinkPhase, StreamPosition,
 };
 use crate::error::Error;
 use crate::proto::CloseReason;
@@ -338,7 +338,7 @@ async fn resubscribe<S: Future>(
         let (conn, generation) = {
             let snapshot = inner.consuming.subscribe();
             let snapshot = snapshot.borrow();
-            if !matches!(snapshot.phase, Phase::Up) || snapshot.generation != cancelled.generation {
+            if !matches!(snapshot.phase, LinkPhase::Up) || snapshot.generation != cancelled.generation {
                 return Resubscribed::Lost;
             }
             (snapshot.conn.clone(), snapshot.generation)
@@ -391,9 +391,9 @@ async fn next_attachment<S: Future>(
             changed = async {
                 snapshots
                     .wait_for(|s| match s.phase {
-                        Phase::Up => s.generation > dead.generation,
-                        Phase::Down(_) => true,
-                        Phase::Recovering => false,
+                        LinkPhase::Up => s.generation > dead.generation,
+                        LinkPhase::Down(_) => true,
+                        LinkPhase::Recovering => false,
                     })
                     .await
                     .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
@@ -401,7 +401,7 @@ async fn next_attachment<S: Future>(
                 let Ok((phase, conn, generation)) = changed else {
                     return Err(Error::Closed(CloseReason::ByClient));
                 };
-                if let Phase::Down(err) = phase {
+                if let LinkPhase::Down(err) = phase {
                     return Err(err);
                 }
                 // The supervisor hands attachments over before it says the

@@ -17,7 +17,7 @@ use crate::proto::CloseReason;
 
 /// Where a link stands.
 #[derive(Debug, Clone)]
-pub(crate) enum Phase {
+pub(crate) enum LinkPhase {
     /// The connection is open and restored.
     Up,
     /// The connection was lost; the supervisor is redialling.
@@ -33,7 +33,7 @@ pub(crate) enum Phase {
 pub(crate) struct Snapshot {
     pub(crate) conn: amqp::Connection,
     pub(crate) generation: u64,
-    pub(crate) phase: Phase,
+    pub(crate) phase: LinkPhase,
 }
 
 /// One of a `Conn`'s connections, as the rest of the crate sees it: the
@@ -57,7 +57,7 @@ impl Link {
         let (state, _) = watch::channel(Snapshot {
             conn,
             generation: 0,
-            phase: Phase::Up,
+            phase: LinkPhase::Up,
         });
         Link { which, state }
     }
@@ -74,7 +74,7 @@ impl Link {
 
     /// Whether the link is up (not recovering, not down for good).
     pub(crate) fn is_up(&self) -> bool {
-        matches!(self.state.borrow().phase, Phase::Up)
+        matches!(self.state.borrow().phase, LinkPhase::Up)
     }
 
     /// Why the broker blocks the current connection, while it does. A new
@@ -82,7 +82,7 @@ impl Link {
     pub(crate) fn blocked_reason(&self) -> Option<String> {
         let state = self.state.borrow();
         match state.phase {
-            Phase::Up => state.conn.blocked_reason(),
+            LinkPhase::Up => state.conn.blocked_reason(),
             _ => None,
         }
     }
@@ -99,9 +99,9 @@ impl Link {
             {
                 let state = rx.borrow_and_update();
                 match &state.phase {
-                    Phase::Up => return Ok((state.conn.clone(), state.generation)),
-                    Phase::Down(err) => return Err(err.clone()),
-                    Phase::Recovering => {}
+                    LinkPhase::Up => return Ok((state.conn.clone(), state.generation)),
+                    LinkPhase::Down(err) => return Err(err.clone()),
+                    LinkPhase::Recovering => {}
                 }
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
@@ -119,7 +119,7 @@ impl Link {
 
     /// Moves the link to `phase`, on `conn` (a new generation) if given.
     /// Only the supervisor calls it.
-    pub(super) fn set(&self, conn: Option<amqp::Connection>, phase: Phase) {
+    pub(super) fn set(&self, conn: Option<amqp::Connection>, phase: LinkPhase) {
         self.state.send_modify(|state| {
             if let Some(conn) = conn {
                 state.conn = conn;

@@ -14,8 +14,8 @@
 //!   after a loss. It uses the others; none of them uses it: `Conn::open`
 //!   starts it.
 //!
-//! A `Conn` never publishes or consumes by itself: `publish.rs`,
-//! `consume.rs` and `attached.rs` do, through its state.
+//! Nothing here publishes or consumes: `publish.rs`, `consume.rs` and
+//! `attached.rs` do, through the `Conn`'s state.
 
 use std::sync::{Arc, Mutex};
 
@@ -34,7 +34,7 @@ mod recovery;
 mod state;
 
 pub(crate) use consumers::{reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
-pub(crate) use link::Phase;
+pub(crate) use link::LinkPhase;
 pub(crate) use recovery::Backoff;
 pub(crate) use state::{emit, lock, until_set, ConnState};
 

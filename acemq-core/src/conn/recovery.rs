@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::consumers::reattach;
-use super::link::Phase;
+use super::link::LinkPhase;
 use super::state::{emit, until_set, ConnState};
 use crate::amqp::{self, ConnectionEvent};
 use crate::config::RecoveryEvent;
@@ -104,7 +104,7 @@ async fn supervisor(weak: Weak<ConnState>, which: &'static str, mut closing: wat
         let Some(state) = weak.upgrade() else { return };
         let link = state.link(which);
         if reason == CloseReason::ByClient || *closing.borrow() {
-            link.set(None, Phase::Down(Error::Closed(CloseReason::ByClient)));
+            link.set(None, LinkPhase::Down(Error::Closed(CloseReason::ByClient)));
             return;
         }
         let lost_at = Instant::now();
@@ -116,10 +116,10 @@ async fn supervisor(weak: Weak<ConnState>, which: &'static str, mut closing: wat
             },
         );
         if state.config.without_recovery {
-            link.set(None, Phase::Down(Error::Closed(reason)));
+            link.set(None, LinkPhase::Down(Error::Closed(reason)));
             return;
         }
-        link.set(None, Phase::Recovering);
+        link.set(None, LinkPhase::Recovering);
         drop(state);
         match redial(&weak, which, &mut closing, lost_at, reason).await {
             Some(true) => continue,
@@ -166,7 +166,7 @@ async fn redial(
                         error: last.words,
                     },
                 );
-                state.link(which).set(None, Phase::Down(error.clone()));
+                state.link(which).set(None, LinkPhase::Down(error.clone()));
                 fail_consumers(&state, which, &error);
                 return Some(false);
             }
@@ -220,7 +220,7 @@ async fn redial(
                     let _ = conn.close().await;
                     return stop(weak, which);
                 }
-                state.link(which).set(Some(conn), Phase::Up);
+                state.link(which).set(Some(conn), LinkPhase::Up);
                 emit(
                     &state,
                     RecoveryEvent::Recovered {
@@ -269,7 +269,7 @@ fn stop(weak: &Weak<ConnState>, which: &'static str) -> Option<bool> {
     let state = weak.upgrade()?;
     state
         .link(which)
-        .set(None, Phase::Down(Error::Closed(CloseReason::ByClient)));
+        .set(None, LinkPhase::Down(Error::Closed(CloseReason::ByClient)));
     None
 }
 
