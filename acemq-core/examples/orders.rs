@@ -135,7 +135,7 @@ async fn main() -> Result<(), Error> {
             .unwrap_or("?")
             .to_string();
         let order: OrderPlaced =
-            serde_json::from_slice(&dead.body).map_err(|e| Error::Decode(acemq_core::CodecError(e.to_string())))?;
+            serde_json::from_slice(&dead.body).map_err(|e| Error::Decode(acemq_core::CodecError::new(e)))?;
         println!("orders: dead letter: order {} ({reason})", order.order_id);
         dead.ack()?;
     }

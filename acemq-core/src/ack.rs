@@ -54,7 +54,7 @@ impl Ack {
         Ack::Then(Output {
             body: serde_json::to_vec(output)
                 .map(Bytes::from)
-                .map_err(|e| crate::codec::CodecError(e.to_string())),
+                .map_err(crate::codec::CodecError::new),
             content_type: "application/json".into(),
         })
     }

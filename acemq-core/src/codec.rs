@@ -1,4 +1,9 @@
-//! Payload codecs: JSON through serde by default, or your own.
+//! Payload codecs: JSON through serde by default, or your own, and
+//! `CodecError`, which keeps a codec's own error whole. A codec only turns
+//! values into bytes and back: it never sees a message's properties or the
+//! connection.
+
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -16,10 +21,47 @@ pub trait Codec: Send + Sync + 'static {
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError>;
 }
 
-/// A payload that could not be encoded or decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CodecError(pub String);
+/// A payload that could not be encoded or decoded: the codec's own error,
+/// kept whole. It reads as that error does, and is its `source()`, so a
+/// caller can downcast it to the codec's type:
+///
+/// ```
+/// use acemq_core::{Codec, Json};
+///
+/// let err = Json.decode::<u32>(b"not json").unwrap_err();
+/// let cause = std::error::Error::source(&err).expect("the codec's error");
+/// assert!(cause.downcast_ref::<serde_json::Error>().is_some());
+/// assert_eq!(err.to_string(), cause.to_string());
+/// ```
+///
+/// Shared (an [`Arc`]) rather than boxed, so that it clones with
+/// [`crate::Error`].
+#[derive(Debug, Clone)]
+pub struct CodecError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl CodecError {
+    /// A codec's error; a `String` or `&str` makes one of a message.
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> CodecError {
+        CodecError(Arc::from(error.into()))
+    }
+
+    /// The codec's error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Display for CodecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for CodecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
 
 thread_local! {
     /// The buffer [`Json`] encodes into on this thread.
@@ -32,7 +74,7 @@ const SCRATCH_KEPT: usize = 64 * 1024;
 
 /// `value` as JSON, appended to `body`.
 fn json_into<T: Serialize>(mut body: Vec<u8>, value: &T) -> Result<Vec<u8>, CodecError> {
-    serde_json::to_writer(&mut body, value).map_err(|e| CodecError(e.to_string()))?;
+    serde_json::to_writer(&mut body, value).map_err(CodecError::new)?;
     Ok(body)
 }
 
@@ -59,7 +101,7 @@ impl Codec for Json {
             buf.clear();
             let body = serde_json::to_writer(&mut *buf, value)
                 .map(|()| buf.to_vec())
-                .map_err(|e| CodecError(e.to_string()));
+                .map_err(CodecError::new);
             if buf.capacity() > SCRATCH_KEPT {
                 *buf = Vec::new();
             }
@@ -70,7 +112,7 @@ impl Codec for Json {
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {
-        serde_json::from_slice(bytes).map_err(|e| CodecError(e.to_string()))
+        serde_json::from_slice(bytes).map_err(CodecError::new)
     }
 }
 

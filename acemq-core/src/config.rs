@@ -1,5 +1,8 @@
 //! What a `Conn` is told (`Config`) and what it tells (`RecoveryEvent`).
-//! A leaf: the connection, its supervisors and the consumers all read it.
+//! A leaf: the connection, its supervisors and the consumers all read it,
+//! and it reads none of them. One home per setting: what the engine is told
+//! (TLS and the connection name too) lives in `Config::engine` only, never
+//! in a second field that would override it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,6 +185,10 @@ pub type OnRecovery = Arc<dyn Fn(RecoveryEvent) + Send + Sync>;
 /// need with the `with_*` setters (or assign the public fields), so that a
 /// field added later breaks nobody.
 ///
+/// The engine's settings, TLS and the connection name among them, have
+/// one home, [`Config::engine`]; [`Config::with_tls`] and
+/// [`Config::with_connection_name`] write them there.
+///
 /// ```
 /// use std::time::Duration;
 ///
@@ -189,7 +196,7 @@ pub type OnRecovery = Arc<dyn Fn(RecoveryEvent) + Send + Sync>;
 ///     .with_connection_name("orders")
 ///     .with_recovery_give_up(Duration::from_secs(300))
 ///     .with_on_recovery(|event| eprintln!("{event}"));
-/// assert_eq!(config.connection_name.as_deref(), Some("orders"));
+/// assert_eq!(config.engine.connection_name.as_deref(), Some("orders"));
 /// ```
 #[derive(Clone)]
 #[non_exhaustive]
@@ -220,12 +227,11 @@ pub struct Config {
     /// [`crate::Error::Closed`], and a consumer whose connection died ends with
     /// that error ([`crate::Consumer::closed`]).
     pub without_recovery: bool,
-    /// TLS settings for `amqps://`.
-    pub tls: TlsConfig,
-    /// A name for the connections in RabbitMQ's management UI (suffixed
-    /// `-publish` and `-consume`).
-    pub connection_name: Option<String>,
-    /// Engine settings (tuning, timeouts) for both connections.
+    /// Engine settings for both connections: tuning, timeouts, TLS for
+    /// `amqps://` ([`amqp::Config::tls`]), and the name the connections
+    /// show in RabbitMQ's management UI ([`amqp::Config::connection_name`],
+    /// suffixed `-publish` and `-consume`; `acemq-publish` and
+    /// `acemq-consume` without one).
     pub engine: amqp::Config,
     /// The retry policy of consumers that set none (without one, a retry is
     /// republished at once, without limit).
@@ -243,8 +249,6 @@ impl Default for Config {
             publish_timeout: Duration::from_secs(30),
             on_recovery: None,
             without_recovery: false,
-            tls: TlsConfig::new(),
-            connection_name: None,
             engine: amqp::Config::default(),
             retry: None,
         }
@@ -300,19 +304,24 @@ impl Config {
         self
     }
 
-    /// Sets [`Config::tls`].
+    /// Sets the TLS settings for `amqps://`: [`Config::engine`]'s
+    /// [`amqp::Config::tls`], where they live.
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {
-        self.tls = tls;
+        self.engine.tls = tls;
         self
     }
 
-    /// Sets [`Config::connection_name`].
+    /// Sets the name the connections show in RabbitMQ's management UI
+    /// (suffixed `-publish` and `-consume`): [`Config::engine`]'s
+    /// [`amqp::Config::connection_name`], where it lives.
     pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = Some(name.into());
+        self.engine.connection_name = Some(name.into());
         self
     }
 
-    /// Sets [`Config::engine`].
+    /// Sets [`Config::engine`], the whole of it: TLS and the connection
+    /// name too. Call [`Config::with_tls`] and
+    /// [`Config::with_connection_name`] after it, not before.
     pub fn with_engine(mut self, engine: amqp::Config) -> Self {
         self.engine = engine;
         self
@@ -336,8 +345,8 @@ impl std::fmt::Debug for Config {
             .field("publish_timeout", &self.publish_timeout)
             .field("on_recovery", &self.on_recovery.is_some())
             .field("without_recovery", &self.without_recovery)
-            .field("tls", &self.tls)
-            .field("connection_name", &self.connection_name)
+            .field("engine", &self.engine)
+            .field("retry", &self.retry)
             .finish()
     }
 }

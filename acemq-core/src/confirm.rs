@@ -1,4 +1,4 @@
-//! Settling a publish: what the broker's confirm means for the sender, the
+//! Resolving a publish: what the broker's confirm means for the sender, the
 //! wait for it (bounded by `blocked_timeout` of continuous block and by
 //! `publish_timeout` otherwise), and how
 //! each outcome is counted and logged. One place for both kinds of publish:
@@ -59,7 +59,7 @@ pub(crate) fn outcome_label(result: Result<&SendResult, &Error>) -> &'static str
 
 /// What the broker's confirmation means for the sender: an ack is a
 /// confirmed, routed send; a nack and a return are errors naming the message.
-pub(crate) fn settle(
+pub(crate) fn resolve(
     confirmation: Confirmation,
     message_id: &str,
     exchange: &ShortString,

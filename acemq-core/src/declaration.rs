@@ -97,9 +97,10 @@ impl Declaration {
                     .await?;
                 return match ok {
                     Some(ok) => Ok(Some(ok.queue.to_string())),
-                    None => Err(Error::Engine(crate::amqp::Error::UnexpectedReply(
-                        "no queue.declare-ok for a server-named queue".into(),
-                    ))),
+                    None => Err(Error::Engine(crate::amqp::Error::UnexpectedReply {
+                        expected: acemq_codec::QueueDeclareOk::NAME,
+                        got: None,
+                    })),
                 };
             }
             Declaration::Bind {

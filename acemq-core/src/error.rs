@@ -130,8 +130,10 @@ pub enum Error {
         which: &'static str,
         /// How many redials were tried.
         attempts: u32,
-        /// Why the last one failed.
-        last_error: String,
+        /// Why the last one failed ([`Error::Closed`] with the reason of
+        /// the loss, if none was tried); also the error's `source()`.
+        #[source]
+        last_error: Arc<Error>,
     },
     /// The broker cancelled the consumer (its queue was deleted, or a
     /// stream or quorum queue lost its leader) or closed its channel, and
@@ -167,6 +169,25 @@ impl Error {
     pub fn is_blocked(&self) -> bool {
         matches!(self, Error::PublishingPaused { .. } | Error::ConnectionBlocked { .. })
     }
+}
+
+/// Whether `err` means the connection went away under a call (rather than
+/// a refusal by the broker, or a close we asked for): a call that failed so
+/// can be made again once the connection is back.
+pub(crate) fn is_loss(err: &Error) -> bool {
+    match err {
+        Error::Closed(reason) => *reason != CloseReason::ByClient,
+        Error::Io(_) => true,
+        Error::Engine(amqp::Error::ChannelNotOpen(_)) => true,
+        _ => false,
+    }
+}
+
+/// Whether `err` says the broker did not answer a call in time: on a
+/// connection recovery has just made, the attempt failed (it is closed and
+/// tried again), rather than one declaration or consumer.
+pub(crate) fn is_silence(err: &Error) -> bool {
+    matches!(err, Error::Engine(amqp::Error::NoReply { .. }))
 }
 
 /// Whether `err` says the broker has blocked publishing (see [`Error::is_blocked`]).

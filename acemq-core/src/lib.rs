@@ -58,9 +58,10 @@
 //! ```
 //!
 //! [`Config`] holds what a `Conn` is told: confirms, recovery's backoff,
-//! `publish_timeout`, `blocked_timeout`, the default retry policy, TLS and
-//! the engine's settings. [`Conn::replay`] moves dead letters and parked
-//! messages back; [`pipeline`] and [`Scheduler`] publish onward on a handler's
+//! `publish_timeout`, `blocked_timeout`, the default retry policy, and the
+//! engine's settings (TLS and the connection name among them).
+//! [`Conn::replay`] moves dead letters and parked messages back;
+//! [`pipeline`] and [`Scheduler`] publish onward on a handler's
 //! behalf; the `outbox` feature adds a transactional outbox and inbox.
 //!
 //! # The guide
@@ -147,7 +148,6 @@ pub mod outbox;
 pub mod pipeline;
 pub mod proto;
 mod publish;
-mod recovery;
 pub mod replay;
 pub mod retry;
 pub mod schedule;
@@ -169,7 +169,7 @@ pub use conn::Conn;
 pub use consume::{consume, Consumer, ConsumerBuilder, Message, OnCancel};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
-pub use publish::{PendingSend, Publisher, Settling};
+pub use publish::{PendingSend, Publisher, Resolving};
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};

@@ -108,7 +108,7 @@ impl RoutingSlip {
         let Some((exchange, routing_key)) = self.steps.first() else {
             return Err(Error::Config("a routing slip needs at least one step".into()));
         };
-        let body = serde_json::to_vec(payload).map_err(|e| Error::Encode(crate::codec::CodecError(e.to_string())))?;
+        let body = serde_json::to_vec(payload).map_err(|e| Error::Encode(crate::codec::CodecError::new(e)))?;
         let mut properties = BasicProperties {
             content_type: Some("application/json".into()),
             delivery_mode: Some(2),

@@ -18,11 +18,10 @@ use tokio::time::Instant;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
-use crate::confirm::{await_confirm, outcome_label, report, settle, ConfirmTimeouts, SendResult};
+use crate::confirm::{await_confirm, outcome_label, report, resolve, ConfirmTimeouts, SendResult};
 use crate::conn::Conn;
 use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::recovery::is_loss;
+use crate::error::{is_loss, Error};
 
 /// A message on its way, kept whole so that it can be written again on the
 /// new connection after a recovery, with the same message-id and attempt.
@@ -235,7 +234,7 @@ impl LibraryWrite {
             .confirm_through_recovery(conn, Some(pending), &message_id)
             .await?;
         let (exchange, routing_key) = (&flight.publish.exchange, &flight.publish.routing_key);
-        match settle(confirmation, &message_id, exchange, routing_key)? {
+        match resolve(confirmation, &message_id, exchange, routing_key)? {
             SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed { message_id }),
             confirmed => Ok(confirmed),
         }
@@ -378,11 +377,11 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     }
 
     async fn publish(&self, envelope: Envelope, payload: &T) -> Result<SendResult, Error> {
-        self.begin(envelope, payload).await?.settle().await
+        self.begin(envelope, payload).await?.resolve().await
     }
 
     /// Writes the message; a refusal here is counted and logged at once,
-    /// the outcome of a written one when its [`PendingSend`] settles.
+    /// the outcome of a written one when its [`PendingSend`] is resolved.
     async fn begin(&self, envelope: Envelope, payload: &T) -> Result<PendingSend, Error> {
         let (flight, confirm) = match self.write(&envelope, payload).await {
             Ok(written) => written,
@@ -492,7 +491,7 @@ impl PendingSend {
     /// routed; a mandatory message that reached no queue is `routed: false`,
     /// as with [`Publisher::send_result`].
     pub async fn result(self) -> Result<SendResult, Error> {
-        match self.settle().await {
+        match self.resolve().await {
             Err(Error::Unroutable { .. }) => Ok(SendResult {
                 confirmed: true,
                 routed: false,
@@ -501,7 +500,9 @@ impl PendingSend {
         }
     }
 
-    async fn settle(mut self) -> Result<SendResult, Error> {
+    /// Waits for the broker's answer (writing the message again after a
+    /// recovery) and resolves the send by it.
+    async fn resolve(mut self) -> Result<SendResult, Error> {
         let arrived = match (self.confirm.take(), &self.resend) {
             (None, None) => Ok(Confirmation::NotRequested),
             (confirm, Some((conn, flight))) => flight.confirm_through_recovery(conn, confirm, &self.message_id).await,
@@ -516,7 +517,7 @@ impl PendingSend {
     /// What the broker's answer means for the sender, counted and logged.
     fn conclude(&self, arrived: Result<Confirmation, Error>) -> Result<SendResult, Error> {
         let (exchange, routing_key) = (&self.publish.exchange, &self.publish.routing_key);
-        let result = arrived.and_then(|confirmation| settle(confirmation, &self.message_id, exchange, routing_key));
+        let result = arrived.and_then(|confirmation| resolve(confirmation, &self.message_id, exchange, routing_key));
         report(result.as_ref(), &self.message_id, exchange, routing_key);
         result
     }
@@ -524,33 +525,34 @@ impl PendingSend {
 
 impl std::future::IntoFuture for PendingSend {
     type Output = Result<(), Error>;
-    type IntoFuture = Settling;
+    type IntoFuture = Resolving;
 
-    fn into_future(self) -> Settling {
-        Settling {
+    fn into_future(self) -> Resolving {
+        Resolving {
             pending: Some(self),
             waiting: None,
         }
     }
 }
 
-/// Awaiting a [`PendingSend`]. A confirm that is already there settles at
-/// once; only one still to come is waited for with the block watch.
+/// Awaiting a [`PendingSend`]: the future that resolves the send (acked,
+/// nacked, returned or failed). A confirm that is already there resolves it
+/// at once; only one still to come is waited for with the block watch.
 #[must_use = "futures do nothing unless awaited"]
-pub struct Settling {
+pub struct Resolving {
     pending: Option<PendingSend>,
-    waiting: Option<BoxedSettle>,
+    waiting: Option<BoxedResolve>,
 }
 
-type BoxedSettle = Pin<Box<dyn Future<Output = Result<SendResult, Error>> + Send>>;
+type BoxedResolve = Pin<Box<dyn Future<Output = Result<SendResult, Error>> + Send>>;
 
-impl std::fmt::Debug for Settling {
+impl std::fmt::Debug for Resolving {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Settling").field("pending", &self.pending).finish()
+        f.debug_struct("Resolving").field("pending", &self.pending).finish()
     }
 }
 
-impl Future for Settling {
+impl Future for Resolving {
     type Output = Result<(), Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -567,10 +569,10 @@ impl Future for Settling {
                 // after the recovery, on the slow path.
                 Some(Err(err)) if pending.resend.is_some() && is_loss(&err) => {
                     pending.confirm = None;
-                    self.waiting = Some(Box::pin(pending.settle()));
+                    self.waiting = Some(Box::pin(pending.resolve()));
                 }
                 Some(arrived) => return Poll::Ready(pending.conclude(arrived).map(|_| ())),
-                None => self.waiting = Some(Box::pin(pending.settle())),
+                None => self.waiting = Some(Box::pin(pending.resolve())),
             }
         }
         match self.waiting.as_mut() {

@@ -128,6 +128,7 @@ use crate::amqp::Delivery;
 use crate::codec::Codec;
 use crate::confirm::report;
 use crate::conn::Conn;
+use crate::conn::{lock, ConnState, ConsumerRecord};
 use crate::consume::outcome::{ack, requeue};
 use crate::consume::task;
 use crate::declaration::Declaration;
@@ -137,7 +138,6 @@ use crate::envelope::{
 };
 use crate::error::Error;
 use crate::publish::Publisher;
-use crate::recovery::{lock, ConsumerRecord, Inner};
 use crate::topology::{self, DLX};
 
 /// How many levels the ladder has: level NN holds a message 2^NN s.
@@ -277,7 +277,7 @@ pub fn ladder_declarations() -> Vec<Declaration> {
 }
 
 /// The ladder of each live `Conn`, declared at most once.
-type Ladders = Vec<(Weak<Inner>, Arc<OnceCell<()>>)>;
+type Ladders = Vec<(Weak<ConnState>, Arc<OnceCell<()>>)>;
 static LADDERS: Mutex<Ladders> = Mutex::new(Vec::new());
 
 /// Declares the ladder through `conn` unless it already has, and records

@@ -329,7 +329,7 @@ impl Broker {
     /// Opens an acemq [`acemq_core::Conn`] with this config (TLS and
     /// timeouts filled in for this broker).
     pub async fn conn_with(&self, mut config: acemq_core::Config) -> acemq_core::Conn {
-        config.tls = self.tls.clone();
+        config.engine.tls = self.tls.clone();
         config.engine.connection_timeout = Duration::from_secs(10);
         acemq_core::Conn::open(&self.url, config)
             .await

@@ -238,7 +238,7 @@ async fn attempts_across_a_recovery(
     }));
     config.recovery_delay = Duration::from_millis(50);
     config.recovery_delay_max = Duration::from_millis(400);
-    config.connection_name = Some(name.clone());
+    config.engine.connection_name = Some(name.clone());
     let conn = b.conn_with(config).await;
     let q = unique("attempts");
     let policy = RetryPolicy::fixed(6, Duration::from_millis(50))

@@ -419,6 +419,9 @@ impl Consumer {
     }
 }
 
+/// What `basic.get` waits for, in an [`Error::UnexpectedReply`].
+const BASIC_GET_REPLIES: &str = "basic.get-ok or basic.get-empty";
+
 macro_rules! rpc {
     ($(#[$doc:meta])* $name:ident($method:ident) -> $reply:ident) => {
         $(#[$doc])*
@@ -426,7 +429,7 @@ macro_rules! rpc {
             match self.call(Method::$method(method)).await? {
                 Some(Reply::Method(Method::$reply(ok))) => Ok(Some(ok)),
                 None => Ok(None),
-                Some(other) => Err(Error::UnexpectedReply(format!("{other:?}"))),
+                Some(other) => Err(Error::unexpected($reply::NAME, Some(&other))),
             }
         }
     };
@@ -866,7 +869,10 @@ impl Channel {
             Some(Reply::Content(content)) => {
                 let content = *content;
                 let Method::BasicGetOk(ok) = content.method else {
-                    return Err(Error::UnexpectedReply(content.method.name().into()));
+                    return Err(Error::UnexpectedReply {
+                        expected: BASIC_GET_REPLIES,
+                        got: Some(content.method.name()),
+                    });
                 };
                 Ok(Some(GetMessage {
                     delivery_tag: ok.delivery_tag,
@@ -884,7 +890,7 @@ impl Channel {
                 }))
             }
             Some(Reply::Method(Method::BasicGetEmpty(_))) => Ok(None),
-            other => Err(Error::UnexpectedReply(format!("{other:?}"))),
+            other => Err(Error::unexpected(BASIC_GET_REPLIES, other.as_ref())),
         }
     }
 

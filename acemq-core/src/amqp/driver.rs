@@ -1259,7 +1259,7 @@ impl Driver {
                     let _ = reply.send(Ok((ok.consumer_tag, queue)));
                 }
                 Ok(other) => {
-                    let _ = reply.send(Err(Error::UnexpectedReply(format!("{other:?}"))));
+                    let _ = reply.send(Err(Error::unexpected(acemq_codec::BasicConsumeOk::NAME, Some(&other))));
                 }
                 Err(err) => {
                     let _ = reply.send(Err(err.into()));

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::proto::{CallError, CloseReason, CommandError, Refusal};
+use crate::proto::{CallError, CloseReason, CommandError, Refusal, Reply};
 
 /// An error from the low-level connection and channel API.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,8 +45,13 @@ pub enum Error {
         after: std::time::Duration,
     },
     /// The broker answered something this call does not expect.
-    #[error("unexpected reply: {0}")]
-    UnexpectedReply(String),
+    #[error("unexpected reply: expected {expected}, got {}", .got.unwrap_or("no reply"))]
+    UnexpectedReply {
+        /// What the call waits for, e.g. `queue.declare-ok`.
+        expected: &'static str,
+        /// The method that came instead, or `None` for no reply at all.
+        got: Option<&'static str>,
+    },
 }
 
 impl Error {
@@ -65,6 +70,20 @@ impl Error {
         match self {
             Error::ChannelClosed(r) | Error::ConnectionClosed(CloseReason::ByServer(r)) => Some(r),
             _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// [`Error::UnexpectedReply`]: `got` came (or nothing) where the call
+    /// waits for `expected`.
+    pub(crate) fn unexpected(expected: &'static str, got: Option<&Reply>) -> Error {
+        Error::UnexpectedReply {
+            expected,
+            got: got.map(|reply| match reply {
+                Reply::Method(method) => method.name(),
+                Reply::Content(content) => content.method.name(),
+            }),
         }
     }
 }

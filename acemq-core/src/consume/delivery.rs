@@ -37,13 +37,13 @@ use crate::ack::{Ack, BoxError};
 use crate::amqp::Delivery;
 use crate::codec::Codec;
 use crate::conn::Conn;
+use crate::conn::{lock, ConsumerRecord};
 use crate::envelope::{
     Envelope, ATTEMPT_HEADER, ERROR_HEADER, FIRST_SEEN_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
     REPLAYED_HEADER, SOURCE_QUEUE_HEADER,
 };
 use crate::error::Error;
 use crate::hop::{Destination, SlipDestinations};
-use crate::recovery::{lock, ConsumerRecord};
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::set_aside::{publish_held, OnNoRoute};
 use crate::topology::{self, DLX};

@@ -34,10 +34,10 @@ use tokio::sync::Semaphore;
 use crate::ack::Ack;
 use crate::codec::{Codec, Json};
 use crate::conn::Conn;
+use crate::conn::ConsumerRecord;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::hop::{Destination, SlipDestinations};
-use crate::recovery::ConsumerRecord;
 use crate::retry::RetryPolicy;
 use crate::topology;
 

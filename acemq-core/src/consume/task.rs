@@ -24,11 +24,11 @@ use tokio::task::JoinSet;
 
 use crate::amqp::{self, Delivery};
 use crate::config::RecoveryEvent;
+use crate::conn::{
+    emit, reattach, until_set, with_tag, Attachment, Backoff, ConnState, ConsumerRecord, LinkPhase, StreamPosition,
+};
 use crate::error::Error;
 use crate::proto::CloseReason;
-use crate::recovery::{
-    emit, reattach, until_set, with_tag, Attachment, Backoff, ConsumerRecord, Inner, Phase, StreamPosition,
-};
 
 /// What a consumer does when the broker cancels it (`basic.cancel`: its
 /// queue was deleted, or lost its leader) or closes its channel (e.g. 406
@@ -66,7 +66,7 @@ pub(crate) struct Started {
 /// `basic.consume` of `method` after `basic.qos(prefetch)`, on a channel of
 /// the consuming connection (waiting through a recovery), recorded with the
 /// tag the broker gave so that recovery reattaches it.
-pub(crate) async fn start(inner: &Inner, method: BasicConsume, prefetch: u16) -> Result<Started, Error> {
+pub(crate) async fn start(inner: &ConnState, method: BasicConsume, prefetch: u16) -> Result<Started, Error> {
     let ((channel, deliveries), generation) = inner
         .on_consuming(|connection| {
             let method = method.clone();
@@ -117,7 +117,7 @@ impl Started {
     /// the `Conn`'s records and publishes how it ended.
     pub(crate) fn spawn<E>(
         self,
-        inner: Arc<Inner>,
+        inner: Arc<ConnState>,
         what: String,
         drain_timeout: Duration,
         each: E,
@@ -176,7 +176,7 @@ impl ConsumerRecord {
 
 #[allow(clippy::too_many_arguments)]
 async fn run<E>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     what: &str,
     mut attachment: Attachment,
@@ -317,7 +317,7 @@ enum Resubscribed {
 /// connection, with the recovery backoff between tries, until its queue is
 /// there again; the work under way goes on meanwhile.
 async fn resubscribe<S: Future>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     cancelled: &Attachment,
     stop: &mut Pin<&mut S>,
@@ -340,7 +340,7 @@ async fn resubscribe<S: Future>(
         let (conn, generation) = {
             let snapshot = inner.consuming.subscribe();
             let snapshot = snapshot.borrow();
-            if !matches!(snapshot.phase, Phase::Up) || snapshot.generation != cancelled.generation {
+            if !matches!(snapshot.phase, LinkPhase::Up) || snapshot.generation != cancelled.generation {
                 return Resubscribed::Lost;
             }
             (snapshot.conn.clone(), snapshot.generation)
@@ -372,7 +372,7 @@ async fn resubscribe<S: Future>(
 /// back but nothing was handed over (the consumer started while the
 /// supervisor was restoring), it reattaches itself.
 async fn next_attachment<S: Future>(
-    inner: &Inner,
+    inner: &ConnState,
     record: &ConsumerRecord,
     dead: &Attachment,
     attachments: &mut mpsc::UnboundedReceiver<Result<Attachment, Error>>,
@@ -393,9 +393,9 @@ async fn next_attachment<S: Future>(
             changed = async {
                 snapshots
                     .wait_for(|s| match s.phase {
-                        Phase::Up => s.generation > dead.generation,
-                        Phase::Down(_) => true,
-                        Phase::Recovering => false,
+                        LinkPhase::Up => s.generation > dead.generation,
+                        LinkPhase::Down(_) => true,
+                        LinkPhase::Recovering => false,
                     })
                     .await
                     .map(|s| (s.phase.clone(), s.conn.clone(), s.generation))
@@ -403,7 +403,7 @@ async fn next_attachment<S: Future>(
                 let Ok((phase, conn, generation)) = changed else {
                     return Err(Error::Closed(CloseReason::ByClient));
                 };
-                if let Phase::Down(err) = phase {
+                if let LinkPhase::Down(err) = phase {
                     return Err(err);
                 }
                 // The supervisor hands attachments over before it says the

@@ -628,8 +628,8 @@ impl Runner<'_> {
             })
             .with_recovery_delay(Duration::from_millis(20))
             .with_recovery_delay_max(Duration::from_millis(200))
-            .with_connection_name(crate::unique("model-consumer"))
-            .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)));
+            .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)))
+            .with_connection_name(crate::unique("model-consumer"));
         let conn = Conn::open(&self.conn_url, config)
             .await
             .map_err(|e| format!("Conn::open: {e}"))?;

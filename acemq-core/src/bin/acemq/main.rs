@@ -138,9 +138,9 @@ async fn run(cli: Cli, raw_url: String, url: &AmqpUrl) -> Outcome {
     let config = Config::default()
         // One run, one answer: a lost connection is an error, not a wait.
         .with_without_recovery(true)
+        .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)))
         .with_connection_name("acemq-cli")
-        .with_tls(tls)
-        .with_engine(EngineConfig::default().with_connection_timeout(Duration::from_secs(10)));
+        .with_tls(tls);
     let conn = Conn::open(&raw_url, config)
         .await
         .map_err(|e| format!("cannot connect to {url}: {e}"))?;

@@ -2,9 +2,20 @@
 //! publishing and for consuming (RabbitMQ stops reading a blocked connection
 //! entirely, and acks must keep flowing while publishing is blocked), one
 //! channel for the application's publishes, and one always-confirmed channel
-//! for what the library publishes on its own behalf (`publish.rs`). Each
-//! connection has a supervisor (`recovery.rs`) that brings it back after a
-//! loss.
+//! for what the library publishes on its own behalf (`publish.rs`).
+//!
+//! Inside, by what each is:
+//! - `state`: [`ConnState`], what a `Conn` shares between its handles, its
+//!   supervisors and its consumers;
+//! - `link`: each connection of the moment, with its generation and phase;
+//! - `channel_slot`: the two publishing channels, reopened when closed;
+//! - `consumers`: what is recorded of each consumer, and its reattachment;
+//! - `recovery`: the supervisor of each connection, which brings it back
+//!   after a loss. It uses the others; none of them uses it: `Conn::open`
+//!   starts it.
+//!
+//! Nothing here publishes or consumes: `publish.rs`, `consume.rs` and
+//! `attached.rs` do, through the `Conn`'s state.
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +26,22 @@ use crate::amqp::{self, AmqpUrl};
 use crate::config::Config;
 use crate::declaration::Declaration;
 use crate::error::Error;
-use crate::recovery::{engine_config, lock, supervise, ChannelSlot, Inner, Link};
+
+mod channel_slot;
+mod consumers;
+mod link;
+mod recovery;
+mod state;
+
+pub(crate) use consumers::{reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
+pub(crate) use link::LinkPhase;
+pub(crate) use recovery::Backoff;
+pub(crate) use state::{emit, lock, until_set, ConnState};
+
+use channel_slot::ChannelSlot;
+use link::Link;
+use recovery::supervise;
+use state::engine_config;
 
 /// A connection to RabbitMQ (or an in-process acemq-memory broker) for the
 /// acemq API: two AMQP connections, each under a supervisor that recovers it
@@ -23,7 +49,7 @@ use crate::recovery::{engine_config, lock, supervise, ChannelSlot, Inner, Link};
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct Conn {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<ConnState>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -45,7 +71,7 @@ impl Conn {
         let consuming = amqp::Connection::open_url(&parsed, engine_config(&config, "consume")).await?;
         let publish_channel = ChannelSlot::open(&publishing, confirms).await?;
         let library_channel = ChannelSlot::open(&publishing, true).await?;
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(ConnState {
             config,
             confirms,
             url: parsed,

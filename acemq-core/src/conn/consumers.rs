@@ -1,0 +1,132 @@
+//! What a `Conn` records of each running consumer, for recovery to reattach
+//! it: `ConsumerRecord` (its queue, its `basic.consume` with the tag the
+//! broker first gave, its prefetch, where a stream consumer stands, and the
+//! channels to and from its task), the `Attachment` it is handed after a
+//! loss, and `reattach`, which makes one on a connection.
+//!
+//! A record is data and one call: it never runs the consumer (that is
+//! `attached.rs`) nor decides when to reattach (that is the supervisor and
+//! the consumer's own task).
+
+use std::sync::Mutex;
+
+use acemq_codec::{BasicConsume, FieldValue, ShortString};
+use tokio::sync::{mpsc, watch};
+
+use crate::amqp;
+use crate::error::Error;
+
+/// What is known of a consumer, for reattaching it: its queue (renamed when
+/// a server-named queue is declared anew), its `basic.consume` with the tag
+/// the broker first gave, its prefetch, and where a stream consumer is.
+pub(crate) struct ConsumerRecord {
+    pub(crate) queue: Mutex<String>,
+    pub(crate) method: Mutex<BasicConsume>,
+    pub(crate) prefetch: u16,
+    pub(crate) stream: Mutex<StreamPosition>,
+    /// Where the supervisor hands a reattached consumer (or why it could not).
+    pub(crate) attach: mpsc::UnboundedSender<Result<Attachment, Error>>,
+    /// Set to stop the consumer (by `Consumer::close` or `Conn::close`).
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// How the consumer ended, once it has.
+    pub(crate) ended: watch::Receiver<Option<Result<(), Error>>>,
+}
+
+/// A consumer's new channel and deliveries after a recovery.
+pub(crate) struct Attachment {
+    pub(crate) channel: amqp::Channel,
+    pub(crate) deliveries: amqp::Consumer,
+    /// The link generation of the connection it is on.
+    pub(crate) generation: u64,
+}
+
+/// The stream offsets a consumer was given: those still unsettled, and the
+/// newest. A reattached stream consumer starts at the oldest unsettled one,
+/// or just after the newest (statement 19 of `docs/statements.md`).
+#[derive(Debug, Default)]
+pub(crate) struct StreamPosition {
+    unsettled: std::collections::BTreeMap<i64, u32>,
+    newest: Option<i64>,
+}
+
+impl StreamPosition {
+    /// A delivery at `offset` was given to the consumer.
+    pub(crate) fn given(&mut self, offset: i64) {
+        *self.unsettled.entry(offset).or_default() += 1;
+        self.newest = Some(self.newest.map_or(offset, |n| n.max(offset)));
+    }
+
+    /// The delivery at `offset` was settled (or handed back).
+    pub(crate) fn settled(&mut self, offset: i64) {
+        if let Some(count) = self.unsettled.get_mut(&offset) {
+            *count -= 1;
+            if *count == 0 {
+                self.unsettled.remove(&offset);
+            }
+        }
+    }
+
+    /// Where to resume, if anything was given.
+    pub(crate) fn resume_at(&self) -> Option<i64> {
+        match self.unsettled.keys().next() {
+            Some(&oldest) => Some(oldest),
+            None => self.newest.map(|n| n.saturating_add(1)),
+        }
+    }
+}
+
+impl ConsumerRecord {
+    /// The `basic.consume` to send now: the recorded one on the current queue
+    /// name, with a stream consumer's offset moved to where it stands.
+    fn consume_method(&self) -> BasicConsume {
+        let mut method = self.method.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        method.queue = self.queue.lock().unwrap_or_else(|p| p.into_inner()).as_str().into();
+        if let Some(offset) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).resume_at() {
+            method.arguments.insert("x-stream-offset", FieldValue::I64(offset));
+        }
+        method
+    }
+}
+
+/// Channel, `basic.qos`, then `basic.consume` with the recorded tag, on the
+/// connection of link generation `generation`.
+pub(crate) async fn reattach(
+    conn: &amqp::Connection,
+    record: &ConsumerRecord,
+    generation: u64,
+) -> Result<Attachment, Error> {
+    let channel = conn.channel().await?;
+    channel.qos(record.prefetch).await?;
+    let deliveries = channel.basic_consume(record.consume_method()).await?;
+    Ok(Attachment {
+        channel,
+        deliveries,
+        generation,
+    })
+}
+
+/// The consumer tag the broker gave, recorded so the consumer comes back
+/// under the same tag.
+pub(crate) fn with_tag(mut method: BasicConsume, tag: &ShortString) -> BasicConsume {
+    method.consumer_tag = tag.clone();
+    method
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_consumer_resumes_at_its_oldest_unsettled_offset_or_after_its_newest() {
+        let mut at = StreamPosition::default();
+        assert_eq!(at.resume_at(), None);
+        for offset in [10, 11, 12] {
+            at.given(offset);
+        }
+        at.settled(10);
+        at.settled(12);
+        assert_eq!(at.resume_at(), Some(11));
+        at.settled(11);
+        assert_eq!(at.resume_at(), Some(13));
+    }
+}
