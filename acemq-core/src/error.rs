@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::amqp;
+use crate::amqp::{CloseReason, Refusal};
 use crate::codec::CodecError;
-use crate::proto::{CloseReason, Refusal};
 
 /// An error from the acemq API.
 #[derive(Debug, Clone, thiserror::Error)]

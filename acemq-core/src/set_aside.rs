@@ -63,7 +63,7 @@ pub(crate) fn reason_of(err: &Error) -> &'static str {
         Error::Nacked { .. } => "nacked",
         Error::PublishingPaused { .. } | Error::ConnectionBlocked { .. } => "blocked",
         Error::ConnectionLost { .. } | Error::Closed(_) | Error::Io(_) | Error::RecoveryGaveUp { .. } => "connection",
-        Error::Engine(crate::amqp::Error::Command(crate::proto::CommandError::Encode(_))) => "too_large",
+        Error::Engine(crate::amqp::Error::Command(crate::amqp::CommandError::Encode(_))) => "too_large",
         _ => "other",
     }
 }

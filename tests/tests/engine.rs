@@ -1006,7 +1006,7 @@ async fn cancelling_a_consumer_whose_queue_is_full_does_not_wait_for_it_to_be_dr
     .await
 }
 
-/// Settlements take their own lane to the driver, not the command queue:
+/// Settlements take their own queue (the settle queue) to the driver, not the command queue:
 /// acks, nacks and rejects given just before closing their channel still go
 /// out before the `channel.close`, so nothing comes back to the queue. On a
 /// current-thread runtime the settlements and the close are all queued

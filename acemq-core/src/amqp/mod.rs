@@ -37,4 +37,4 @@ pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;
-pub use crate::proto::{Auth, CloseReason, Initiator, Refusal, TuneRequest, Tuned, Wait};
+pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, TuneRequest, Tuned, Wait};

@@ -5,7 +5,7 @@
 //! loss, and `reattach`, which makes one on a connection.
 //!
 //! A record is data and one call: it never runs the consumer (that is
-//! `attached.rs`) nor decides when to reattach (that is the supervisor and
+//! `consume/task.rs`) nor decides when to reattach (that is the supervisor and
 //! the consumer's own task).
 
 use std::sync::Mutex;

@@ -5,15 +5,15 @@
 //! (bounded) through a recovery.
 //!
 //! A link only holds and hands out: it never dials, restores or decides
-//! that a connection is lost. The supervisor (`recovery.rs`) is the one
+//! that a connection is lost. The supervisor (`recovery.rs` beside it) is the one
 //! writer of a new connection or phase.
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::amqp;
+use crate::amqp::CloseReason;
 use crate::error::Error;
-use crate::proto::CloseReason;
 
 /// Where a link stands.
 #[derive(Debug, Clone)]

@@ -14,8 +14,8 @@
 //!   after a loss. It uses the others; none of them uses it: `Conn::open`
 //!   starts it.
 //!
-//! Nothing here publishes or consumes: `publish.rs`, `consume.rs` and
-//! `attached.rs` do, through the `Conn`'s state.
+//! Nothing here publishes or consumes: `publish.rs`, `consume/` and
+//! the scheduler do, through the `Conn`'s state.
 
 use std::sync::{Arc, Mutex};
 

@@ -22,11 +22,11 @@ use tokio::time::Instant;
 use super::consumers::reattach;
 use super::link::LinkPhase;
 use super::state::{emit, until_set, ConnState};
+use crate::amqp::CloseReason;
 use crate::amqp::{self, ConnectionEvent};
 use crate::config::RecoveryEvent;
 use crate::declaration::Declaration;
 use crate::error::{is_loss, is_silence, Error};
-use crate::proto::CloseReason;
 
 /// The redial delays: `first`, doubling up to `max`, each with ±20% jitter.
 #[derive(Debug, Clone)]

@@ -22,13 +22,13 @@ use acemq_codec::BasicConsume;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::amqp::CloseReason;
 use crate::amqp::{self, Delivery};
 use crate::config::RecoveryEvent;
 use crate::conn::{
     emit, reattach, until_set, with_tag, Attachment, Backoff, ConnState, ConsumerRecord, LinkPhase, StreamPosition,
 };
 use crate::error::Error;
-use crate::proto::CloseReason;
 
 /// What a consumer does when the broker cancels it (`basic.cancel`: its
 /// queue was deleted, or lost its leader) or closes its channel (e.g. 406

@@ -1,6 +1,10 @@
-//! No module of a crate imports one that imports it back, directly or
-//! through others: the layering ARCHITECTURE.md draws is checked here, for
-//! every crate of the workspace, the binaries included.
+//! ARCHITECTURE.md's map, checked against the sources of every crate of
+//! the workspace (the binaries included):
+//! - no module of a crate imports one that imports it back, directly or
+//!   through others;
+//! - acemq-core's API reaches the protocol machine and the transports only
+//!   through `amqp`, and the machine imports nothing above it;
+//! - ARCHITECTURE.md names every module's file, in its crate's section.
 //!
 //! How: every source file is parsed with `syn` (the real Rust grammar, so a
 //! path inside an expression, a type, a pattern or a macro's arguments
@@ -14,6 +18,9 @@
 //! its own ancestors or descendants is what nesting is for and is not
 //! counted. Inline modules (`mod tests { ... }`) count as part of their
 //! file's module.
+//!
+//! Test-only code (`#[cfg(test)]` items and modules) is left out: unit
+//! tests sit above every layer.
 //!
 //! Why a test over the sources rather than a tool: it runs wherever `cargo
 //! test` runs, needs nothing installed, and parses what the compiler
@@ -32,6 +39,8 @@ type ModPath = Vec<String>;
 struct Module {
     /// Written inside its parent's file (`mod x { ... }`).
     inline: bool,
+    /// Its file, for a module with one.
+    file: Option<PathBuf>,
     /// Names defined here: items and child modules.
     items: BTreeSet<String>,
     children: BTreeSet<String>,
@@ -253,7 +262,13 @@ fn read_crate(root: &Path) -> Crate {
 fn read_module(file: &Path, path: ModPath, owns_dir: bool, modules: &mut BTreeMap<ModPath, Module>) {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    modules.insert(path.clone(), Module::default());
+    modules.insert(
+        path.clone(),
+        Module {
+            file: Some(file.to_path_buf()),
+            ..Module::default()
+        },
+    );
     let mut collector = Collector {
         modules,
         path: path.clone(),
@@ -593,4 +608,128 @@ fn the_check_finds_circles_between_siblings_and_between_layers() {
     let found = read_crate(&dir.join("layered/lib.rs")).circles();
     assert!(found.is_empty(), "{found:#?}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The package folder of a crate root, and the root's path inside `src/`.
+fn package_of(root: &Path) -> (String, PathBuf) {
+    let rel = root.strip_prefix(workspace()).unwrap();
+    let package = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy()
+        .into_owned();
+    (package.clone(), workspace().join(package).join("src"))
+}
+
+/// The text of ARCHITECTURE.md's section for a package: from the `###`
+/// heading that names the package's folder (`` `acemq-core/src/` ``) to
+/// the next heading.
+fn section<'a>(doc: &'a str, package: &str) -> &'a str {
+    let heading = format!("`{package}/src/`");
+    let start = doc
+        .lines()
+        .scan(0, |at, line| {
+            let here = *at;
+            *at += line.len() + 1;
+            Some((here, line))
+        })
+        .find(|(_, line)| line.starts_with("### ") && line.contains(&heading))
+        .map(|(at, _)| at)
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has no `### ...` heading naming {heading}"));
+    let rest = &doc[start..];
+    let end = rest[4..].find("\n#").map(|i| i + 5).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+#[test]
+fn architecture_md_names_every_module() {
+    let doc = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    for root in crate_roots() {
+        let (package, src) = package_of(&root);
+        let text = section(&doc, &package);
+        for module in read_crate(&root).modules.values() {
+            let Some(file) = &module.file else { continue };
+            let file = file.canonicalize().unwrap();
+            // A file included from outside the crate's src/ (`#[path]`) is
+            // named by its path in the workspace, anywhere in the file.
+            let (rel, named) = match file.strip_prefix(src.canonicalize().unwrap()) {
+                Ok(rel) => {
+                    let rel = rel.to_string_lossy().into_owned();
+                    let named = text.contains(&format!("`{rel}`"));
+                    (format!("{package}/src/{rel}"), named)
+                }
+                Err(_) => {
+                    let rel = file.strip_prefix(workspace().canonicalize().unwrap()).unwrap();
+                    let rel = rel.to_string_lossy().into_owned();
+                    let named = doc.contains(&format!("`{rel}`"));
+                    (rel, named)
+                }
+            };
+            if !named {
+                missing.push(rel);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md does not name these modules in their crate's section (as `path/in/src.rs`):\n{}",
+        missing.join("\n")
+    );
+}
+
+/// What each of acemq-core's layers may name of the crate, as written (a
+/// type re-exported by `amqp` is reached through `amqp`).
+#[test]
+fn the_acemq_api_reaches_the_machine_only_through_amqp() {
+    let root = workspace().join("acemq-core/src/lib.rs");
+    let krate = read_crate(&root);
+    // Leaves everything may use: they import nothing of the crate but
+    // each other.
+    let leaves = ["text", "time", "metrics_names"];
+    let mut wrong = Vec::new();
+    for (path, module) in &krate.modules {
+        let layer = path.first().map(String::as_str).unwrap_or("");
+        let allowed: &[&str] = match layer {
+            // The machine: itself and the leaves.
+            "proto" => &["proto"],
+            // Transports: themselves.
+            "io" => &["io"],
+            // The engine: itself, the machine, the transports.
+            "amqp" => &["amqp", "proto", "io"],
+            "text" | "time" | "metrics_names" => &["text", "time", "metrics_names"],
+            // The fuzz harness drives whatever it fuzzes.
+            "fuzzing" | "" => continue,
+            // The acemq API: anything but the machine and the transports.
+            _ => &[],
+        };
+        for written in &module.paths {
+            let Some(abs) = krate.absolute(path, written, 0) else {
+                continue;
+            };
+            let Some(first) = abs.first().map(String::as_str) else {
+                continue;
+            };
+            if first == layer || leaves.contains(&first) || !krate.modules.contains_key(&vec![first.to_string()]) {
+                continue;
+            }
+            let ok = if allowed.is_empty() {
+                first != "proto" && first != "io"
+            } else {
+                allowed.contains(&first)
+            };
+            if !ok {
+                wrong.push(format!("{}: {}", display(path), written.join("::")));
+            }
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "paths across acemq-core's layers:\n{}",
+        wrong.join("\n")
+    );
 }
