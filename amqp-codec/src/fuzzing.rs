@@ -400,7 +400,7 @@ impl Channel {
                 for &seq in &self.scratch {
                     assert!(seq <= tag && seq >= 1);
                     assert!(self.resolved.insert(seq), "publish {seq} resolved twice");
-                    let ret = self.returns.settle(seq);
+                    let ret = self.returns.resolve(seq);
                     assert_eq!(ret.is_some(), self.returned.contains(&seq));
                 }
             }

@@ -737,9 +737,9 @@ fn a_stream_consumer_at_an_offset_past_the_end_waits_for_it() {
 /// length in `declare-ok`, RabbitMQ a metric sampled every few seconds (0
 /// at first); the runner took the length for messages waiting for a
 /// consumer of a quorum queue and never found acemq-memory quiet. Whether a
-/// queue is settled is judged by its type, not by the name it was given.
+/// queue is quiet is judged by its type, not by the name it was given.
 #[test]
-fn a_stream_declared_under_another_types_name_is_settled_as_a_stream() {
+fn a_stream_declared_under_another_types_name_is_judged_quiet_as_a_stream() {
     replay(vec![
         Op::DeclareQueue {
             ch: Ch(0),

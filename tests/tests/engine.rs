@@ -457,7 +457,7 @@ async fn a_publish_with_room_is_queued_as_it_is_called_not_as_it_is_awaited() {
 /// their channel's close with the machine's `ChannelNotOpen`. (One thread: every publish
 /// is queued before the driver runs, so it takes them in one batch.)
 #[tokio::test]
-async fn publishes_taken_together_settle_as_one_by_one_without_confirms_and_behind_a_close() {
+async fn publishes_taken_together_resolve_as_one_by_one_without_confirms_and_behind_a_close() {
     let settled = |confirm: acemq_core::amqp::PublishConfirm| async move {
         tokio::time::timeout(Duration::from_secs(5), confirm)
             .await

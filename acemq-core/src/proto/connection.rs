@@ -1394,7 +1394,7 @@ impl Connection {
         // Runs of consecutive numbers not returned go out as one event.
         let mut run: Option<(u64, u64)> = None;
         for seq in runs.iter().flat_map(|&(first, last)| first..=last) {
-            let returned = if state.returns.settle(seq).is_some() {
+            let returned = if state.returns.resolve(seq).is_some() {
                 state.returned.remove(&seq)
             } else {
                 None

@@ -4,7 +4,7 @@
 //! and the return carries no sequence number. A return is matched to the
 //! oldest outstanding mandatory publish with the same exchange, routing key
 //! and message-id that has not been returned already; the pairing is final
-//! when the confirm covering that publish arrives ([`Returns::settle`]). A
+//! when the confirm covering that publish arrives ([`Returns::resolve`]). A
 //! return that matches nothing is reported, never dropped.
 
 use std::collections::VecDeque;
@@ -26,7 +26,7 @@ pub struct ReturnKey {
 /// What [`Returns::on_return`] made of a `basic.return`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReturnMatch {
-    /// Paired with the publish of this sequence number (final when it is settled).
+    /// Paired with the publish of this sequence number (final when it is resolved).
     Matched(u64),
     /// No outstanding mandatory publish fits: a protocol surprise worth
     /// reporting (for example a return for a publish made before a reconnect).
@@ -51,8 +51,8 @@ struct Pending {
 /// returns.on_mandatory_publish(2, key("b"));
 /// let ret = BasicReturn { reply_code: 312, reply_text: "NO_ROUTE".into(), exchange: "".into(), routing_key: "nowhere".into() };
 /// assert_eq!(returns.on_return(ret, Some(&"b".into())), ReturnMatch::Matched(2));
-/// assert_eq!(returns.settle(1), None); // acked, routed
-/// assert_eq!(returns.settle(2).map(|r| r.reply_code), Some(312)); // acked after its return
+/// assert_eq!(returns.resolve(1), None); // acked, routed
+/// assert_eq!(returns.resolve(2).map(|r| r.reply_code), Some(312)); // acked after its return
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Returns {
@@ -101,7 +101,7 @@ impl Returns {
 
     /// The publish `seq` has been confirmed (acked or nacked): forget it, and
     /// give back its return if it had one. The pairing is final now.
-    pub fn settle(&mut self, seq: u64) -> Option<BasicReturn> {
+    pub fn resolve(&mut self, seq: u64) -> Option<BasicReturn> {
         let at = if self.pending.front().map(|p| p.seq) == Some(seq) {
             0
         } else {
@@ -111,7 +111,7 @@ impl Returns {
     }
 
     /// Whether no mandatory publish is outstanding: then no confirm has a
-    /// return to pair with, and [`Returns::settle`] would give none.
+    /// return to pair with, and [`Returns::resolve`] would give none.
     ///
     /// ```
     /// use acemq_codec::track::Returns;
