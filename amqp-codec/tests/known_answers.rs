@@ -225,7 +225,7 @@ fn return_arrives_before_the_ack_of_the_same_publish() {
         .on_confirm(Outcome::Ack, ack.delivery_tag, ack.multiple, &mut resolved)
         .unwrap();
     assert_eq!(resolved, [1]);
-    assert_eq!(returns.settle(1).map(|r| r.reply_code), Some(312));
+    assert_eq!(returns.resolve(1).map(|r| r.reply_code), Some(312));
 }
 
 #[test]

@@ -62,7 +62,7 @@ impl Publisher {
         Ok(resolved
             .into_iter()
             .map(|seq| {
-                let ret = self.returns.settle(seq);
+                let ret = self.returns.resolve(seq);
                 let fate = match (outcome, ret) {
                     (Outcome::Nack, _) => Fate::Nacked,
                     (Outcome::Ack, Some(ret)) => Fate::Returned(ret.reply_code),
