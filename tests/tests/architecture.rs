@@ -601,7 +601,7 @@ fn the_check_finds_circles_between_siblings_and_between_layers() {
     write("layered/a.rs", "use crate::b::B; pub struct A(B, crate::C);\n");
     write(
         "layered/b.rs",
-        "pub struct B; fn f() -> super::C { todo!() }\nmod inner { fn g() -> super::B { super::B } fn h() -> Missing {} }\n",
+        "pub struct B; fn f() -> super::C { super::C }\nmod inner { fn g() -> super::B { super::B } fn h() -> Missing {} }\n",
     );
     write("layered/c/mod.rs", "mod d; pub use d::C;\n");
     write("layered/c/d.rs", "pub struct C; fn f() -> super::super::c::C { C }\n");
