@@ -162,6 +162,11 @@ pub enum Error {
         /// The longest delay there is.
         max_secs: u64,
     },
+    /// A send's properties ([`crate::properties::Outgoing`]) are ones the
+    /// broker would refuse or misread (see [`crate::properties::PropertyError`]).
+    /// Nothing was sent.
+    #[error("the message was not sent: {0}")]
+    InvalidProperties(#[source] crate::properties::PropertyError),
 }
 
 impl Error {

@@ -147,6 +147,7 @@ pub mod metrics_names;
 pub mod outbox;
 pub mod pipeline;
 pub mod proto;
+pub mod properties;
 mod publish;
 pub mod replay;
 pub mod retry;
@@ -155,6 +156,7 @@ mod set_aside;
 mod text;
 mod time;
 pub mod topology;
+pub mod trace;
 
 /// The README's example, compiled and run with the doc tests.
 #[cfg(doctest)]
@@ -169,7 +171,9 @@ pub use conn::Conn;
 pub use consume::{consume, Consumer, ConsumerBuilder, Message, OnCancel};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
+pub use properties::{MessageProperties, Outgoing};
 pub use publish::{PendingSend, Publisher, Resolving};
+pub use trace::TraceContext;
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};

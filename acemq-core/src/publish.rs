@@ -15,6 +15,7 @@ use acemq_codec::{BasicProperties, BasicPublish, ShortString};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::amqp::{Confirmation, PublishConfirm};
 use crate::codec::{Codec, Json};
@@ -22,6 +23,8 @@ use crate::confirm::{await_confirm, outcome_label, report, resolve, ConfirmTimeo
 use crate::conn::Conn;
 use crate::envelope::Envelope;
 use crate::error::{is_loss, Error};
+use crate::properties::Outgoing;
+use crate::trace;
 
 /// A message on its way, kept whole so that it can be written again on the
 /// new connection after a recovery, with the same message-id and attempt.
@@ -174,20 +177,44 @@ impl Conn {
     /// The first half of [`Conn::publish_library`]: waits out a block, then
     /// writes the message; [`LibraryWrite::confirmed`] is the second half.
     /// Several writes before their confirms keep a batch in flight.
+    ///
+    /// This is the one path of every library publish, where its trace
+    /// context is written: a child of the current context, or of the one
+    /// the message carries (see [`crate::trace`]).
     pub(crate) async fn write_library(
         &self,
         publish: BasicPublish,
-        properties: BasicProperties,
+        mut properties: BasicProperties,
         body: Bytes,
         message_id: String,
     ) -> Result<LibraryWrite, Error> {
-        self.wait_unblocked().await?;
-        let flight = Flight::library(publish, properties, body);
-        let pending = flight.write(self, false).await?;
+        let span = trace::send_span(
+            &publish.exchange,
+            &publish.routing_key,
+            &message_id,
+            properties.correlation_id.as_ref().and_then(|c| c.as_str()),
+        );
+        let parent = trace::library_parent(&properties);
+        if let Some(context) = trace::next(parent.as_ref(), !span.is_disabled()) {
+            trace::inject(&mut properties, &context);
+            trace::record_ids(&span, &context, parent.as_ref());
+        }
+        let written = async {
+            self.wait_unblocked().await?;
+            let flight = Flight::library(publish, properties, body);
+            let pending = flight.write(self, false).await?;
+            Ok::<_, Error>((flight, pending))
+        }
+        .instrument(span.clone())
+        .await;
+        let (flight, pending) = written.inspect_err(|err| {
+            span.record("outcome", outcome_label(Err(err)));
+        })?;
         Ok(LibraryWrite {
             flight,
             pending,
             message_id,
+            span,
         })
     }
 
@@ -219,6 +246,8 @@ pub(crate) struct LibraryWrite {
     flight: Flight,
     pending: PublishConfirm,
     message_id: String,
+    /// Its `send` span, which the confirm ends.
+    span: tracing::Span,
 }
 
 impl LibraryWrite {
@@ -229,15 +258,24 @@ impl LibraryWrite {
             flight,
             pending,
             message_id,
+            span,
         } = self;
-        let confirmation = flight
-            .confirm_through_recovery(conn, Some(pending), &message_id)
-            .await?;
-        let (exchange, routing_key) = (&flight.publish.exchange, &flight.publish.routing_key);
-        match resolve(confirmation, &message_id, exchange, routing_key)? {
-            SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed { message_id }),
-            confirmed => Ok(confirmed),
+        let result = async {
+            let confirmation = flight
+                .confirm_through_recovery(conn, Some(pending), &message_id)
+                .await?;
+            let (exchange, routing_key) = (&flight.publish.exchange, &flight.publish.routing_key);
+            match resolve(confirmation, &message_id, exchange, routing_key)? {
+                SendResult { confirmed: false, .. } => Err(Error::LibraryChannelUnconfirmed {
+                    message_id: message_id.clone(),
+                }),
+                confirmed => Ok(confirmed),
+            }
         }
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", outcome_label(result.as_ref()));
+        result
     }
 }
 
@@ -334,11 +372,40 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
         self.send_envelope(Envelope::new(), payload).await
     }
 
+    /// Sends a new message with the properties `outgoing` sets (a routing
+    /// key of its own, an expiration, a priority, reply-to, type, app-id,
+    /// user headers, an envelope), otherwise as [`Publisher::send`]: the
+    /// same confirms, envelope and errors. What the broker would refuse or
+    /// misread is [`Error::InvalidProperties`], and nothing is sent.
+    ///
+    /// ```no_run
+    /// # async fn demo(publisher: acemq_core::Publisher<u32>) -> Result<(), acemq_core::Error> {
+    /// use std::time::Duration;
+    /// use acemq_core::Outgoing;
+    ///
+    /// let outgoing = Outgoing::new()
+    ///     .routing_key("eu.orders")
+    ///     .priority(5)
+    ///     .expiration(Duration::from_secs(30));
+    /// publisher.send_with(&7, outgoing).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_with(&self, payload: &T, outgoing: Outgoing) -> Result<(), Error> {
+        self.begin_send_with(payload, outgoing).await?.resolve().await.map(|_| ())
+    }
+
+    /// [`Publisher::begin_send`] with the properties `outgoing` sets (see
+    /// [`Publisher::send_with`]).
+    pub async fn begin_send_with(&self, payload: &T, mut outgoing: Outgoing) -> Result<PendingSend, Error> {
+        let envelope = outgoing.envelope.take().unwrap_or_default();
+        self.begin(envelope, payload, Some(&outgoing)).await
+    }
+
     /// Sends a new message and says whether it was confirmed and routed. A
     /// mandatory message that reaches no queue is `routed: false` here, not
     /// an error.
     pub async fn send_result(&self, payload: &T) -> Result<SendResult, Error> {
-        self.begin(Envelope::new(), payload).await?.result().await
+        self.begin(Envelope::new(), payload, None).await?.result().await
     }
 
     /// Sends a message with this envelope (a replay keeps its id,
@@ -373,31 +440,43 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// A send refused before it is written (blocked connection, payload that
     /// does not encode, closed connection) is the error of this call.
     pub async fn begin_send(&self, payload: &T) -> Result<PendingSend, Error> {
-        self.begin(Envelope::new(), payload).await
+        self.begin(Envelope::new(), payload, None).await
     }
 
     async fn publish(&self, envelope: Envelope, payload: &T) -> Result<SendResult, Error> {
-        self.begin(envelope, payload).await?.resolve().await
+        self.begin(envelope, payload, None).await?.resolve().await
     }
 
     /// Writes the message; a refusal here is counted and logged at once,
     /// the outcome of a written one when its [`PendingSend`] is resolved.
-    async fn begin(&self, envelope: Envelope, payload: &T) -> Result<PendingSend, Error> {
-        let (flight, confirm) = match self.write(&envelope, payload).await {
+    async fn begin(&self, envelope: Envelope, payload: &T, outgoing: Option<&Outgoing>) -> Result<PendingSend, Error> {
+        let publish = match outgoing.and_then(|o| o.routing_key.as_deref()) {
+            Some(key) => Arc::new(BasicPublish {
+                routing_key: ShortString::from(key),
+                ..BasicPublish::clone(&self.publish)
+            }),
+            None => self.publish.clone(),
+        };
+        let span = trace::send_span(
+            &publish.exchange,
+            &publish.routing_key,
+            &envelope.id,
+            envelope.correlation_id.as_deref(),
+        );
+        let written = self
+            .write(&envelope, payload, outgoing, &publish, &span)
+            .instrument(span.clone())
+            .await;
+        let (flight, confirm) = match written {
             Ok(written) => written,
             Err(err) => {
-                report(
-                    Err(&err),
-                    &envelope.id,
-                    &self.publish.exchange,
-                    &self.publish.routing_key,
-                );
+                span.record("outcome", outcome_label(Err(&err)));
+                report(Err(&err), &envelope.id, &publish.exchange, &publish.routing_key);
                 return Err(err);
             }
         };
         let inner = &self.conn.inner;
         let confirm = inner.confirms.then_some(confirm);
-        let publish = flight.publish.clone();
         // Kept to be written again after a recovery; not needed when there
         // is no confirm to wait for, or no recovery.
         let resend = (confirm.is_some() && !inner.config.without_recovery).then(|| (self.conn.clone(), flight));
@@ -407,19 +486,38 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             timeouts: ConfirmTimeouts::of(&inner.config),
             message_id: envelope.id,
             publish,
+            span,
         })
     }
 
     /// Encodes and writes the message (waiting through a recovery); the
     /// message as written, and its confirm.
-    async fn write(&self, envelope: &Envelope, payload: &T) -> Result<(Flight, PublishConfirm), Error> {
+    async fn write(
+        &self,
+        envelope: &Envelope,
+        payload: &T,
+        outgoing: Option<&Outgoing>,
+        publish: &Arc<BasicPublish>,
+        span: &tracing::Span,
+    ) -> Result<(Flight, PublishConfirm), Error> {
         let inner = &self.conn.inner;
+        if let Some(outgoing) = outgoing {
+            outgoing.check().map_err(Error::InvalidProperties)?;
+        }
         if let Some(reason) = inner.publishing.blocked_reason() {
             return Err(Error::PublishingPaused { reason });
         }
-        let (publish, properties, body) = self.message(envelope, payload)?;
+        let parent = trace::TraceContext::current();
+        let context = trace::next(parent.as_ref(), !span.is_disabled());
+        let (mut properties, body) = self.properties_and_body(envelope, payload, context.as_ref())?;
+        if let Some(context) = &context {
+            trace::record_ids(span, context, parent.as_ref());
+        }
+        if let Some(outgoing) = outgoing {
+            outgoing.write_to(&mut properties);
+        }
         let flight = Flight {
-            publish,
+            publish: publish.clone(),
             properties: Arc::new(properties),
             body,
             library: false,
@@ -430,12 +528,28 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
 
     /// The message this publisher sends for `envelope` and `payload`: its
     /// publish method, properties (content-type, delivery mode, timestamp,
-    /// the envelope) and encoded body.
+    /// the envelope) and encoded body. The message carries a trace context when there is one to continue,
+    /// or when `tracing` records acemq's spans (see [`crate::trace`]).
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))]
     pub(crate) fn message(
         &self,
         envelope: &Envelope,
         payload: &T,
     ) -> Result<(Arc<BasicPublish>, BasicProperties, Bytes), Error> {
+        let parent = trace::TraceContext::current();
+        let context = trace::next(parent.as_ref(), trace::spans_enabled());
+        let (properties, body) = self.properties_and_body(envelope, payload, context.as_ref())?;
+        Ok((self.publish.clone(), properties, body))
+    }
+
+    /// The properties and encoded body of [`Publisher::message`], with
+    /// `context` written in.
+    fn properties_and_body(
+        &self,
+        envelope: &Envelope,
+        payload: &T,
+        context: Option<&trace::TraceContext>,
+    ) -> Result<(BasicProperties, Bytes), Error> {
         let body = self.codec.encode(payload).map_err(Error::Encode)?;
         let mut properties = BasicProperties {
             content_type: Some(
@@ -448,7 +562,10 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
             ..Default::default()
         };
         envelope.write_to(&mut properties);
-        Ok((self.publish.clone(), properties, Bytes::from(body)))
+        if let Some(context) = context {
+            trace::inject(&mut properties, context);
+        }
+        Ok((properties, Bytes::from(body)))
     }
 }
 
@@ -469,6 +586,8 @@ pub struct PendingSend {
     message_id: String,
     /// Its method: the exchange and routing key it was sent to.
     publish: Arc<BasicPublish>,
+    /// Its `send` span (disabled unless `tracing` records it).
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for PendingSend {
@@ -519,6 +638,9 @@ impl PendingSend {
         let (exchange, routing_key) = (&self.publish.exchange, &self.publish.routing_key);
         let result = arrived.and_then(|confirmation| resolve(confirmation, &self.message_id, exchange, routing_key));
         report(result.as_ref(), &self.message_id, exchange, routing_key);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", outcome_label(result.as_ref()));
+        }
         result
     }
 }

@@ -44,9 +44,11 @@ use crate::envelope::{
 };
 use crate::error::Error;
 use crate::hop::{Destination, SlipDestinations};
+use crate::properties::MessageProperties;
 use crate::retry::{rung_name, Decision, RetryPolicy};
 use crate::set_aside::{publish_held, OnNoRoute};
 use crate::topology::{self, DLX};
+use crate::trace::{SpanName, TraceContext};
 
 /// What every delivery of one consumer works with: the handler, how
 /// payloads decode, the retry policy and where hops and give-ups go, shared
@@ -119,14 +121,39 @@ where
     Fut: Future<Output = Ack> + Send + 'static,
     C: Codec,
 {
+    // The trace context the message carries; the handler runs in a child
+    // of it (or in a new trace, when the span is recorded), current for
+    // every publish it and its verdict make (see `crate::trace`).
+    let carried = match &delivery.properties {
+        Ok(properties) => properties.view().headers.and_then(|h| TraceContext::from_headers_view(&h)),
+        Err(_) => None,
+    };
     let span = tracing::info_span!(
-        "acemq.delivery",
+        "process",
+        "otel.name" = %SpanName("process", &handling.queue),
+        "otel.kind" = "consumer",
+        "messaging.system" = "rabbitmq",
+        "messaging.operation.type" = "process",
+        "messaging.operation.name" = "process",
+        "messaging.destination.name" = %delivery.exchange,
+        "messaging.rabbitmq.destination.routing_key" = %delivery.routing_key,
+        "messaging.destination.subscription.name" = %handling.queue,
+        "messaging.rabbitmq.message.delivery_tag" = delivery.delivery_tag,
+        "messaging.message.id" = tracing::field::Empty,
+        "messaging.message.conversation_id" = tracing::field::Empty,
         queue = %handling.queue,
         message_id = tracing::field::Empty,
         attempt = tracing::field::Empty,
         outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        parent_span_id = tracing::field::Empty,
     );
-    async move {
+    let context = crate::trace::next(carried.as_ref(), !span.is_disabled());
+    if let Some(context) = &context {
+        crate::trace::record_ids(&span, context, carried.as_ref());
+    }
+    let work = async move {
         let result = handle(&handling, &delivery).await;
         let outcome = match &result {
             Ok(outcome) => *outcome,
@@ -147,8 +174,8 @@ where
         tracing::Span::current().record("outcome", outcome.as_str());
         outcome.count();
     }
-    .instrument(span)
-    .await
+    .instrument(span);
+    crate::trace::scoped(context, work).await
 }
 
 /// Runs one delivery to its end; returns its outcome. Each step is
@@ -204,6 +231,7 @@ where
         exchange: crate::text::owned_lossy(delivery.exchange.as_bytes()),
         routing_key: crate::text::owned_lossy(delivery.routing_key.as_bytes()),
         queue: handling.queue.clone(),
+        properties: MessageProperties::new(properties.clone()),
     };
     let verdict = run_handler(&handling.handler, message).await;
     drop(permit);
@@ -216,8 +244,12 @@ pub(crate) fn envelope_of(properties: &BasicPropertiesRef<'_>, delivery: &Delive
     let mut envelope = Envelope::read_from_message_view(properties, &delivery.body);
     envelope.attempt = delivered_attempt(envelope.attempt, &envelope.headers, delivery.redelivered);
     let span = tracing::Span::current();
-    span.record("message_id", envelope.id.as_str());
-    span.record("attempt", envelope.attempt);
+    if !span.is_disabled() {
+        span.record("message_id", envelope.id.as_str());
+        span.record("messaging.message.id", envelope.id.as_str());
+        span.record("messaging.message.conversation_id", envelope.correlation_id.as_deref());
+        span.record("attempt", envelope.attempt);
+    }
     envelope
 }
 

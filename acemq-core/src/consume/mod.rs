@@ -72,6 +72,11 @@ pub struct Message<T> {
     pub routing_key: String,
     /// The queue it was consumed from.
     pub queue: String,
+    /// The properties it arrived with, typed (content type and encoding,
+    /// delivery mode, priority, reply-to, expiration, timestamp, type,
+    /// user-id, app-id, the headers); a value that is not what its property
+    /// may hold reads as absent.
+    pub properties: crate::properties::MessageProperties,
 }
 
 /// A running consumer. Dropping it leaves it running; [`Consumer::close`]
