@@ -258,7 +258,8 @@ async fn send_traced(conn: &Conn, queue: &str) -> (String, String, Captured) {
         .send_envelope(envelope, &Order { id: 1 })
         .await
         .unwrap();
-    let send = span_where("send", "messaging.message.id", &id, any).await;
+    // The first send (a retry republishes with the same id, as a child).
+    let send = span_where("send", "messaging.message.id", &id, |s| s.field("parent_span_id").is_none()).await;
     let trace = send.field("trace_id").unwrap().to_string();
     (id, trace, send)
 }
@@ -465,6 +466,87 @@ async fn a_publish_in_an_applications_scope_continues_its_trace_and_every_publis
             let got = ch.basic_get(&q, true).await.unwrap().unwrap();
             let continued = carried(got.properties.as_ref().unwrap()).expect("the scope's trace");
             assert_eq!(continued.trace_id(), given.trace_id(), "{:?}", b.kind);
+            delete(&ch, &q).await;
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// The one message `queue` gets, within 20 s.
+async fn take(ch: &Channel, queue: &str) -> acemq_core::amqp::GetMessage {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(m) = ch.basic_get(queue, true).await.unwrap() {
+            return m;
+        }
+        assert!(Instant::now() < until, "nothing in {queue}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ack_then_output_a_replay_and_a_scheduled_delivery_continue_the_trace() {
+    capture_spans();
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.conn().await;
+            // `Ack::then`: the output's publish is a child of the input's
+            // delivery.
+            let (input, ch) = queue(&conn, "trace-then-in").await;
+            let (output, _) = queue(&conn, "trace-then-out").await;
+            let consumer = consume(&conn, &input, |m: Message<Order>| async move {
+                Ack::then(&Order { id: m.payload.id + 1 })
+            })
+            .then(&conn.publisher::<Order>("", &output))
+            .await
+            .unwrap();
+            let (id, trace, _) = send_traced(&conn, &input).await;
+            let got = take(&ch, &output).await;
+            let on_wire = carried(got.properties.as_ref().unwrap()).expect("the output carries the trace");
+            assert_eq!(on_wire.trace_id(), trace, "{:?}: Ack::then", b.kind);
+            let process = span_where("process", "messaging.message.id", &id, any).await;
+            let hop = span_where("send", "span_id", &on_wire.span_id(), any).await;
+            assert_eq!(hop.field("parent_span_id"), process.field("span_id"), "{:?}", b.kind);
+            consumer.close().await.unwrap();
+            delete(&ch, &input).await;
+            delete(&ch, &output).await;
+
+            // A replay, outside any handler, continues the trace the dead
+            // letter carries.
+            let (q, ch) = queue(&conn, "trace-replay").await;
+            let consumer = consume(&conn, &q, |_: Message<Order>| async { Ack::retry(fatal("no")) })
+                .await
+                .unwrap();
+            let (_, trace, _) = send_traced(&conn, &q).await;
+            let dlq = format!("{q}.dlq");
+            let until = Instant::now() + Duration::from_secs(20);
+            while depth(&ch, &dlq).await == 0 {
+                assert!(Instant::now() < until, "{:?}: nothing dead-lettered", b.kind);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            consumer.close().await.unwrap();
+            let report = conn.replay(&dlq, acemq_core::ReplayOptions::default()).await.unwrap();
+            assert_eq!(report.replayed, 1, "{:?}: {report:?}", b.kind);
+            let replayed = take(&ch, &q).await;
+            let on_wire = carried(replayed.properties.as_ref().unwrap()).expect("the replayed copy's trace");
+            assert_eq!(on_wire.trace_id(), trace, "{:?}: a replay", b.kind);
+            delete(&ch, &q).await;
+
+            // A scheduled send: the scheduler's delivery continues it.
+            let (q, ch) = queue(&conn, "trace-scheduled").await;
+            let scheduler = acemq_core::Scheduler::start(&conn).await.unwrap();
+            let envelope = Envelope::new();
+            let id = envelope.id.clone();
+            conn.publisher::<Order>("", &q)
+                .send_envelope_after(envelope, &Order { id: 4 }, Duration::from_secs(1))
+                .await
+                .unwrap();
+            let scheduled = span_where("send", "messaging.message.id", &id, any).await;
+            let delivered = take(&ch, &q).await;
+            let on_wire = carried(delivered.properties.as_ref().unwrap()).expect("the delivered copy's trace");
+            assert_eq!(Some(on_wire.trace_id().as_str()), scheduled.field("trace_id"), "{:?}", b.kind);
+            scheduler.close().await.unwrap();
             delete(&ch, &q).await;
             conn.close().await.unwrap();
         }
