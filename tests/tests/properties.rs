@@ -4,7 +4,8 @@
 //! broker and the handler with the envelope and the confirm unchanged; what
 //! the broker would refuse is refused before anything is written; and what
 //! another client writes, however hostile, reads as absent or as a typed
-//! error in the handler (statement 29), never a panic or a stuck message.
+//! error in the handler (statement 29 of `docs/statements.md`), never a
+//! panic or a stuck message.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
