@@ -150,7 +150,9 @@ impl Outgoing {
                 });
             }
             if is_managed_header(name.as_bytes()) {
-                return Err(PropertyError::ManagedHeader { name: text.into_owned() });
+                return Err(PropertyError::ManagedHeader {
+                    name: text.into_owned(),
+                });
             }
         }
         Ok(())
@@ -490,7 +492,10 @@ mod tests {
         headers.insert("n", FieldValue::from("seven"));
         headers.insert("s", FieldValue::I32(7));
         headers.insert("b", FieldValue::ByteArray(vec![0xff, 0xfe].into()));
-        headers.insert("t", FieldValue::LongString(acemq_codec::LongString::from(vec![0xffu8, 0x00])));
+        headers.insert(
+            "t",
+            FieldValue::LongString(acemq_codec::LongString::from(vec![0xffu8, 0x00])),
+        );
         let props = BasicProperties {
             content_type: acemq_codec::ShortString::from_bytes(vec![0xff, 0xfe].into()),
             delivery_mode: Some(7),
@@ -504,9 +509,18 @@ mod tests {
         assert_eq!(read.delivery_mode(), None);
         assert_eq!(read.expiration(), None);
         assert_eq!(read.timestamp(), None);
-        assert!(matches!(read.header_i64("n"), Err(HeaderError::WrongType { found: 'S', .. })));
-        assert!(matches!(read.header_str("s"), Err(HeaderError::WrongType { found: 'I', .. })));
-        assert!(matches!(read.header_str("b"), Err(HeaderError::WrongType { found: 'x', .. })));
+        assert!(matches!(
+            read.header_i64("n"),
+            Err(HeaderError::WrongType { found: 'S', .. })
+        ));
+        assert!(matches!(
+            read.header_str("s"),
+            Err(HeaderError::WrongType { found: 'I', .. })
+        ));
+        assert!(matches!(
+            read.header_str("b"),
+            Err(HeaderError::WrongType { found: 'x', .. })
+        ));
         assert!(matches!(read.header_str("t"), Err(HeaderError::NotUtf8 { .. })));
         assert_eq!(read.header_i64("missing"), Ok(None));
         for text in ["1.5", " 10", "+3", "99999999999999999999999", "4294967296", ""] {

@@ -391,7 +391,11 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
     /// # Ok(()) }
     /// ```
     pub async fn send_with(&self, payload: &T, outgoing: Outgoing) -> Result<(), Error> {
-        self.begin_send_with(payload, outgoing).await?.resolve().await.map(|_| ())
+        self.begin_send_with(payload, outgoing)
+            .await?
+            .resolve()
+            .await
+            .map(|_| ())
     }
 
     /// [`Publisher::begin_send`] with the properties `outgoing` sets (see

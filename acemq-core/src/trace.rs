@@ -435,7 +435,10 @@ mod tests {
         let mut headers = FieldTable::new();
         headers.insert(TRACEPARENT_HEADER, FieldValue::I64(7));
         assert_eq!(TraceContext::from_headers(&headers), None);
-        headers.insert(TRACEPARENT_HEADER, FieldValue::ByteArray(VALID.as_bytes().to_vec().into()));
+        headers.insert(
+            TRACEPARENT_HEADER,
+            FieldValue::ByteArray(VALID.as_bytes().to_vec().into()),
+        );
         assert_eq!(TraceContext::from_headers(&headers), None);
         let mut not_utf8 = VALID.as_bytes().to_vec();
         not_utf8[10] = 0xff;

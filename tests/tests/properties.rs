@@ -83,11 +83,25 @@ async fn send_with_sets_each_property_and_the_routing_key_and_keeps_the_envelope
                 .header("weight", FieldValue::I64(12))
                 .envelope(envelope);
             publisher.send_with(&Order { id: 1 }, outgoing).await.unwrap();
-            assert_eq!(depth(&ch, &q).await, 0, "{:?}: the per-send key, not the publisher's", b.kind);
+            assert_eq!(
+                depth(&ch, &q).await,
+                0,
+                "{:?}: the per-send key, not the publisher's",
+                b.kind
+            );
 
-            let got = ch.basic_get(&other, true).await.unwrap().expect("routed by the per-send key");
+            let got = ch
+                .basic_get(&other, true)
+                .await
+                .unwrap()
+                .expect("routed by the per-send key");
             let props = got.properties.as_ref().unwrap();
-            assert_eq!(props.expiration.as_ref().unwrap(), "30500", "{:?}: whole ms as text", b.kind);
+            assert_eq!(
+                props.expiration.as_ref().unwrap(),
+                "30500",
+                "{:?}: whole ms as text",
+                b.kind
+            );
             assert_eq!(props.priority, Some(5));
             assert_eq!(props.reply_to.as_ref().unwrap(), "replies");
             assert_eq!(props.kind.as_ref().unwrap(), "order.placed");
@@ -181,8 +195,17 @@ async fn the_broker_honours_a_per_send_priority_and_expiration() {
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(400)).await;
             let left = ch.basic_get(&q, true).await.unwrap().expect("the long-lived one stays");
-            assert_eq!(serde_json::from_slice::<Order>(&left.body).unwrap().id, 5, "{:?}", b.kind);
-            assert!(ch.basic_get(&q, true).await.unwrap().is_none(), "{:?}: id 4 expired", b.kind);
+            assert_eq!(
+                serde_json::from_slice::<Order>(&left.body).unwrap().id,
+                5,
+                "{:?}",
+                b.kind
+            );
+            assert!(
+                ch.basic_get(&q, true).await.unwrap().is_none(),
+                "{:?}: id 4 expired",
+                b.kind
+            );
             delete(&ch, &q).await;
             conn.close().await.unwrap();
         }
@@ -309,11 +332,17 @@ async fn statement_29_properties_and_headers_another_client_wrote_read_as_absent
                 .await
                 .unwrap();
             // And one whose properties are all absent.
-            raw.publish("", &q, true, BasicProperties::default(), serde_json::to_vec(&Order { id: 10 }).unwrap())
-                .await
-                .unwrap()
-                .await
-                .unwrap();
+            raw.publish(
+                "",
+                &q,
+                true,
+                BasicProperties::default(),
+                serde_json::to_vec(&Order { id: 10 }).unwrap(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
             other.close().await.unwrap();
 
             let reads = Arc::new(Mutex::new(Vec::new()));
@@ -349,27 +378,46 @@ async fn statement_29_properties_and_headers_another_client_wrote_read_as_absent
             let mut reads = reads.lock().unwrap().clone();
             reads.sort_by_key(|(id, _, _)| *id);
             let (id, attempt, hostile) = &reads[0];
-            assert_eq!((*id, *attempt), (9, 1), "{:?}: an attempt of another type reads as absent", b.kind);
+            assert_eq!(
+                (*id, *attempt),
+                (9, 1),
+                "{:?}: an attempt of another type reads as absent",
+                b.kind
+            );
             assert_eq!(hostile.content_type, None, "{:?}: not UTF-8", b.kind);
             assert_eq!(hostile.delivery_mode, None, "{:?}", b.kind);
             assert_eq!(hostile.priority, Some(255));
             assert_eq!(hostile.expiration, Some(Duration::from_millis(MAX_EXPIRATION_MS)));
             assert_eq!(hostile.timestamp, None, "{:?}: out of range", b.kind);
-            assert_eq!((&hostile.kind, &hostile.app_id, &hostile.reply_to), (&None, &None, &None));
+            assert_eq!(
+                (&hostile.kind, &hostile.app_id, &hostile.reply_to),
+                (&None, &None, &None)
+            );
             assert!(
                 matches!(&hostile.tenant, Some(Err(HeaderError::WrongType { found: 'I', .. }))),
                 "{:?}: {:?}",
                 b.kind,
                 hostile.tenant
             );
-            assert!(matches!(&hostile.count, Some(Err(HeaderError::WrongType { found: 'S', .. }))));
-            assert!(matches!(&hostile.flag, Some(Err(HeaderError::WrongType { found: 'S', .. }))));
+            assert!(matches!(
+                &hostile.count,
+                Some(Err(HeaderError::WrongType { found: 'S', .. }))
+            ));
+            assert!(matches!(
+                &hostile.flag,
+                Some(Err(HeaderError::WrongType { found: 'S', .. }))
+            ));
             assert_eq!(hostile.huge_len, Some(64 * 1024));
             assert_eq!(hostile.user_headers, 4, "{:?}: tenant, count, flag, huge", b.kind);
             let (id, _, empty) = &reads[1];
             assert_eq!(*id, 10);
             assert_eq!(
-                (empty.content_type.clone(), empty.priority, empty.expiration, empty.timestamp),
+                (
+                    empty.content_type.clone(),
+                    empty.priority,
+                    empty.expiration,
+                    empty.timestamp
+                ),
                 (None, None, None, None)
             );
             assert_eq!(empty.tenant, Some(Ok(None)));

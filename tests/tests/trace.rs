@@ -98,12 +98,7 @@ fn capture_spans() {
 
 /// The spans named `name` whose `field` is `value` and that `also` accepts,
 /// once there is at least one (within 20 s).
-async fn spans_where(
-    name: &str,
-    field: &str,
-    value: &str,
-    also: impl Fn(&Captured) -> bool,
-) -> Vec<Captured> {
+async fn spans_where(name: &str, field: &str, value: &str, also: impl Fn(&Captured) -> bool) -> Vec<Captured> {
     let until = Instant::now() + Duration::from_secs(20);
     loop {
         let found: Vec<Captured> = SPANS
@@ -216,7 +211,10 @@ async fn a_handlers_span_is_a_child_of_the_publishers_and_its_own_publish_contin
             assert_eq!(send.field("parent_span_id"), None, "{:?}: a new trace", b.kind);
             assert_eq!(send.field("messaging.system"), Some("rabbitmq"));
             assert_eq!(send.field("messaging.operation.type"), Some("send"));
-            assert_eq!(send.field("messaging.rabbitmq.destination.routing_key"), Some(first.as_str()));
+            assert_eq!(
+                send.field("messaging.rabbitmq.destination.routing_key"),
+                Some(first.as_str())
+            );
             assert_eq!(send.field("otel.kind"), Some("producer"));
             assert_eq!(send.field("outcome"), Some("confirmed"));
             // The handler's span is its child.
@@ -224,7 +222,10 @@ async fn a_handlers_span_is_a_child_of_the_publishers_and_its_own_publish_contin
             assert_eq!(process.field("trace_id"), Some(trace.as_str()), "{:?}", b.kind);
             assert_eq!(process.field("parent_span_id"), send.field("span_id"), "{:?}", b.kind);
             assert_eq!(process.field("messaging.operation.type"), Some("process"));
-            assert_eq!(process.field("messaging.destination.subscription.name"), Some(first.as_str()));
+            assert_eq!(
+                process.field("messaging.destination.subscription.name"),
+                Some(first.as_str())
+            );
             assert_eq!(process.field("otel.kind"), Some("consumer"));
             let in_first = in_first.expect("a context while the handler runs");
             assert_eq!(in_first.trace_id(), trace);
@@ -259,7 +260,10 @@ async fn send_traced(conn: &Conn, queue: &str) -> (String, String, Captured) {
         .await
         .unwrap();
     // The first send (a retry republishes with the same id, as a child).
-    let send = span_where("send", "messaging.message.id", &id, |s| s.field("parent_span_id").is_none()).await;
+    let send = span_where("send", "messaging.message.id", &id, |s| {
+        s.field("parent_span_id").is_none()
+    })
+    .await;
     let trace = send.field("trace_id").unwrap().to_string();
     (id, trace, send)
 }
@@ -288,10 +292,20 @@ async fn a_retry_in_the_process_a_rung_and_a_set_aside_continue_the_trace_of_the
                 .await
                 .unwrap();
                 let (id, trace, send) = send_traced(&conn, &q).await;
-                let first = span_where("process", "messaging.message.id", &id, |s| s.field("attempt") == Some("1")).await;
-                assert_eq!(first.field("parent_span_id"), send.field("span_id"), "{:?} {how}", b.kind);
-                let second =
-                    span_where("process", "messaging.message.id", &id, |s| s.field("attempt") == Some("2")).await;
+                let first = span_where("process", "messaging.message.id", &id, |s| {
+                    s.field("attempt") == Some("1")
+                })
+                .await;
+                assert_eq!(
+                    first.field("parent_span_id"),
+                    send.field("span_id"),
+                    "{:?} {how}",
+                    b.kind
+                );
+                let second = span_where("process", "messaging.message.id", &id, |s| {
+                    s.field("attempt") == Some("2")
+                })
+                .await;
                 assert_eq!(second.field("trace_id"), Some(trace.as_str()), "{:?} {how}", b.kind);
                 // The republish is a child of the first delivery's span, and
                 // the second delivery a child of the republish.
@@ -300,7 +314,12 @@ async fn a_retry_in_the_process_a_rung_and_a_set_aside_continue_the_trace_of_the
                 })
                 .await;
                 assert_eq!(republish.field("trace_id"), Some(trace.as_str()));
-                assert_eq!(second.field("parent_span_id"), republish.field("span_id"), "{:?} {how}", b.kind);
+                assert_eq!(
+                    second.field("parent_span_id"),
+                    republish.field("span_id"),
+                    "{:?} {how}",
+                    b.kind
+                );
                 consumer.close().await.unwrap();
                 delete(&ch, &q).await;
                 for rung in policy.rungs() {
@@ -331,7 +350,12 @@ async fn a_retry_in_the_process_a_rung_and_a_set_aside_continue_the_trace_of_the
             let on_wire = carried(dead.properties.as_ref().unwrap()).expect("a traceparent on the dlq copy");
             assert_eq!(on_wire.trace_id(), trace, "{:?}", b.kind);
             let set_aside = span_where("send", "span_id", &on_wire.span_id(), any).await;
-            assert_eq!(set_aside.field("parent_span_id"), process.field("span_id"), "{:?}", b.kind);
+            assert_eq!(
+                set_aside.field("parent_span_id"),
+                process.field("span_id"),
+                "{:?}",
+                b.kind
+            );
             consumer.close().await.unwrap();
             delete(&ch, &q).await;
             conn.close().await.unwrap();
@@ -353,8 +377,14 @@ async fn a_hostile_traceparent_is_ignored_and_the_delivery_starts_a_new_trace() 
                 "zero-trace",
                 FieldValue::from("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
             ),
-            ("zero-span", FieldValue::from("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01")),
-            ("version-ff", FieldValue::from("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")),
+            (
+                "zero-span",
+                FieldValue::from("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"),
+            ),
+            (
+                "version-ff",
+                FieldValue::from("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            ),
             ("ten-kb", FieldValue::from(format!("{VALID}{}", "-x".repeat(5 * 1024)))),
             ("not-utf8", FieldValue::LongString(vec![0xffu8; 55].into())),
         ];
@@ -400,8 +430,18 @@ async fn a_hostile_traceparent_is_ignored_and_the_delivery_starts_a_new_trace() 
             for (name, _) in &hostile {
                 let id = format!("{q}-{name}");
                 let context = seen[&id].clone().expect("a new trace while spans are recorded");
-                assert_ne!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736", "{:?}: {name}", b.kind);
-                assert_eq!(context.tracestate(), None, "{:?}: {name}: no state without a parent", b.kind);
+                assert_ne!(
+                    context.trace_id(),
+                    "4bf92f3577b34da6a3ce929d0e0e4736",
+                    "{:?}: {name}",
+                    b.kind
+                );
+                assert_eq!(
+                    context.tracestate(),
+                    None,
+                    "{:?}: {name}: no state without a parent",
+                    b.kind
+                );
                 let process = span_where("process", "messaging.message.id", &id, any).await;
                 assert_eq!(process.field("parent_span_id"), None, "{:?}: {name}", b.kind);
                 assert_eq!(process.field("trace_id"), Some(context.trace_id().as_str()));
@@ -426,8 +466,8 @@ async fn a_publish_in_an_applications_scope_continues_its_trace_and_every_publis
         for b in brokers().await {
             let conn = b.conn().await;
             let (q, ch) = queue(&conn, "trace-scope").await;
-            let given = TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Some("k=v"))
-                .unwrap();
+            let given =
+                TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Some("k=v")).unwrap();
             let envelope = Envelope::new();
             let id = envelope.id.clone();
             let publisher = conn.publisher::<Order>("", &q);
@@ -443,7 +483,12 @@ async fn a_publish_in_an_applications_scope_continues_its_trace_and_every_publis
             let on_wire = carried(got.properties.as_ref().unwrap()).expect("a traceparent");
             assert_eq!(on_wire.trace_id(), given.trace_id());
             assert_eq!(Some(on_wire.span_id().as_str()), send.field("span_id"));
-            assert_eq!(on_wire.tracestate(), Some("k=v"), "{:?}: the vendors' state goes on", b.kind);
+            assert_eq!(
+                on_wire.tracestate(),
+                Some("k=v"),
+                "{:?}: the vendors' state goes on",
+                b.kind
+            );
 
             // `Conn::publish_confirmed` (a library publish) outside a scope
             // starts a trace; in one, continues it.
@@ -545,7 +590,12 @@ async fn an_ack_then_output_a_replay_and_a_scheduled_delivery_continue_the_trace
             let scheduled = span_where("send", "messaging.message.id", &id, any).await;
             let delivered = take(&ch, &q).await;
             let on_wire = carried(delivered.properties.as_ref().unwrap()).expect("the delivered copy's trace");
-            assert_eq!(Some(on_wire.trace_id().as_str()), scheduled.field("trace_id"), "{:?}", b.kind);
+            assert_eq!(
+                Some(on_wire.trace_id().as_str()),
+                scheduled.field("trace_id"),
+                "{:?}",
+                b.kind
+            );
             scheduler.close().await.unwrap();
             delete(&ch, &q).await;
             conn.close().await.unwrap();

@@ -125,7 +125,10 @@ where
     // of it (or in a new trace, when the span is recorded), current for
     // every publish it and its verdict make (see `crate::trace`).
     let carried = match &delivery.properties {
-        Ok(properties) => properties.view().headers.and_then(|h| TraceContext::from_headers_view(&h)),
+        Ok(properties) => properties
+            .view()
+            .headers
+            .and_then(|h| TraceContext::from_headers_view(&h)),
         Err(_) => None,
     };
     let span = tracing::info_span!(
