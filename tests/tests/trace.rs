@@ -603,3 +603,35 @@ async fn an_ack_then_output_a_replay_and_a_scheduled_delivery_continue_the_trace
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_outbox_relay_continues_the_trace_a_message_was_enqueued_in() {
+    capture_spans();
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let (q, ch) = queue(&conn, "trace-outbox").await;
+            let (_place, pool) = acemq_tests::db::sqlite().await;
+            let outbox = acemq_core::outbox::Outbox::new(pool.clone());
+            outbox.migrate().await.unwrap();
+            let publisher = conn.publisher::<Order>("", &q);
+            let given = TraceContext::new_root();
+            let mut tx = pool.begin().await.unwrap();
+            given
+                .clone()
+                .in_scope(outbox.enqueue(&mut tx, &publisher, Envelope::new(), &Order { id: 1 }))
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            // The relay runs in no context of its own.
+            let batch = outbox.relay(&conn).run_once().await.unwrap();
+            assert_eq!(batch.dispatched, 1, "{:?}: {batch:?}", b.kind);
+            let got = take(&ch, &q).await;
+            let on_wire = carried(got.properties.as_ref().unwrap()).expect("the relayed copy's trace");
+            assert_eq!(on_wire.trace_id(), given.trace_id(), "{:?}", b.kind);
+            delete(&ch, &q).await;
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
