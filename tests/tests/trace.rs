@@ -635,3 +635,107 @@ async fn the_outbox_relay_continues_the_trace_a_message_was_enqueued_in() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_a_recovery_hands_back_keeps_its_properties_and_continues_the_same_trace() {
+    capture_spans();
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let name = unique("trace-recovery");
+            let lost = Arc::new(tokio::sync::Semaphore::new(0));
+            let seen_lost = lost.clone();
+            let mut config = acemq_core::Config::default()
+                .with_recovery_delay(Duration::from_millis(50))
+                .with_recovery_delay_max(Duration::from_millis(400));
+            config.on_recovery = Some(Arc::new(move |event| {
+                if matches!(event, acemq_core::RecoveryEvent::Lost { which: "consume", .. }) {
+                    seen_lost.add_permits(1);
+                }
+            }));
+            config.engine.connection_name = Some(name.clone());
+            let conn = b.conn_with(config).await;
+            let (q, ch) = queue(&conn, "trace-recovery").await;
+            let running = Arc::new(tokio::sync::Semaphore::new(0));
+            let calls = Arc::new(Mutex::new(Vec::new()));
+            let (record, started, lost_seen) = (calls.clone(), running.clone(), lost.clone());
+            let consumer = consume(&conn, &q, move |m: Message<Order>| {
+                let call = {
+                    let mut calls = record.lock().unwrap();
+                    calls.push((
+                        m.envelope.attempt,
+                        TraceContext::current(),
+                        m.properties.priority(),
+                        m.properties.app_id().map(str::to_string),
+                    ));
+                    calls.len()
+                };
+                let (started, lost_seen) = (started.clone(), lost_seen.clone());
+                async move {
+                    if call == 1 {
+                        // Still running when the connection is lost: its ack
+                        // cannot reach the broker, which delivers it again.
+                        started.add_permits(1);
+                        let _ = tokio::time::timeout(Duration::from_secs(30), lost_seen.acquire()).await;
+                    }
+                    Ack::accept()
+                }
+            })
+            .await
+            .unwrap();
+            let envelope = Envelope::new();
+            let id = envelope.id.clone();
+            let outgoing = acemq_core::Outgoing::new()
+                .priority(4)
+                .app_id("shop")
+                .envelope(envelope);
+            conn.publisher::<Order>("", &q)
+                .send_with(&Order { id: 1 }, outgoing)
+                .await
+                .unwrap();
+            let _ = tokio::time::timeout(Duration::from_secs(20), running.acquire())
+                .await
+                .expect("the first call started");
+            b.force_close(&format!("{name}-consume"));
+            let until = Instant::now() + Duration::from_secs(30);
+            while calls.lock().unwrap().len() < 2 {
+                assert!(
+                    Instant::now() < until,
+                    "{:?}: delivered again after the recovery",
+                    b.kind
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let send = span_where("send", "messaging.message.id", &id, any).await;
+            let trace = send.field("trace_id").unwrap().to_string();
+            let calls = calls.lock().unwrap().clone();
+            for (attempt, context, priority, app_id) in &calls[..2] {
+                assert_eq!((*priority, app_id.as_deref()), (Some(4), Some("shop")), "{:?}", b.kind);
+                assert_eq!(
+                    context.as_ref().map(|c| c.trace_id()),
+                    Some(trace.clone()),
+                    "{:?}: attempt {attempt}",
+                    b.kind
+                );
+                let attempt = attempt.to_string();
+                let process = span_where("process", "messaging.message.id", &id, |s| {
+                    s.field("attempt") == Some(attempt.as_str())
+                })
+                .await;
+                assert_eq!(
+                    process.field("parent_span_id"),
+                    send.field("span_id"),
+                    "{:?}: attempt {attempt}",
+                    b.kind
+                );
+            }
+            assert_eq!(calls[0].0 + 1, calls[1].0, "{:?}: the redelivery counts", b.kind);
+            consumer.close().await.unwrap();
+            // The first channel died with its connection.
+            drop(ch);
+            let ch = conn.consuming_connection().channel().await.unwrap();
+            delete(&ch, &q).await;
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
