@@ -29,6 +29,15 @@
 //! ids as `trace_id`, `span_id` and (on a delivery that carried a context)
 //! `parent_span_id`, hex-encoded, for a subscriber or a log to join them.
 //!
+//! # OpenTelemetry
+//!
+//! acemq stays on `tracing` and brings no OpenTelemetry crate. The W3C
+//! ids are span fields, so a `tracing` layer can export them as they are;
+//! `otel.name` and `otel.kind` are the fields `tracing-opentelemetry` reads
+//! for a span's name and kind. A bridge through `tracing-opentelemetry`
+//! would have to write the ids its SDK gives each span, rather than these:
+//! it is not part of this crate.
+//!
 //! # Cost
 //!
 //! A trace is started only where someone can see it: a send outside any

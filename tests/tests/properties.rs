@@ -246,6 +246,11 @@ async fn properties_the_broker_would_refuse_are_a_typed_error_and_nothing_is_sen
                     _ => panic!("{:?}: {what}: {err:?}", b.kind),
                 }
             }
+            // Headers that would not fit in one frame: the engine's encode
+            // error, before anything is queued.
+            let huge = Outgoing::new().header("big", "x".repeat(300 * 1024));
+            let err = publisher.send_with(&Order { id: 1 }, huge).await.unwrap_err();
+            assert!(matches!(err, Error::Engine(_)), "{:?}: {err:?}", b.kind);
             // Nothing was written, and the channel is still fine.
             assert_eq!(depth(&ch, &q).await, 0, "{:?}", b.kind);
             publisher
