@@ -532,8 +532,9 @@ impl<T: Serialize, C: Codec> Publisher<T, C> {
 
     /// The message this publisher sends for `envelope` and `payload`: its
     /// publish method, properties (content-type, delivery mode, timestamp,
-    /// the envelope) and encoded body. The message carries a trace context when there is one to continue,
-    /// or when `tracing` records acemq's spans (see [`crate::trace`]).
+    /// the envelope) and encoded body. It carries a trace context when
+    /// there is one to continue, or when `tracing` records acemq's spans
+    /// (see [`crate::trace`]).
     #[cfg_attr(not(feature = "outbox"), allow(dead_code))]
     pub(crate) fn message(
         &self,
