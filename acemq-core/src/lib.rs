@@ -150,6 +150,7 @@ pub mod proto;
 mod publish;
 pub mod replay;
 pub mod retry;
+pub mod rpc;
 pub mod schedule;
 mod set_aside;
 mod text;
@@ -161,7 +162,7 @@ pub mod topology;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
+pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal, ReplyOutput};
 pub use codec::{Codec, CodecError, Json};
 pub use config::{Config, OnRecovery, RecoveryEvent};
 pub use confirm::SendResult;
@@ -172,5 +173,6 @@ pub use error::{is_blocked, Error};
 pub use publish::{PendingSend, Publisher, Resolving};
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
+pub use rpc::{Reply, Requester};
 pub use schedule::{Scheduler, SchedulerBuilder};
 pub use topology::Topology;

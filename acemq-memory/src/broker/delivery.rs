@@ -89,7 +89,7 @@ pub(crate) fn route(
 
 impl BrokerMachine {
     /// `basic.publish` with its content, on channel `ch` of connection `id`.
-    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, content: Publication, now: Instant) -> Result<(), AmqpError> {
+    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, mut content: Publication, now: Instant) -> Result<(), AmqpError> {
         let publish = &content.publish;
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
@@ -131,6 +131,12 @@ impl BrokerMachine {
             }
             Some(_) => {}
         }
+        if let Header::Decoded(properties) = &mut content.header {
+            let reply_to = properties.view().reply_to;
+            if let Some(rewritten) = reply_to.and_then(|r| self.rewrite_reply_to(id, ch, r).transpose()) {
+                properties.reply_to = Some(rewritten?.into());
+            }
+        }
         let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
             return Ok(());
         };
@@ -171,6 +177,16 @@ impl BrokerMachine {
             header,
             body,
         });
+        if msg.exchange.is_empty() {
+            // Replies go straight to their channel, never to a queue.
+            let mut replied: Vec<&ShortString> = Vec::new();
+            for key in std::iter::once(&msg.routing_key).chain(&also) {
+                if super::reply_to::is_reply_key(key.as_bytes()) && !replied.contains(&key) {
+                    replied.push(key);
+                    self.deliver_reply(key.as_bytes(), &msg, now);
+                }
+            }
+        }
         let wall = self.wall_ms(now);
         let queues = match self.vhosts.get(&**vhost) {
             Some(vh) => {
