@@ -468,8 +468,14 @@ fn reply_destination(
     let Some(reply_to) = reply_to.as_str() else {
         return Err("the request's reply-to is not UTF-8".into());
     };
-    if reply_to.starts_with(DIRECT_REPLY_TO_PREFIX) && reply_to.len() > DIRECT_REPLY_TO_PREFIX.len() {
-        return Ok((reply_to.to_string(), false));
+    if let Some(suffix) = reply_to.strip_prefix(DIRECT_REPLY_TO_PREFIX) {
+        if is_reply_suffix(suffix) {
+            return Ok((reply_to.to_string(), false));
+        }
+        return Err(format!(
+            "the request's reply-to {reply_to:?} is not a reply name as RabbitMQ writes them \
+             (a reply to it could make the broker close the connection)"
+        ));
     }
     match named {
         Some(allow) if allow(reply_to) => Ok((reply_to.to_string(), true)),
@@ -481,6 +487,62 @@ fn reply_destination(
              a reply goes to a named queue only with Ack::reply_named"
         )),
     }
+}
+
+/// Whether `suffix` (after `amq.rabbitmq.reply-to.`) is laid out as
+/// RabbitMQ lays out its reply names: base64 of a process id (the Erlang
+/// term of a pid on a node `reply@<hash>`), a dot, a base64 key. RabbitMQ
+/// 3.10 and 4.0 crash the publishing channel's process, closing its whole
+/// connection with 541 INTERNAL_ERROR, on a reply to a name of two parts
+/// that does not decode so (statement 38).
+fn is_reply_suffix(suffix: &str) -> bool {
+    let Some((pid, key)) = suffix.split_once('.') else {
+        return false;
+    };
+    let base64 = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
+    if !base64(key) {
+        return false;
+    }
+    let Some(bytes) = unbase64(pid) else { return false };
+    // 131 (term), 88 (new pid), 118 (atom), its length, the node, then
+    // id, serial and creation (4 bytes each).
+    let Some(([131, 88, 118, hi, lo], rest)) = bytes.split_first_chunk::<5>() else {
+        return false;
+    };
+    let len = usize::from(u16::from_be_bytes([*hi, *lo]));
+    if rest.len() != len + 12 {
+        return false;
+    }
+    match rest[..len].strip_prefix(b"reply@") {
+        Some(hash) => !hash.is_empty() && hash.len() <= 10 && hash.iter().all(u8::is_ascii_digit),
+        None => false,
+    }
+}
+
+/// Strict base64 (standard alphabet, padded).
+fn unbase64(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let text = text.as_bytes();
+    if text.len() % 4 != 0 {
+        return None;
+    }
+    let padding = text.iter().rev().take_while(|&&c| c == b'=').count();
+    if padding > 2 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut buf, mut bits) = (0u32, 0);
+    for &c in &text[..text.len() - padding] {
+        let v = ALPHABET.iter().position(|&a| a == c)? as u32;
+        buf = (buf << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buf >> bits) as u8);
+            buf &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
 }
 
 /// Publishes a handler's reply to `request` (a library publish: confirmed),
@@ -544,17 +606,21 @@ mod tests {
 
     #[test]
     fn only_a_direct_reply_to_name_is_a_destination_unless_named_queues_are_allowed() {
-        let direct = with_reply_to(Some(b"amq.rabbitmq.reply-to.g1h2"));
-        assert_eq!(
-            reply_destination(&direct, None),
-            Ok(("amq.rabbitmq.reply-to.g1h2".into(), false))
-        );
+        // As RabbitMQ 3.10 wrote one.
+        let name = "amq.rabbitmq.reply-to.g1h2AA5yZXBseUA3MDE4MjY5MgAADWcAAAAAaxX3eg==.yAUVznGzuQRnlSje31NvIg==";
+        let direct = with_reply_to(Some(name.as_bytes()));
+        assert_eq!(reply_destination(&direct, None), Ok((name.into(), false)));
         for refused in [
             None,
             Some(&b"orders"[..]),
             Some(b"amq.rabbitmq.reply-to"),
             Some(b"amq.rabbitmq.reply-to."),
             Some(b"\xff\xfe"),
+            Some(b"amq.rabbitmq.reply-to.x.y"),
+            Some(b"amq.rabbitmq.reply-to.AAAA.AAAA"),
+            Some(b"amq.rabbitmq.reply-to.g2QAA2Zvbw==.AAAA"),
+            Some(b"amq.rabbitmq.reply-to.B1h2AA5yZXBseUA3MDE4MjY5MgAADWcAAAAAaxX3eg==.yAUVznGzuQRnlSje31NvIg=="),
+            Some(b"amq.rabbitmq.reply-to.g1h2AA5yZXBseUA3MDE4MjY5MgAADWcAAAAAaxX3eg==.yAUV.znGz"),
         ] {
             assert!(reply_destination(&with_reply_to(refused), None).is_err(), "{refused:?}");
         }

@@ -63,6 +63,52 @@ async fn reply_channel(conn: &Connection) -> (Channel, amqp::Consumer, String) {
     (ch, consumer, name)
 }
 
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn unbase64(s: &str) -> Vec<u8> {
+    let (mut out, mut buf, mut bits) = (Vec::new(), 0u32, 0);
+    for c in s.bytes().take_while(|&c| c != b'=') {
+        buf = (buf << 6) | BASE64.iter().position(|&a| a == c).expect("base64") as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buf >> bits) as u8);
+            buf &= (1 << bits) - 1;
+        }
+    }
+    out
+}
+
+fn base64(d: &[u8]) -> String {
+    let mut s = String::new();
+    for ch in d.chunks(3) {
+        let b = [ch[0], *ch.get(1).unwrap_or(&0), *ch.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            s.push(if i <= ch.len() { BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char } else { '=' });
+        }
+    }
+    s
+}
+
+/// `name` with the last digit of the node hash in its process id changed:
+/// well formed, but of a node the broker does not know.
+fn other_node(name: &str) -> String {
+    let (pid, key) = name[PREFIX.len()..].split_once('.').expect("two parts");
+    let mut raw = unbase64(pid);
+    let last = 5 + usize::from(u16::from_be_bytes([raw[3], raw[4]])) - 1;
+    raw[last] = if raw[last] == b'1' { b'2' } else { b'1' };
+    format!("{PREFIX}{}.{key}", base64(&raw))
+}
+
+/// `name` with the first character of its process id changed: two parts
+/// that do not decode.
+fn mangled(name: &str) -> String {
+    let suffix = &name[PREFIX.len()..];
+    let changed = if suffix.starts_with('A') { 'B' } else { 'A' };
+    format!("{PREFIX}{changed}{}", &suffix[1..])
+}
+
 fn with_correlation(id: &str) -> BasicProperties {
     BasicProperties {
         correlation_id: Some(id.into()),
@@ -259,8 +305,16 @@ async fn statement_38_a_mandatory_reply_is_returned_even_when_delivered_and_a_re
             // (acked, or returned when mandatory), and the replier's channel
             // stays open.
             ch.close().await.unwrap();
-            let forged = format!("{name}x");
-            for target in [name.as_str(), forged.as_str(), "amq.rabbitmq.reply-to.", "amq.rabbitmq.reply-to.\u{e9}.1.1"] {
+            let (other_key, pid_part) = (format!("{name}x"), name.split_once("==.").unwrap().0.to_string() + "==");
+            let no_key = format!("{pid_part}.AAAAAAAAAAAAAAAAAAAAAA==");
+            for target in [
+                name.as_str(),
+                other_key.as_str(),
+                no_key.as_str(),
+                "amq.rabbitmq.reply-to.",
+                "amq.rabbitmq.reply-to.abc",
+                "amq.rabbitmq.reply-to.a.b.c",
+            ] {
                 let confirm = out.publish("", target, false, with_correlation("g"), &b"x"[..]).await.unwrap();
                 assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{kind}: {target}");
                 let confirm = out.publish("", target, true, with_correlation("g"), &b"x"[..]).await.unwrap();
@@ -273,6 +327,68 @@ async fn statement_38_a_mandatory_reply_is_returned_even_when_delivered_and_a_re
             assert!(next_within(&mut replies, Duration::from_millis(200)).await.is_none(), "{kind}");
             requester.close().await.unwrap();
             replier.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_38_a_reply_name_of_two_parts_that_does_not_decode_closes_the_connection_with_541() {
+    deadline(async {
+        for (kind, url, config) in every_broker().await {
+            let v4 = kind.contains("4");
+            let requester = Connection::open(&url, config.clone()).await.unwrap();
+            let (_ch, _replies, name) = reply_channel(&requester).await;
+            let (mangled, other_node) = (mangled(&name), other_node(&name));
+            let mut cases = vec![
+                ("amq.rabbitmq.reply-to.x.y", true),
+                ("amq.rabbitmq.reply-to.AAAA.AAAA", true),
+                ("amq.rabbitmq.reply-to.g2QAA2Zvbw==.AAAA", true),
+                (mangled.as_str(), true),
+                // A node the broker does not know: 3.10 crashes, 4.0 drops it.
+                (other_node.as_str(), !v4),
+            ];
+            cases.push((name.as_str(), false));
+            for (target, crashes) in cases {
+                for declare in [false, true] {
+                    let conn = Connection::open(&url, config.clone()).await.unwrap();
+                    let ch = conn.channel().await.unwrap();
+                    ch.confirm_select().await.unwrap();
+                    let result = if declare {
+                        ch.queue_declare(QueueDeclare {
+                            queue: target.into(),
+                            passive: true,
+                            ..Default::default()
+                        })
+                        .await
+                        .map(|_| ())
+                    } else {
+                        match ch.publish("", target, false, with_correlation("h"), &b"x"[..]).await {
+                            Ok(confirm) => confirm.await.map(|_| ()),
+                            Err(e) => Err(e),
+                        }
+                    };
+                    // 4.0 asks for a process an atom names, and finds none: 404.
+                    let crashes = crashes && !(v4 && declare && target.contains("g2QAA2Zvbw=="));
+                    if crashes {
+                        assert_eq!(
+                            result.as_ref().err().and_then(amqp::Error::reply_code),
+                            Some(541),
+                            "{kind}: {target} (declare: {declare}): {result:?}"
+                        );
+                        assert!(conn.is_closed() || conn.channel().await.is_err(), "{kind}");
+                    } else {
+                        let expected = if declare && target != name.as_str() { Some(404) } else { None };
+                        assert_eq!(
+                            result.as_ref().err().and_then(amqp::Error::reply_code),
+                            expected,
+                            "{kind}: {target} (declare: {declare}): {result:?}"
+                        );
+                        conn.close().await.unwrap();
+                    }
+                }
+            }
+            requester.close().await.unwrap();
         }
     })
     .await
@@ -757,6 +873,46 @@ async fn statement_43_a_request_whose_reply_to_is_missing_or_a_queue_is_dead_let
                 .unwrap_or_else(|| panic!("{:?}: not dead-lettered", b.kind));
             assert!(error_text(&dead).contains("not a direct reply-to name"), "{:?}: {}", b.kind, error_text(&dead));
             assert!(take(&conn, &replies, Duration::from_millis(200)).await.is_none(), "{:?}", b.kind);
+            handler.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statement_43_a_request_whose_reply_to_rabbitmq_could_not_decode_is_dead_lettered_and_the_connection_stays_up() {
+    deadline(async {
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let q = unique("rpc.mangled");
+            let handler = doubler(&conn, &q).await;
+            let raw = b.connect().await;
+            let (_raw_ch, _replies, name) = reply_channel(&raw).await;
+            let ch = raw.channel().await.unwrap();
+            ch.confirm_select().await.unwrap();
+            for reply_to in [mangled(&name), format!("{PREFIX}x.y")] {
+                let props = BasicProperties {
+                    reply_to: Some(reply_to.as_str().into()),
+                    correlation_id: Some("mangled".into()),
+                    ..Default::default()
+                };
+                ch.publish("", &q, true, props, &b"4"[..]).await.unwrap().await.unwrap();
+                let dead = take(&conn, &format!("{q}.dlq"), Duration::from_secs(20))
+                    .await
+                    .unwrap_or_else(|| panic!("{:?}: not dead-lettered", b.kind));
+                assert!(
+                    error_text(&dead).contains("not a reply name as RabbitMQ writes them"),
+                    "{:?}: {}",
+                    b.kind,
+                    error_text(&dead)
+                );
+            }
+            let generation_before = conn.publishing_connection();
+            let requester = conn.requester::<u32, Quote>("", &q);
+            assert_eq!(requester.request(&8, Duration::from_secs(10)).await.unwrap().payload.doubled, 16);
+            assert!(!generation_before.is_closed(), "{:?}: the publishing connection was lost", b.kind);
+            raw.close().await.unwrap();
             handler.close().await.unwrap();
             conn.close().await.unwrap();
         }

@@ -137,6 +137,7 @@ impl BrokerMachine {
                 properties.reply_to = Some(rewritten?.into());
             }
         }
+        self.check_reply_key(publish.exchange.as_bytes(), publish.routing_key.as_bytes())?;
         let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
             return Ok(());
         };
@@ -183,7 +184,7 @@ impl BrokerMachine {
             for key in std::iter::once(&msg.routing_key).chain(&also) {
                 if super::reply_to::is_reply_key(key.as_bytes()) && !replied.contains(&key) {
                     replied.push(key);
-                    self.deliver_reply(key.as_bytes(), &msg, now);
+                    self.deliver_reply(key.as_bytes(), &msg);
                 }
             }
         }
