@@ -30,7 +30,7 @@ pub enum Ack {
     /// the request acked. A request whose `reply-to` is not a direct
     /// reply-to name (`amq.rabbitmq.reply-to.*`), or a queue the reply
     /// allows ([`Ack::reply_named`]), is a fatal error of the request
-    /// (statements 34 and 40 of `docs/statements.md`).
+    /// (statements 34 and 43 of `docs/statements.md`).
     Reply(ReplyOutput),
 }
 

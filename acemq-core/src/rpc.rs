@@ -17,7 +17,8 @@
 //! of its reply channel fails every request that waited on it); hand a
 //! reply to a request other than the one whose correlation-id it carries;
 //! or, on the handler's side, publish a reply anywhere but to a direct
-//! reply-to name, or to a named queue the handler allowed (statement 34).
+//! reply-to name, or to a named queue the handler allowed (statements 34 and
+//! 43 of `docs/statements.md`).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
