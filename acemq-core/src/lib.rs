@@ -72,8 +72,8 @@
 //! attempt counter](guide::consuming); [retries, rungs and
 //! jitter](guide::retries); [dead letters, parked messages and
 //! replay](guide::dead_letters); [recovery](guide::recovery); [blocked
-//! connections](guide::blocked); and [shutdown and the lifecycle of a
-//! service](guide::lifecycle).
+//! connections](guide::blocked); [shutdown and the lifecycle of a
+//! service](guide::lifecycle); and [request and reply](guide::request_reply).
 //!
 //! Two choices are about whom to trust:
 //!
