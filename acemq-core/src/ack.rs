@@ -38,8 +38,11 @@ pub enum Ack {
 /// named reply queues it may go to.
 pub struct ReplyOutput {
     pub(crate) output: Output,
-    pub(crate) named: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
+    pub(crate) named: Option<Arc<NamedReplyQueues>>,
 }
+
+/// Which named queues a reply may go to (see [`Ack::reply_named`]).
+pub(crate) type NamedReplyQueues = dyn Fn(&str) -> bool + Send + Sync;
 
 impl fmt::Debug for ReplyOutput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -111,10 +114,7 @@ impl Ack {
     /// producer: say which queues a reply may go to). A reply to a named
     /// queue is mandatory; if the queue is gone, the reply is dropped and
     /// the request acked.
-    pub fn reply_named<O: serde::Serialize>(
-        output: &O,
-        allow: impl Fn(&str) -> bool + Send + Sync + 'static,
-    ) -> Ack {
+    pub fn reply_named<O: serde::Serialize>(output: &O, allow: impl Fn(&str) -> bool + Send + Sync + 'static) -> Ack {
         Ack::Reply(ReplyOutput {
             output: json_output(output),
             named: Some(Arc::new(allow)),

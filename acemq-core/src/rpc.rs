@@ -221,7 +221,8 @@ impl<Req: Serialize, Resp: DeserializeOwned, C: Codec> Requester<Req, Resp, C> {
 
     /// Sends `payload` and waits at most `timeout` for its reply.
     ///
-    /// Errors: [`Error::RequestTimedOut`] when no reply came in time (the
+    /// Errors: [`Error::PublishingPaused`] at once while the broker blocks
+    /// the publishing connection; [`Error::RequestTimedOut`] when no reply came in time (the
     /// request may still be handled; a reply that comes later is dropped);
     /// [`Error::Unroutable`] or [`Error::Nacked`] at once when the broker
     /// does not take the request; [`Error::ReplyChannelLost`] when the reply
@@ -243,6 +244,10 @@ impl<Req: Serialize, Resp: DeserializeOwned, C: Codec> Requester<Req, Resp, C> {
     }
 
     async fn exchange(&self, body: Bytes, correlation_id: &str, deadline: Instant) -> Result<Reply<Resp>, Error> {
+        // As a publisher's send: refused at once while the broker blocks.
+        if let Some(reason) = self.shared.conn.inner.publishing.blocked_reason() {
+            return Err(Error::PublishingPaused { reason });
+        }
         let session = self.shared.session(deadline).await?;
         let (tx, rx) = oneshot::channel();
         let _waiting = self.shared.wait_for(&session, correlation_id, tx)?;
@@ -272,7 +277,11 @@ impl<Req: Serialize, Resp: DeserializeOwned, C: Codec> Requester<Req, Resp, C> {
             .map_err(|e| lost(e.into()))?;
         match confirm.await.map_err(|e| lost(e.into()))? {
             Confirmation::Ack | Confirmation::NotRequested => {}
-            Confirmation::Nack => return Err(Error::Nacked { message_id: envelope.id }),
+            Confirmation::Nack => {
+                return Err(Error::Nacked {
+                    message_id: envelope.id,
+                })
+            }
             Confirmation::Returned(ret) => {
                 return Err(Error::Unroutable {
                     message_id: envelope.id,
@@ -500,7 +509,11 @@ fn is_reply_suffix(suffix: &str) -> bool {
     let Some((pid, key)) = suffix.split_once('.') else {
         return false;
     };
-    let base64 = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
+    let base64 = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=')
+    };
     if !base64(key) {
         return false;
     }
@@ -524,7 +537,7 @@ fn is_reply_suffix(suffix: &str) -> bool {
 fn unbase64(text: &str) -> Option<Vec<u8>> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let text = text.as_bytes();
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let padding = text.iter().rev().take_while(|&&c| c == b'=').count();

@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_codec::{
-    BasicCancel, BasicConsume, BasicProperties, FieldValue, QueueDeclare, ShortString,
-};
+use acemq_codec::{BasicCancel, BasicConsume, BasicProperties, FieldValue, QueueDeclare, ShortString};
 use acemq_core::amqp::{self, Channel, Config, Confirmation, Connection};
 use acemq_core::envelope::ERROR_HEADER;
 use acemq_core::{consume, Ack, Conn, Error, Message, RetryPolicy, Topology};
@@ -85,7 +83,11 @@ fn base64(d: &[u8]) -> String {
         let b = [ch[0], *ch.get(1).unwrap_or(&0), *ch.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
-            s.push(if i <= ch.len() { BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char } else { '=' });
+            s.push(if i <= ch.len() {
+                BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char
+            } else {
+                '='
+            });
         }
     }
     s
@@ -155,7 +157,11 @@ async fn statement_35_the_reply_pseudo_queue_is_consumed_only_without_acks_and_o
                 })
                 .await
                 .unwrap();
-            assert!(first.tag().as_bytes().starts_with(b"amq.ctag"), "{kind}: {}", first.tag());
+            assert!(
+                first.tag().as_bytes().starts_with(b"amq.ctag"),
+                "{kind}: {}",
+                first.tag()
+            );
             let err = ch
                 .basic_consume(BasicConsume {
                     queue: REPLY_TO.into(),
@@ -201,15 +207,26 @@ async fn statement_36_reply_to_the_pseudo_queue_needs_a_reply_consumer_on_the_ch
             // channels get two names; other reply-to values pass untouched.
             let (ch1, _c1, name1) = reply_channel(&conn).await;
             let (_ch2, _c2, name2) = reply_channel(&conn).await;
-            assert!(name1.len() > PREFIX.len() && name1.starts_with(PREFIX), "{kind}: {name1}");
+            assert!(
+                name1.len() > PREFIX.len() && name1.starts_with(PREFIX),
+                "{kind}: {name1}"
+            );
             assert_ne!(name1, name2, "{kind}");
             let q = exclusive_queue(&ch1).await;
-            for untouched in ["replies", "amq.rabbitmq.reply-to.someone-else", "amq.rabbitmq.reply-tox"] {
+            for untouched in [
+                "replies",
+                "amq.rabbitmq.reply-to.someone-else",
+                "amq.rabbitmq.reply-tox",
+            ] {
                 let props = BasicProperties {
                     reply_to: Some(untouched.into()),
                     ..Default::default()
                 };
-                ch1.publish("", &q, false, props, &b"x"[..]).await.unwrap().await.unwrap();
+                ch1.publish("", &q, false, props, &b"x"[..])
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
                 let got = ch1.basic_get(&q, true).await.unwrap().unwrap();
                 let reply_to = got.properties.as_ref().unwrap().reply_to.clone();
                 assert_eq!(reply_to, Some(ShortString::from(untouched)), "{kind}");
@@ -264,7 +281,10 @@ async fn statement_37_a_reply_goes_to_the_reply_consumer_of_the_channel_its_name
                 .await
                 .unwrap();
             assert!(matches!(confirm.await.unwrap(), Confirmation::Returned(_)), "{kind}");
-            assert!(next_within(&mut replies, Duration::from_millis(200)).await.is_none(), "{kind}");
+            assert!(
+                next_within(&mut replies, Duration::from_millis(200)).await.is_none(),
+                "{kind}"
+            );
             requester.close().await.unwrap();
             replier.close().await.unwrap();
         }
@@ -299,7 +319,10 @@ async fn statement_38_a_mandatory_reply_is_returned_even_when_delivered_and_a_re
             })
             .await
             .unwrap();
-            let dropped = out.publish("", &name, false, with_correlation("c"), &b"x"[..]).await.unwrap();
+            let dropped = out
+                .publish("", &name, false, with_correlation("c"), &b"x"[..])
+                .await
+                .unwrap();
             assert_eq!(dropped.await.unwrap(), Confirmation::Ack, "{kind}");
             // Its channel gone, a forged name, a name of garbage: dropped
             // (acked, or returned when mandatory), and the replier's channel
@@ -315,16 +338,25 @@ async fn statement_38_a_mandatory_reply_is_returned_even_when_delivered_and_a_re
                 "amq.rabbitmq.reply-to.abc",
                 "amq.rabbitmq.reply-to.a.b.c",
             ] {
-                let confirm = out.publish("", target, false, with_correlation("g"), &b"x"[..]).await.unwrap();
+                let confirm = out
+                    .publish("", target, false, with_correlation("g"), &b"x"[..])
+                    .await
+                    .unwrap();
                 assert_eq!(confirm.await.unwrap(), Confirmation::Ack, "{kind}: {target}");
-                let confirm = out.publish("", target, true, with_correlation("g"), &b"x"[..]).await.unwrap();
+                let confirm = out
+                    .publish("", target, true, with_correlation("g"), &b"x"[..])
+                    .await
+                    .unwrap();
                 assert!(
                     matches!(confirm.await.unwrap(), Confirmation::Returned(_)),
                     "{kind}: {target}"
                 );
             }
             assert!(out.is_open(), "{kind}");
-            assert!(next_within(&mut replies, Duration::from_millis(200)).await.is_none(), "{kind}");
+            assert!(
+                next_within(&mut replies, Duration::from_millis(200)).await.is_none(),
+                "{kind}"
+            );
             requester.close().await.unwrap();
             replier.close().await.unwrap();
         }
@@ -378,7 +410,11 @@ async fn statement_38_a_reply_name_of_two_parts_that_does_not_decode_closes_the_
                         );
                         assert!(conn.is_closed() || conn.channel().await.is_err(), "{kind}");
                     } else {
-                        let expected = if declare && target != name.as_str() { Some(404) } else { None };
+                        let expected = if declare && target != name.as_str() {
+                            Some(404)
+                        } else {
+                            None
+                        };
                         assert_eq!(
                             result.as_ref().err().and_then(amqp::Error::reply_code),
                             expected,
@@ -401,7 +437,12 @@ async fn statement_39_declaring_a_reply_name_is_passive_and_finds_only_a_live_re
             let conn = Connection::open(&url, config).await.unwrap();
             let (ch, _replies, name) = reply_channel(&conn).await;
             let other = conn.channel().await.unwrap();
-            for (queue, passive) in [(REPLY_TO, true), (REPLY_TO, false), (name.as_str(), true), (name.as_str(), false)] {
+            for (queue, passive) in [
+                (REPLY_TO, true),
+                (REPLY_TO, false),
+                (name.as_str(), true),
+                (name.as_str(), false),
+            ] {
                 let ok = other
                     .queue_declare(QueueDeclare {
                         queue: queue.into(),
@@ -417,7 +458,12 @@ async fn statement_39_declaring_a_reply_name_is_passive_and_finds_only_a_live_re
             }
             ch.close().await.unwrap();
             let forged = format!("{name}x");
-            for queue in [name.as_str(), forged.as_str(), "amq.rabbitmq.reply-to.", "amq.rabbitmq.reply-tox"] {
+            for queue in [
+                name.as_str(),
+                forged.as_str(),
+                "amq.rabbitmq.reply-to.",
+                "amq.rabbitmq.reply-tox",
+            ] {
                 let ch = conn.channel().await.unwrap();
                 let err = ch
                     .queue_declare(QueueDeclare {
@@ -505,7 +551,10 @@ async fn statement_40_a_request_gets_the_reply_its_handler_gives_with_ack_reply(
             }
             assert_eq!(requester.pending(), 0, "{:?}", b.kind);
             handler.close().await.unwrap();
-            assert_eq!(depth(&conn.consuming_connection().channel().await.unwrap(), &q).await, 0);
+            assert_eq!(
+                depth(&conn.consuming_connection().channel().await.unwrap(), &q).await,
+                0
+            );
             conn.close().await.unwrap();
         }
     })
@@ -619,7 +668,11 @@ async fn statement_41_an_unroutable_request_fails_at_once() {
             let requester = conn.requester::<u32, u64>("", &unique("rpc.nobody"));
             let started = Instant::now();
             let err = requester.request(&1, Duration::from_secs(20)).await.unwrap_err();
-            assert!(matches!(err, Error::Unroutable { code: 312, .. }), "{:?}: {err}", b.kind);
+            assert!(
+                matches!(err, Error::Unroutable { code: 312, .. }),
+                "{:?}: {err}",
+                b.kind
+            );
             assert!(started.elapsed() < Duration::from_secs(5), "{:?}", b.kind);
             assert_eq!(requester.pending(), 0, "{:?}", b.kind);
             conn.close().await.unwrap();
@@ -672,7 +725,13 @@ async fn statement_41_timed_out_and_cancelled_requests_leave_no_waiter() {
             });
             let cancelled = (0..100u32).map(|n| {
                 let requester = requester.clone();
-                async move { tokio::time::timeout(Duration::from_millis(200), requester.request(&n, Duration::from_secs(60))).await }
+                async move {
+                    tokio::time::timeout(
+                        Duration::from_millis(200),
+                        requester.request(&n, Duration::from_secs(60)),
+                    )
+                    .await
+                }
             });
             let (timed_out, cancelled) = tokio::join!(all(timed_out), all(cancelled));
             for r in timed_out {
@@ -747,7 +806,11 @@ async fn statement_41_replies_with_unknown_missing_duplicate_or_undecodable_corr
                             correlation_id,
                             ..Default::default()
                         };
-                        ch.publish("", &to, false, props, &b"666"[..]).await.unwrap().await.unwrap();
+                        ch.publish("", &to, false, props, &b"666"[..])
+                            .await
+                            .unwrap()
+                            .await
+                            .unwrap();
                     }
                     // The real one, twice, the second one different.
                     for body in [&b"7"[..], &b"8"[..]] {
@@ -858,7 +921,12 @@ async fn statement_43_a_request_whose_reply_to_is_missing_or_a_queue_is_dead_let
             let dead = take(&conn, &format!("{q}.dlq"), Duration::from_secs(20))
                 .await
                 .unwrap_or_else(|| panic!("{:?}: not dead-lettered", b.kind));
-            assert!(error_text(&dead).contains("no reply-to"), "{:?}: {}", b.kind, error_text(&dead));
+            assert!(
+                error_text(&dead).contains("no reply-to"),
+                "{:?}: {}",
+                b.kind,
+                error_text(&dead)
+            );
             // A reply-to that names a queue: refused unless the handler allows it.
             let ch = conn.publishing_connection().channel().await.unwrap();
             ch.confirm_select().await.unwrap();
@@ -871,8 +939,17 @@ async fn statement_43_a_request_whose_reply_to_is_missing_or_a_queue_is_dead_let
             let dead = take(&conn, &format!("{q}.dlq"), Duration::from_secs(20))
                 .await
                 .unwrap_or_else(|| panic!("{:?}: not dead-lettered", b.kind));
-            assert!(error_text(&dead).contains("not a direct reply-to name"), "{:?}: {}", b.kind, error_text(&dead));
-            assert!(take(&conn, &replies, Duration::from_millis(200)).await.is_none(), "{:?}", b.kind);
+            assert!(
+                error_text(&dead).contains("not a direct reply-to name"),
+                "{:?}: {}",
+                b.kind,
+                error_text(&dead)
+            );
+            assert!(
+                take(&conn, &replies, Duration::from_millis(200)).await.is_none(),
+                "{:?}",
+                b.kind
+            );
             handler.close().await.unwrap();
             conn.close().await.unwrap();
         }
@@ -881,7 +958,8 @@ async fn statement_43_a_request_whose_reply_to_is_missing_or_a_queue_is_dead_let
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn statement_43_a_request_whose_reply_to_rabbitmq_could_not_decode_is_dead_lettered_and_the_connection_stays_up() {
+async fn statement_43_a_request_whose_reply_to_rabbitmq_could_not_decode_is_dead_lettered_and_the_connection_stays_up()
+{
     deadline(async {
         for b in brokers().await {
             let conn = b.conn().await;
@@ -910,8 +988,20 @@ async fn statement_43_a_request_whose_reply_to_rabbitmq_could_not_decode_is_dead
             }
             let generation_before = conn.publishing_connection();
             let requester = conn.requester::<u32, Quote>("", &q);
-            assert_eq!(requester.request(&8, Duration::from_secs(10)).await.unwrap().payload.doubled, 16);
-            assert!(!generation_before.is_closed(), "{:?}: the publishing connection was lost", b.kind);
+            assert_eq!(
+                requester
+                    .request(&8, Duration::from_secs(10))
+                    .await
+                    .unwrap()
+                    .payload
+                    .doubled,
+                16
+            );
+            assert!(
+                !generation_before.is_closed(),
+                "{:?}: the publishing connection was lost",
+                b.kind
+            );
             raw.close().await.unwrap();
             handler.close().await.unwrap();
             conn.close().await.unwrap();
@@ -927,7 +1017,13 @@ async fn statement_43_a_reply_goes_to_a_named_queue_only_when_the_handler_allows
             let conn = b.conn().await;
             let q = unique("rpc.named");
             let replies = unique("rpc.allowed-replies");
-            Topology::new().queue(&q).dead_letters(&q).queue(&replies).declare(&conn).await.unwrap();
+            Topology::new()
+                .queue(&q)
+                .dead_letters(&q)
+                .queue(&replies)
+                .declare(&conn)
+                .await
+                .unwrap();
             let prefix = replies.clone();
             let handler = consume(&conn, &q, move |m: Message<u32>| {
                 let prefix = prefix.clone();
@@ -955,7 +1051,12 @@ async fn statement_43_a_reply_goes_to_a_named_queue_only_when_the_handler_allows
                 .await
                 .unwrap_or_else(|| panic!("{:?}: the refused one is not dead-lettered", b.kind));
             assert_eq!(&dead.body[..], b"2", "{:?}", b.kind);
-            assert!(error_text(&dead).contains("rpc.elsewhere"), "{:?}: {}", b.kind, error_text(&dead));
+            assert!(
+                error_text(&dead).contains("rpc.elsewhere"),
+                "{:?}: {}",
+                b.kind,
+                error_text(&dead)
+            );
             handler.close().await.unwrap();
             conn.close().await.unwrap();
         }
@@ -1010,7 +1111,12 @@ async fn statement_43_a_reply_to_a_requester_that_is_gone_acks_the_request_after
             let ch = conn.consuming_connection().channel().await.unwrap();
             assert_eq!(depth(&ch, &q).await, 0, "{:?}", b.kind);
             assert_eq!(depth(&ch, &format!("{q}.dlq")).await, 0, "{:?}", b.kind);
-            assert!(calls.lock().unwrap().values().all(|&n| n == 1), "{:?}: {:?}", b.kind, calls.lock().unwrap());
+            assert!(
+                calls.lock().unwrap().values().all(|&n| n == 1),
+                "{:?}: {:?}",
+                b.kind,
+                calls.lock().unwrap()
+            );
             conn.close().await.unwrap();
         }
     })

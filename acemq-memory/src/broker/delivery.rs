@@ -89,7 +89,13 @@ pub(crate) fn route(
 
 impl BrokerMachine {
     /// `basic.publish` with its content, on channel `ch` of connection `id`.
-    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, mut content: Publication, now: Instant) -> Result<(), AmqpError> {
+    pub(crate) fn publish(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        mut content: Publication,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let publish = &content.publish;
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));

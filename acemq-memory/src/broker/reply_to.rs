@@ -64,7 +64,7 @@ fn base64(bytes: &[u8]) -> String {
 
 /// Strict base64 (padded, standard alphabet); `None` if it is not.
 fn unbase64(text: &[u8]) -> Option<Vec<u8>> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let padding = text.iter().rev().take_while(|&&c| c == b'=').count();
@@ -318,7 +318,12 @@ impl BrokerMachine {
     /// The `reply-to` a publish on channel `ch` carries on: `amq.rabbitmq.reply-to`
     /// becomes the channel's reply name, and is a channel error on a channel
     /// with no reply consumer. `None`: unchanged.
-    pub(crate) fn rewrite_reply_to(&mut self, id: ConnId, ch: u16, reply_to: &[u8]) -> Result<Option<String>, AmqpError> {
+    pub(crate) fn rewrite_reply_to(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        reply_to: &[u8],
+    ) -> Result<Option<String>, AmqpError> {
         if reply_to != REPLY_TO.as_bytes() {
             return Ok(None);
         }
