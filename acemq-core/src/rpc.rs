@@ -34,11 +34,13 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::ack::{BoxError, ReplyOutput};
-use crate::amqp::{self, Confirmation, Delivery};
+use crate::amqp::{self, CloseReason, Confirmation, Delivery};
 use crate::codec::{Codec, Json};
+use crate::confirm::{await_confirm, ConfirmTimeouts};
 use crate::conn::{lock, Conn};
 use crate::envelope::{hop_id, Envelope, ATTEMPT_HEADER, CAUSATION_HEADER, FIRST_SEEN_HEADER};
 use crate::error::{is_loss, Error};
+use crate::publish::Flight;
 
 /// The pseudo-queue a reply channel consumes, and the `reply-to` of its
 /// requests.
@@ -597,15 +599,34 @@ pub(crate) async fn send_reply(
         mandatory: named,
         ..Default::default()
     };
-    match conn.publish_library(publish, properties, body, &message_id).await {
-        Ok(_) => Ok(()),
-        Err(Error::Unroutable { .. }) => {
+    // Written once, not again after a loss as other library publishes are:
+    // a reply the broker closed the connection over would close the next
+    // one too (statement 38), and a requester's reply channel does not
+    // outlive a loss of its own connection anyway.
+    conn.wait_unblocked().await?;
+    let pending = Flight::library(publish, properties, body).write(conn, false).await?;
+    let mut blocked = pending.blocked_changes();
+    let timeouts = ConfirmTimeouts::of(&conn.inner.config);
+    match await_confirm(pending, &mut blocked, timeouts, &message_id).await {
+        Ok(Confirmation::Ack | Confirmation::NotRequested) => Ok(()),
+        Ok(Confirmation::Returned(_)) => {
             tracing::info!(%routing_key, request_id, "the reply queue is gone; the reply is dropped");
             Ok(())
+        }
+        Ok(Confirmation::Nack) => Err(Box::new(Error::Nacked { message_id })),
+        Err(Error::Closed(CloseReason::ByServer(refusal))) if refusal.code == INTERNAL_ERROR => {
+            Err(Box::new(crate::fatal(format!(
+                "the broker closed the publishing connection ({} {}) on the reply to {routing_key:?}",
+                refusal.code, refusal.text
+            ))))
         }
         Err(err) => Err(Box::new(err)),
     }
 }
+
+/// The reply code RabbitMQ closes a connection with when a channel's
+/// process crashes.
+const INTERNAL_ERROR: u16 = 541;
 
 #[cfg(test)]
 mod tests {

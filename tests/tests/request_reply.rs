@@ -1011,6 +1011,57 @@ async fn statement_43_a_request_whose_reply_to_rabbitmq_could_not_decode_is_dead
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn statement_43_a_reply_to_a_node_rabbitmq_3_10_does_not_know_costs_one_connection_and_dead_letters_the_request()
+{
+    deadline(async {
+        for b in brokers().await {
+            let v4 = b.version() == Some(acemq_tests::RabbitVersion::V4_0);
+            let mut config = acemq_core::Config::default();
+            config.recovery_delay = Duration::from_millis(50);
+            config.recovery_delay_max = Duration::from_millis(400);
+            let conn = b.conn_with(config).await;
+            let q = unique("rpc.other-node");
+            Topology::new().queue(&q).dead_letters(&q).declare(&conn).await.unwrap();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let counted = calls.clone();
+            let handler = consume(&conn, &q, move |m: Message<u32>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ack::reply(&(m.payload + 1)) }
+            })
+            .await
+            .unwrap();
+            let raw = b.connect().await;
+            let (ch, _replies, name) = reply_channel(&raw).await;
+            let props = BasicProperties {
+                reply_to: Some(other_node(&name).as_str().into()),
+                correlation_id: Some("other-node".into()),
+                ..Default::default()
+            };
+            ch.publish("", &q, true, props, &b"1"[..]).await.unwrap().await.unwrap();
+            let dead = take(&conn, &format!("{q}.dlq"), Duration::from_secs(if v4 { 1 } else { 30 })).await;
+            if v4 {
+                assert!(dead.is_none(), "{:?}: dead-lettered", b.kind);
+            } else {
+                let dead = dead.unwrap_or_else(|| panic!("{:?}: not dead-lettered", b.kind));
+                assert!(error_text(&dead).contains("541"), "{:?}: {}", b.kind, error_text(&dead));
+            }
+            // The connection is back (on 3.10), and requests are answered.
+            let requester = conn.requester::<u32, u32>("", &q);
+            assert_eq!(requester.request(&5, Duration::from_secs(30)).await.unwrap().payload, 6);
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "{:?}", b.kind);
+            assert_eq!(
+                depth(&conn.consuming_connection().channel().await.unwrap(), &q).await,
+                0
+            );
+            raw.close().await.unwrap();
+            handler.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn statement_43_a_reply_goes_to_a_named_queue_only_when_the_handler_allows_that_name() {
     deadline(async {
         for b in brokers().await {
