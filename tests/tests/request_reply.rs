@@ -178,7 +178,45 @@ async fn statement_35_the_reply_pseudo_queue_is_consumed_only_without_acks_and_o
             // Another channel has a reply consumer of its own.
             let (_other, _c, name) = reply_channel(&conn).await;
             assert!(name.starts_with(PREFIX), "{kind}: {name}");
-            conn.close().await.unwrap();
+            // The reply consumer's tag is not a queue consumer's: a queue
+            // consumer may take it, and then a reply consumer may not.
+            let ch = conn.channel().await.unwrap();
+            ch.basic_consume(BasicConsume {
+                queue: REPLY_TO.into(),
+                consumer_tag: "shared-tag".into(),
+                no_ack: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let q = exclusive_queue(&ch).await;
+            ch.basic_consume(BasicConsume {
+                queue: q.as_str().into(),
+                consumer_tag: "shared-tag".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let ch = conn.channel().await.unwrap();
+            let q = exclusive_queue(&ch).await;
+            ch.basic_consume(BasicConsume {
+                queue: q.as_str().into(),
+                consumer_tag: "queue-tag".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let err = ch
+                .basic_consume(BasicConsume {
+                    queue: REPLY_TO.into(),
+                    consumer_tag: "queue-tag".into(),
+                    no_ack: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.reply_code(), Some(530), "{kind}: {err}");
+            assert!(conn.is_closed() || conn.channel().await.is_err(), "{kind}");
         }
     })
     .await

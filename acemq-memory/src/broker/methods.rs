@@ -567,9 +567,7 @@ impl BrokerMachine {
             return Ok(());
         };
         let prefetch = channel.prefetch;
-        if channel.consumers.iter().any(|c| c.tag == tag)
-            || channel.reply_consumer.as_ref().is_some_and(|r| r.tag == tag)
-        {
+        if channel.consumers.iter().any(|c| c.tag == tag) {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
         let q = self.queue_for_use(id, vhost, &queue)?;

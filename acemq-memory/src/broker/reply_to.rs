@@ -252,7 +252,8 @@ impl BrokerMachine {
     }
 
     /// `basic.consume` of `amq.rabbitmq.reply-to`: only without acks, one
-    /// per channel; a tag in use on the channel is a connection error.
+    /// per channel; the tag of one of the channel's queue consumers is a
+    /// connection error.
     pub(crate) fn consume_reply_to(
         &mut self,
         id: ConnId,
@@ -263,9 +264,9 @@ impl BrokerMachine {
         let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
             return Ok(None);
         };
-        let tag_in_use = channel.consumers.iter().any(|c| c.tag == m.consumer_tag)
-            || channel.reply_consumer.as_ref().is_some_and(|r| r.tag == m.consumer_tag);
-        if !m.consumer_tag.is_empty() && tag_in_use {
+        // Only the channel's queue consumers count, as in RabbitMQ: the
+        // reply consumer's own tag is not among them.
+        if channel.consumers.iter().any(|c| c.tag == m.consumer_tag) {
             return Err(AmqpError::not_allowed(format!(
                 "attempt to reuse consumer tag '{}'",
                 m.consumer_tag
