@@ -144,6 +144,22 @@ impl BrokerMachine {
             }
         }
         self.check_reply_key(publish.exchange.as_bytes(), publish.routing_key.as_bytes())?;
+        if publish.exchange.is_empty() && super::reply_to::is_reply_key(publish.routing_key.as_bytes()) {
+            // RabbitMQ routes as it takes the publish, in a transaction too:
+            // a reply is delivered now, and no rollback takes it back.
+            let mut header = content.header.clone();
+            sender_selected_keys(&mut header);
+            if self.config.rabbitmq_version.is_4() {
+                sort_headers(&mut header);
+            }
+            let reply = Message {
+                exchange: publish.exchange.clone(),
+                routing_key: publish.routing_key.clone(),
+                header,
+                body: content.body.clone(),
+            };
+            self.deliver_reply(publish.routing_key.as_bytes(), &reply);
+        }
         let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
             return Ok(());
         };
@@ -185,9 +201,10 @@ impl BrokerMachine {
             body,
         });
         if msg.exchange.is_empty() {
-            // Replies go straight to their channel, never to a queue.
-            let mut replied: Vec<&ShortString> = Vec::new();
-            for key in std::iter::once(&msg.routing_key).chain(&also) {
+            // Replies go straight to their channel, never to a queue; the one
+            // its routing key names has gone already (see `publish`).
+            let mut replied: Vec<&ShortString> = vec![&msg.routing_key];
+            for key in &also {
                 if super::reply_to::is_reply_key(key.as_bytes()) && !replied.contains(&key) {
                     replied.push(key);
                     self.deliver_reply(key.as_bytes(), &msg);
