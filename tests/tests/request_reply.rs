@@ -877,6 +877,29 @@ async fn statement_41_replies_with_unknown_missing_duplicate_or_undecodable_corr
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn statement_41_a_reply_that_does_not_decode_fails_its_request_with_decode() {
+    deadline(async {
+        for b in brokers().await {
+            let conn = b.conn().await;
+            let q = unique("rpc.undecodable");
+            Topology::new().queue(&q).dead_letters(&q).declare(&conn).await.unwrap();
+            let handler = consume(&conn, &q, |_: Message<u32>| async {
+                Ack::reply_bytes(&b"not json"[..], "text/plain")
+            })
+            .await
+            .unwrap();
+            let requester = conn.requester::<u32, u64>("", &q);
+            let err = requester.request(&1, Duration::from_secs(10)).await.unwrap_err();
+            assert!(matches!(err, Error::Decode(_)), "{:?}: {err}", b.kind);
+            assert_eq!(requester.pending(), 0, "{:?}", b.kind);
+            handler.close().await.unwrap();
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn statement_42_requests_in_flight_at_a_connection_loss_fail_with_reply_channel_lost_and_later_ones_work() {
     deadline(async {
         for b in brokers().await {
