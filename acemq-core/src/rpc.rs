@@ -235,7 +235,12 @@ impl<Req: Serialize, Resp: DeserializeOwned, C: Codec> Requester<Req, Resp, C> {
         let body = self.codec.encode(payload).map_err(Error::Encode)?;
         let n = self.shared.next.fetch_add(1, Ordering::Relaxed);
         let correlation_id = format!("{}.{n}", self.shared.prefix);
-        let deadline = Instant::now() + timeout;
+        // A timeout too long for the clock (`Duration::MAX`) waits a
+        // century instead.
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         match tokio::time::timeout_at(deadline, self.exchange(Bytes::from(body), &correlation_id, deadline)).await {
             Ok(result) => result,
             Err(_) => Err(Error::RequestTimedOut {

@@ -571,8 +571,12 @@ async fn statement_40_a_request_gets_the_reply_its_handler_gives_with_ack_reply(
             let q = unique("rpc.double");
             let handler = doubler(&conn, &q).await;
             let requester = conn.requester::<u32, Quote>("", &q);
-            for n in [1, 2, 21] {
-                let reply = requester.request(&n, Duration::from_secs(10)).await.unwrap();
+            for (n, timeout) in [
+                (1, Duration::from_secs(10)),
+                (2, Duration::MAX),
+                (21, Duration::from_secs(10)),
+            ] {
+                let reply = requester.request(&n, timeout).await.unwrap();
                 assert_eq!(
                     reply.payload,
                     Quote {
