@@ -2,6 +2,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -23,6 +24,33 @@ pub enum Ack {
     /// step of the message's routing slip, and only then is the input acked
     /// (statement 24 of `docs/statements.md`).
     Then(Output),
+    /// Done, with a reply to the request: it is published (a library
+    /// publish: confirmed) to the default exchange with the request's
+    /// `reply-to` as routing key and its correlation-id, and only then is
+    /// the request acked. A request whose `reply-to` is not a direct
+    /// reply-to name (`amq.rabbitmq.reply-to.*`), or a queue the reply
+    /// allows ([`Ack::reply_named`]), is a fatal error of the request
+    /// (statements 34 and 43 of `docs/statements.md`).
+    Reply(ReplyOutput),
+}
+
+/// The reply of [`Ack::reply`]: an encoded body, its content type, and the
+/// named reply queues it may go to.
+pub struct ReplyOutput {
+    pub(crate) output: Output,
+    pub(crate) named: Option<Arc<NamedReplyQueues>>,
+}
+
+/// Which named queues a reply may go to (see [`Ack::reply_named`]).
+pub(crate) type NamedReplyQueues = dyn Fn(&str) -> bool + Send + Sync;
+
+impl fmt::Debug for ReplyOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplyOutput")
+            .field("output", &self.output)
+            .field("named_queues_allowed", &self.named.is_some())
+            .finish()
+    }
 }
 
 /// The output of [`Ack::then`]: an encoded body and its content type.
@@ -59,12 +87,55 @@ impl Ack {
         })
     }
 
+    /// Done; publish `output` (JSON) as the reply to this request, then
+    /// acknowledge. The reply goes only to a direct reply-to name (what a
+    /// [`crate::Requester`] sends); a request without one is a fatal error.
+    /// An output that does not encode is a fatal error of the request.
+    pub fn reply<O: serde::Serialize>(output: &O) -> Ack {
+        Ack::Reply(ReplyOutput {
+            output: json_output(output),
+            named: None,
+        })
+    }
+
+    /// [`Ack::reply`] with a body already encoded.
+    pub fn reply_bytes(body: impl Into<Bytes>, content_type: &str) -> Ack {
+        Ack::Reply(ReplyOutput {
+            output: Output {
+                body: Ok(body.into()),
+                content_type: content_type.into(),
+            },
+            named: None,
+        })
+    }
+
+    /// [`Ack::reply`], allowing also a `reply-to` that names a queue, when
+    /// `allow` accepts its name (a request's `reply-to` is written by its
+    /// producer: say which queues a reply may go to). A reply to a named
+    /// queue is mandatory; if the queue is gone, the reply is dropped and
+    /// the request acked.
+    pub fn reply_named<O: serde::Serialize>(output: &O, allow: impl Fn(&str) -> bool + Send + Sync + 'static) -> Ack {
+        Ack::Reply(ReplyOutput {
+            output: json_output(output),
+            named: Some(Arc::new(allow)),
+        })
+    }
+
     /// [`Ack::then`] with a body already encoded.
     pub fn then_bytes(body: impl Into<Bytes>, content_type: &str) -> Ack {
         Ack::Then(Output {
             body: Ok(body.into()),
             content_type: content_type.into(),
         })
+    }
+}
+
+fn json_output<O: serde::Serialize>(output: &O) -> Output {
+    Output {
+        body: serde_json::to_vec(output)
+            .map(Bytes::from)
+            .map_err(crate::codec::CodecError::new),
+        content_type: "application/json".into(),
     }
 }
 

@@ -148,6 +148,26 @@ pub enum Error {
     /// A pending send that had already given its answer was polled again.
     #[error("a pending send was polled after it completed")]
     PolledAfterCompletion,
+    /// No reply to a request came within its timeout
+    /// ([`crate::Requester::request`]). The request may still be handled;
+    /// a reply that comes later is dropped.
+    #[error("no reply to request {correlation_id} within {waited:?}; it may or may not have been handled")]
+    RequestTimedOut {
+        /// The request's correlation-id.
+        correlation_id: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The channel a request's reply would have come on closed (the
+    /// connection was lost) before the reply came. The request may or may
+    /// not have been handled; the next request opens a new reply channel.
+    #[error("the reply channel of request {correlation_id} closed before its reply came ({reason}); it may or may not have been handled")]
+    ReplyChannelLost {
+        /// The request's correlation-id.
+        correlation_id: String,
+        /// Why the channel closed.
+        reason: String,
+    },
     /// A declaration or option that cannot work, refused before asking the broker.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -22,6 +22,8 @@
 //! 6. [`blocked`]: when the broker runs out of memory or disk.
 //! 7. [`lifecycle`]: shutdown, and the lifecycle of a service with several
 //!    consumers beside an HTTP server under a container's stop timeout.
+//! 8. [`request_reply`]: requests and their replies over RabbitMQ's direct
+//!    reply-to.
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -54,3 +56,6 @@ pub mod blocked {}
 #[doc = include_str!("../examples/service.rs")]
 #[doc = "```"]
 pub mod lifecycle {}
+
+#[doc = include_str!("guide/request_reply.md")]
+pub mod request_reply {}

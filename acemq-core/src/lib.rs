@@ -72,8 +72,8 @@
 //! attempt counter](guide::consuming); [retries, rungs and
 //! jitter](guide::retries); [dead letters, parked messages and
 //! replay](guide::dead_letters); [recovery](guide::recovery); [blocked
-//! connections](guide::blocked); and [shutdown and the lifecycle of a
-//! service](guide::lifecycle).
+//! connections](guide::blocked); [shutdown and the lifecycle of a
+//! service](guide::lifecycle); and [request and reply](guide::request_reply).
 //!
 //! Two choices are about whom to trust:
 //!
@@ -151,6 +151,7 @@ pub mod proto;
 mod publish;
 pub mod replay;
 pub mod retry;
+pub mod rpc;
 pub mod schedule;
 mod set_aside;
 mod text;
@@ -163,7 +164,7 @@ pub mod trace;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal};
+pub use ack::{fatal, is_fatal, Ack, BoxError, Fatal, ReplyOutput};
 pub use codec::{Codec, CodecError, Json};
 pub use config::{Config, OnRecovery, RecoveryEvent};
 pub use confirm::SendResult;
@@ -175,6 +176,7 @@ pub use properties::{MessageProperties, Outgoing};
 pub use publish::{PendingSend, Publisher, Resolving};
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
+pub use rpc::{Reply, Requester};
 pub use schedule::{Scheduler, SchedulerBuilder};
 pub use topology::Topology;
 pub use trace::TraceContext;

@@ -325,6 +325,7 @@ async fn carry_out<T, F, C>(
             Ok(Outcome::Accepted)
         }
         Ack::Then(output) => Box::pin(forward(handling, delivery, properties, facts, Some(output))).await,
+        Ack::Reply(reply) => Box::pin(answer(handling, delivery, properties, facts, reply)).await,
         Ack::Park(reason) => {
             Box::pin(set_aside(handling, delivery, properties, "parked", &reason)).await?;
             ack(delivery)?;
@@ -377,6 +378,24 @@ async fn forward<T, F, C>(
             Ok(Outcome::Accepted)
         }
         Err(err) => Box::pin(retry(handling, delivery, properties, facts, Box::new(err))).await,
+    }
+}
+
+/// A request is answered (`crate::rpc`), then acked; a reply that cannot
+/// go is a failure of the request.
+async fn answer<T, F, C>(
+    handling: &Handling<T, F, C>,
+    delivery: &Delivery,
+    properties: &BasicProperties,
+    facts: &RetryFacts,
+    reply: crate::ack::ReplyOutput,
+) -> Result<Outcome, Error> {
+    match crate::rpc::send_reply(&handling.conn, properties, &id_of(delivery, properties), reply).await {
+        Ok(()) => {
+            ack(delivery)?;
+            Ok(Outcome::Accepted)
+        }
+        Err(err) => Box::pin(retry(handling, delivery, properties, facts, err)).await,
     }
 }
 

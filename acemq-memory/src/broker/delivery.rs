@@ -89,7 +89,13 @@ pub(crate) fn route(
 
 impl BrokerMachine {
     /// `basic.publish` with its content, on channel `ch` of connection `id`.
-    pub(crate) fn publish(&mut self, id: ConnId, ch: u16, content: Publication, now: Instant) -> Result<(), AmqpError> {
+    pub(crate) fn publish(
+        &mut self,
+        id: ConnId,
+        ch: u16,
+        mut content: Publication,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let publish = &content.publish;
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
@@ -131,6 +137,29 @@ impl BrokerMachine {
             }
             Some(_) => {}
         }
+        if let Header::Decoded(properties) = &mut content.header {
+            let reply_to = properties.view().reply_to;
+            if let Some(rewritten) = reply_to.and_then(|r| self.rewrite_reply_to(id, ch, r).transpose()) {
+                properties.reply_to = Some(rewritten?.into());
+            }
+        }
+        self.check_reply_key(publish.exchange.as_bytes(), publish.routing_key.as_bytes())?;
+        if publish.exchange.is_empty() && super::reply_to::is_reply_key(publish.routing_key.as_bytes()) {
+            // RabbitMQ routes as it takes the publish, in a transaction too:
+            // a reply is delivered now, and no rollback takes it back.
+            let mut header = content.header.clone();
+            sender_selected_keys(&mut header);
+            if self.config.rabbitmq_version.is_4() {
+                sort_headers(&mut header);
+            }
+            let reply = Message {
+                exchange: publish.exchange.clone(),
+                routing_key: publish.routing_key.clone(),
+                header,
+                body: content.body.clone(),
+            };
+            self.deliver_reply(publish.routing_key.as_bytes(), &reply);
+        }
         let Some(channel) = self.conns.get_mut(&id).and_then(|c| c.channel_mut(ch)) else {
             return Ok(());
         };
@@ -171,6 +200,17 @@ impl BrokerMachine {
             header,
             body,
         });
+        if msg.exchange.is_empty() {
+            // Replies go straight to their channel, never to a queue; the one
+            // its routing key names has gone already (see `publish`).
+            let mut replied: Vec<&ShortString> = vec![&msg.routing_key];
+            for key in &also {
+                if super::reply_to::is_reply_key(key.as_bytes()) && !replied.contains(&key) {
+                    replied.push(key);
+                    self.deliver_reply(key.as_bytes(), &msg);
+                }
+            }
+        }
         let wall = self.wall_ms(now);
         let queues = match self.vhosts.get(&**vhost) {
             Some(vh) => {

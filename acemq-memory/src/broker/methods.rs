@@ -28,7 +28,7 @@ const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 
 /// `prefix` and 22 random base64url characters, as RabbitMQ names
 /// server-named queues and consumer tags.
-fn generated_name(prefix: &str) -> ShortString {
+pub(super) fn generated_name(prefix: &str) -> ShortString {
     let mut name = String::with_capacity(prefix.len() + 22);
     name.push_str(prefix);
     let (mut a, mut b) = (rand::random::<u64>(), rand::random::<u64>());
@@ -311,7 +311,11 @@ impl BrokerMachine {
         } else {
             m.queue.clone()
         };
-        let counts = if m.passive {
+        let counts = if name.as_bytes().starts_with(super::reply_to::REPLY_TO.as_bytes()) {
+            // Every declare of these names is passive (`reply_to.rs`).
+            let ok = self.declare_reply_to(&from.vhost, &m)?;
+            Some((ok.message_count as usize, ok.consumer_count as usize))
+        } else if m.passive {
             Some(self.queue_counts(from, &name)?)
         } else {
             self.declare_queue(from, &m, &name)?
@@ -553,6 +557,12 @@ impl BrokerMachine {
         } else {
             m.consumer_tag.clone()
         };
+        if m.queue.as_bytes() == super::reply_to::REPLY_TO.as_bytes() {
+            if let Some(ok) = self.consume_reply_to(id, ch, &m, tag)? {
+                self.reply(from, m.no_wait, ok);
+            }
+            return Ok(());
+        }
         let Some(channel) = self.channel(id, ch) else {
             return Ok(());
         };
@@ -622,6 +632,13 @@ impl BrokerMachine {
     }
 
     fn basic_cancel(&mut self, from: &Origin, m: BasicCancel) -> Result<(), AmqpError> {
+        if self.cancel_reply_to(from.id, from.ch, &m.consumer_tag) {
+            let ok = BasicCancelOk {
+                consumer_tag: m.consumer_tag,
+            };
+            self.reply(from, m.no_wait, ok);
+            return Ok(());
+        }
         let removed = self.channel(from.id, from.ch).and_then(|channel| {
             let at = channel.consumers.iter().position(|c| c.tag == m.consumer_tag)?;
             Some(channel.consumers.remove(at))

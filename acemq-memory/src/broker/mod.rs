@@ -20,6 +20,7 @@ mod ids;
 mod message;
 mod methods;
 mod queue;
+mod reply_to;
 mod stream;
 
 use std::collections::VecDeque;
@@ -127,6 +128,8 @@ pub(crate) struct Channel {
     pub tx: Option<Vec<TxOp>>,
     /// The queue `""` stands for in later methods (RabbitMQ's shortcut).
     pub last_queue: Option<ShortString>,
+    /// Its consumer of `amq.rabbitmq.reply-to` (`reply_to.rs`).
+    pub reply_consumer: Option<reply_to::ReplyConsumer>,
 }
 
 impl Channel {
@@ -142,6 +145,7 @@ impl Channel {
             confirm: None,
             tx: None,
             last_queue: None,
+            reply_consumer: None,
         }
     }
 }
