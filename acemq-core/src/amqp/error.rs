@@ -29,6 +29,18 @@ pub enum Error {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] crate::io::TlsError),
+    /// A TLS setting, or SASL EXTERNAL, was given with an `amqp://` URL:
+    /// the connection would go in clear (the password with it), so it is
+    /// not made. Use `amqps://`, or drop the setting.
+    #[error("{setting} is set, but the URL is amqp:// (no TLS), which would send the credentials in clear: use amqps:// or remove the setting")]
+    NotTls {
+        /// What was set: `a TLS configuration` or `EXTERNAL authentication`.
+        setting: &'static str,
+    },
+    /// The credentials provider ([`super::Config::credentials`]) gave no
+    /// credentials, so the connection was not dialled.
+    #[error(transparent)]
+    Credentials(#[from] super::connection::CredentialsError),
     /// The connection could not be set up in time.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

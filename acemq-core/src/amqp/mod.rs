@@ -30,11 +30,11 @@ pub(crate) mod state;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
-pub use connection::{Config, Connection};
+pub use connection::{Config, Connection, Credentials, CredentialsError, CredentialsFuture, CredentialsProvider};
 pub use error::Error;
 pub use message::{Confirmation, ConnectionEvent, Properties, ReturnedMessage};
 pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;
-pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, TuneRequest, Tuned, Wait};
+pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, Secret, TuneRequest, Tuned, Wait};
