@@ -131,8 +131,8 @@ impl FromStr for AmqpUrl {
         if let Some(at) = rest.find(['/', '?']) {
             if rest[at..].contains('@') {
                 return err(
-                    "there is an @ after the first / or ?: write / in a user name or password as %2F \
-                     and ? as %3F, and @ in a vhost or option as %40",
+                    "there is an @ after the first / or ?: in credentials write / as %2F and ? as %3F; \
+                     in a vhost or an option write @ as %40",
                 );
             }
         }
@@ -295,6 +295,25 @@ mod tests {
         assert!(!format!("{url}").contains("s3cret"));
         assert!(!format!("{url:?}").contains("s3cret"));
         assert_eq!(url.to_string(), "amqp://admin:***@localhost:5672/%2f");
+    }
+
+    #[test]
+    fn refused_urls_quote_no_part_of_the_password() {
+        for (url, secret) in [
+            ("amqp://u:s3cr3t%@h/", "s3cr3t"),
+            ("amqp://u:pa/ss@h", "pa"),
+            ("amqp://u:pa?ss@h", "pa"),
+            ("amqp://u:9999x/", "9999x"),
+            ("amqp://u:pw%zz@h/", "pw"),
+            ("amqp:u:hunter2@h://x", "hunter2"),
+            ("amqp://u:ok@h?heartbeat=hunter2", "hunter2"),
+        ] {
+            let err = url.parse::<AmqpUrl>().unwrap_err();
+            assert!(!err.to_string().contains(secret), "{url}: {err}");
+            assert!(!format!("{err:?}").contains(secret), "{url}: {err:?}");
+        }
+        let err = "amqp://u:pa/ss@h".parse::<AmqpUrl>().unwrap_err();
+        assert!(err.to_string().contains("%2F"), "says how to write it: {err}");
     }
 
     #[test]
