@@ -71,8 +71,13 @@ impl TestUser {
     /// checked by the URL: the provider or the URL gives them).
     fn url(&self, password: &str) -> String {
         match &self.memory_name {
-            Some(_) => self.host_url.clone().replacen("memory://", &format!("memory://{}:{password}@", self.name), 1),
-            None => self.host_url.replacen("amqp://", &format!("amqp://{}:{password}@", self.name), 1),
+            Some(_) => self
+                .host_url
+                .clone()
+                .replacen("memory://", &format!("memory://{}:{password}@", self.name), 1),
+            None => self
+                .host_url
+                .replacen("amqp://", &format!("amqp://{}:{password}@", self.name), 1),
         }
     }
 
@@ -101,7 +106,11 @@ impl TestUser {
                     .collect();
                 assert!(!pids.is_empty(), "no connection of {} in:\n{listing}", self.name);
                 for pid in pids {
-                    chaos::ctl(version, &["close_connection", pid, "closed by the acemq credentials suite"]).await;
+                    chaos::ctl(
+                        version,
+                        &["close_connection", pid, "closed by the acemq credentials suite"],
+                    )
+                    .await;
                 }
             }
             _ => unreachable!("a user is on one broker"),
@@ -180,7 +189,11 @@ impl Events {
         let _label = acemq_tests::waiting_for(format!("recovery events: {what}"));
         let until = Instant::now() + Duration::from_secs(60);
         while !done(&self.all()) {
-            assert!(Instant::now() < until, "no {what} within 60 s; events: {:#?}", self.all());
+            assert!(
+                Instant::now() < until,
+                "no {what} within 60 s; events: {:#?}",
+                self.all()
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -402,7 +415,11 @@ async fn credentials_refresh_asks_the_provider_on_schedule_and_keeps_both_connec
             // Closed: the schedule stops.
             let after_close = provider.calls();
             tokio::time::sleep(Duration::from_millis(400)).await;
-            assert!(provider.calls() <= after_close + 1, "{:?}: the refresh stops with the Conn", b.kind);
+            assert!(
+                provider.calls() <= after_close + 1,
+                "{:?}: the refresh stops with the Conn",
+                b.kind
+            );
 
             let without_provider = Config::default().with_credentials_refresh(Duration::from_secs(1));
             let err = Conn::open(&b.url, without_provider).await.unwrap_err();

@@ -81,7 +81,11 @@ async fn native_roots_trust_a_server_only_when_the_os_store_holds_its_ca() {
 
             std::env::set_var("SSL_CERT_FILE", &empty);
             let err = try_tls(&b, native.clone()).await.unwrap_err();
-            assert!(matches!(&err, Error::Io(e) if e.to_string().contains("trust store")), "{:?}: {err}", b.kind);
+            assert!(
+                matches!(&err, Error::Io(e) if e.to_string().contains("trust store")),
+                "{:?}: {err}",
+                b.kind
+            );
 
             std::env::remove_var("SSL_CERT_FILE");
             std::env::set_var("SSL_CERT_DIR", &store);
@@ -184,7 +188,11 @@ async fn a_whole_client_config_is_used_as_given_with_its_client_certificate() {
             )
             .await
             .unwrap_err();
-            assert!(err.to_string().to_lowercase().contains("not valid for name"), "{:?}: {err}", b.kind);
+            assert!(
+                err.to_string().to_lowercase().contains("not valid for name"),
+                "{:?}: {err}",
+                b.kind
+            );
         }
     })
     .await
@@ -229,7 +237,12 @@ async fn tls_settings_or_external_with_amqp_are_refused_before_dialling() {
                 let config = Config::default().with_tls(tls.clone());
                 let err = Connection::open(&url, config).await.unwrap_err();
                 assert!(
-                    matches!(err, Error::NotTls { setting: "a TLS configuration" }),
+                    matches!(
+                        err,
+                        Error::NotTls {
+                            setting: "a TLS configuration"
+                        }
+                    ),
                     "{:?} {what}: {err:?}",
                     b.kind
                 );
@@ -246,7 +259,12 @@ async fn tls_settings_or_external_with_amqp_are_refused_before_dialling() {
                 .await
                 .unwrap_err();
             assert!(
-                matches!(err, Error::NotTls { setting: "EXTERNAL authentication" }),
+                matches!(
+                    err,
+                    Error::NotTls {
+                        setting: "EXTERNAL authentication"
+                    }
+                ),
                 "{:?}: {err:?}",
                 b.kind
             );

@@ -394,7 +394,11 @@ impl Connection {
             (Some("external"), _) | (None, true) => Auth::External,
             (Some("amqplain"), _) => Auth::AmqPlain { username, password },
             (None | Some("plain"), _) => Auth::Plain { username, password },
-            (Some(_), _) => return Err(Error::Url(UrlError("auth_mechanism is not plain, amqplain or external".into()))),
+            (Some(_), _) => {
+                return Err(Error::Url(UrlError(
+                    "auth_mechanism is not plain, amqplain or external".into(),
+                )))
+            }
         };
         let params = ConnectionParams {
             auth,

@@ -37,7 +37,7 @@ pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;
+pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, Secret, TuneRequest, Tuned, Wait};
 /// The rustls that [`TlsConfig::from_client_config`] takes a
 /// `ClientConfig` of: build yours with this one, so the versions match.
 pub use rustls;
-pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, Secret, TuneRequest, Tuned, Wait};

@@ -212,7 +212,11 @@ impl FromStr for AmqpUrl {
                 }
                 // Other clients' options (e.g. `cacertfile`) are configured
                 // in code here. Named only when it is one plain word.
-                other if !other.is_empty() && other.len() <= 32 && other.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
+                other
+                    if !other.is_empty()
+                        && other.len() <= 32
+                        && other.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') =>
+                {
                     return err(format!("unknown option {other:?}"))
                 }
                 _ => return err("an option of the query is not known"),

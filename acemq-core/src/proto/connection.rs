@@ -806,7 +806,11 @@ impl Connection {
             Timer::HeartbeatIdle => Some(self.last_received + self.heartbeat_interval()? * 2),
             Timer::Channel => self.channel_deadlines.next(),
             Timer::Call => self.call_deadlines.next(),
-            Timer::SecretUpdate => self.secret_updates.iter().filter(|u| !u.expired).find_map(|u| u.deadline),
+            Timer::SecretUpdate => self
+                .secret_updates
+                .iter()
+                .filter(|u| !u.expired)
+                .find_map(|u| u.deadline),
         }
     }
 

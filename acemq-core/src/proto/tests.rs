@@ -1396,7 +1396,10 @@ fn update_secret_writes_the_secret_and_its_ok_answers_the_oldest_update() {
     let Method::ConnectionUpdateSecret(m) = p.client_method() else {
         panic!("expected update-secret")
     };
-    assert_eq!((m.new_secret.as_bytes(), m.reason.as_bytes()), (&b"token-1"[..], &b"refresh"[..]));
+    assert_eq!(
+        (m.new_secret.as_bytes(), m.reason.as_bytes()),
+        (&b"token-1"[..], &b"refresh"[..])
+    );
     let Method::ConnectionUpdateSecret(m) = p.client_method() else {
         panic!("expected update-secret")
     };
