@@ -15,6 +15,7 @@ use super::driver;
 use super::message::ConnectionEvent;
 use super::state::{Command, ConnectionState, Outgoing, Settings};
 use super::url::{AmqpUrl, UrlError};
+use super::error::CredentialsError;
 use super::Error;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
@@ -45,12 +46,6 @@ impl Credentials {
         self
     }
 }
-
-/// Why a [`CredentialsProvider`] gave no credentials. Its text is the
-/// provider's own: never put the secret in it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the credentials provider gave no credentials: {0}")]
-pub struct CredentialsError(pub String);
 
 /// What [`CredentialsProvider::credentials`] returns.
 pub type CredentialsFuture<'a> = Pin<Box<dyn Future<Output = Result<Credentials, CredentialsError>> + Send + 'a>>;

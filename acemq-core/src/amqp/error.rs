@@ -5,6 +5,12 @@ use std::sync::Arc;
 
 use crate::proto::{CallError, CloseReason, CommandError, Refusal, Reply};
 
+/// Why a [`super::CredentialsProvider`] gave no credentials. Its text is the
+/// provider's own: never put the secret in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the credentials provider gave no credentials: {0}")]
+pub struct CredentialsError(pub String);
+
 /// An error from the low-level connection and channel API.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -40,7 +46,7 @@ pub enum Error {
     /// The credentials provider ([`super::Config::credentials`]) gave no
     /// credentials, so the connection was not dialled.
     #[error(transparent)]
-    Credentials(#[from] super::connection::CredentialsError),
+    Credentials(#[from] CredentialsError),
     /// The connection could not be set up in time.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

@@ -30,8 +30,8 @@ pub(crate) mod state;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
-pub use connection::{Config, Connection, Credentials, CredentialsError, CredentialsFuture, CredentialsProvider};
-pub use error::Error;
+pub use connection::{Config, Connection, Credentials, CredentialsFuture, CredentialsProvider};
+pub use error::{CredentialsError, Error};
 pub use message::{Confirmation, ConnectionEvent, Properties, ReturnedMessage};
 pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
