@@ -555,3 +555,205 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------- a broker with expiring tokens ---
+
+/// A fake broker that behaves like RabbitMQ's OAuth 2 backend for
+/// `update-secret`: `accept` is the one token it takes (`update-secret-ok`);
+/// any other closes the connection with 530, as RabbitMQ does; `silent`
+/// answers nothing. Every login's password and every secret it is sent go
+/// to the returned receiver, in order.
+async fn token_broker(accept: &'static str, silent: bool) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use acemq_codec::*;
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("amqp://app:initial@{}/", listener.local_addr().unwrap());
+    let (seen, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut accepted = 0u32;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted += 1;
+            let id = accepted;
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = BytesMut::new();
+                let decoder = FrameDecoder::new(131_072);
+                let mut header = [0u8; 8];
+                if stream.read_exact(&mut header).await.is_err() {
+                    return;
+                }
+                let mut out = BytesMut::new();
+                let start = ConnectionStart {
+                    version_major: 0,
+                    version_minor: 9,
+                    mechanisms: "PLAIN".into(),
+                    locales: "en_US".into(),
+                    ..Default::default()
+                };
+                Frame::Method(0, start.into()).encode(&mut out).unwrap();
+                stream.write_all(&out).await.unwrap();
+                loop {
+                    let frame = loop {
+                        if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                            break frame;
+                        }
+                        match stream.read_buf(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    };
+                    let reply: Option<Method> = match frame {
+                        Frame::Method(0, Method::ConnectionStartOk(ok)) => {
+                            let response = ok.response.as_bytes().to_vec();
+                            let password = response.rsplit(|b| *b == 0).next().unwrap_or_default();
+                            let _ = seen.send(format!("login:{}", String::from_utf8_lossy(password)));
+                            Some(
+                                ConnectionTune {
+                                    channel_max: 16,
+                                    frame_max: 131_072,
+                                    heartbeat: 0,
+                                }
+                                .into(),
+                            )
+                        }
+                        Frame::Method(0, Method::ConnectionOpen(_)) => Some(ConnectionOpenOk::default().into()),
+                        Frame::Method(0, Method::ConnectionUpdateSecret(m)) => {
+                            let secret = String::from_utf8_lossy(m.new_secret.as_bytes()).into_owned();
+                            let _ = seen.send(format!("update:{secret}"));
+                            let _ = seen.send(format!("on:{id}"));
+                            match (silent, secret == accept) {
+                                (true, _) => None,
+                                (false, true) => Some(ConnectionUpdateSecretOk {}.into()),
+                                (false, false) => Some(
+                                    ConnectionClose {
+                                        reply_code: 530,
+                                        reply_text: "NOT_ALLOWED - New secret was refused by one of the backends"
+                                            .into(),
+                                        class_id: 10,
+                                        method_id: 70,
+                                    }
+                                    .into(),
+                                ),
+                            }
+                        }
+                        Frame::Method(0, Method::ConnectionClose(_)) => Some(ConnectionCloseOk {}.into()),
+                        Frame::Method(ch, m @ (Method::ChannelOpen(_) | Method::ConfirmSelect(_))) if ch > 0 => {
+                            let ok: Method = match m {
+                                Method::ChannelOpen(_) => ChannelOpenOk::default().into(),
+                                _ => ConfirmSelectOk {}.into(),
+                            };
+                            let mut out = BytesMut::new();
+                            Frame::Method(ch, ok).encode(&mut out).unwrap();
+                            stream.write_all(&out).await.unwrap();
+                            None
+                        }
+                        _ => None,
+                    };
+                    if let Some(method) = reply {
+                        let mut out = BytesMut::new();
+                        Frame::Method(0, method).encode(&mut out).unwrap();
+                        if stream.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// Like RabbitMQ's OAuth 2 backend: the token it takes is answered, a
+/// refused one closes the connection with 530 and the call says so; a
+/// broker that never answers fails the call after `call_timeout`, and the
+/// connection goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_secret_is_a_530_close_and_an_unanswered_one_times_out() {
+    deadline(async {
+        let (url, mut seen) = token_broker("good-token", false).await;
+        let provider = Provider::new("first-token");
+        let config = amqp::Config::default()
+            .with_credentials(provider.arc())
+            .with_call_timeout(Duration::from_millis(300));
+        let conn = amqp::Connection::open(&url, config.clone()).await.unwrap();
+        assert_eq!(
+            seen.recv().await.unwrap(),
+            "login:first-token",
+            "the provider's secret logs in"
+        );
+        conn.update_secret(Secret::new("good-token"), "refresh").await.unwrap();
+        assert_eq!(seen.recv().await.unwrap(), "update:good-token");
+        assert_eq!(seen.recv().await.unwrap(), "on:1");
+        let err = conn
+            .update_secret(Secret::new("expired-token"), "refresh")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, amqp::Error::ConnectionClosed(amqp::CloseReason::ByServer(r)) if r.code == 530),
+            "{err:?}"
+        );
+        assert!(!err.to_string().contains("expired-token"), "{err}");
+        assert!(conn.is_closed());
+
+        let (url, _seen) = token_broker("good-token", true).await;
+        let conn = amqp::Connection::open(&url, config).await.unwrap();
+        let started = Instant::now();
+        let err = conn
+            .update_secret(Secret::new("good-token"), "refresh")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, amqp::Error::NoReply { .. }), "{err:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            !conn.is_closed(),
+            "an unanswered update-secret leaves the connection up"
+        );
+        conn.channel().await.unwrap();
+        conn.close().await.unwrap();
+    })
+    .await
+}
+
+async fn next_line(seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), seen.recv())
+        .await
+        .expect("the fake broker reports within 10 s")
+        .expect("the fake broker is alive")
+}
+
+/// The schedule sends the provider's secret on both of the `Conn`'s
+/// connections: the broker sees each secret twice, once per connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_refresh_sends_each_fresh_secret_on_both_connections() {
+    deadline(async {
+        let (url, mut seen) = token_broker("token-2", false).await;
+        let provider = Provider::new("token-1");
+        let config = Config::default()
+            .with_credentials(provider.arc())
+            .with_credentials_refresh(Duration::from_millis(200));
+        let conn = Conn::open(&url, config).await.unwrap();
+        assert_eq!(seen.recv().await.unwrap(), "login:token-1");
+        assert_eq!(seen.recv().await.unwrap(), "login:token-1");
+        provider.set(Ok("token-2"));
+        let mut on = std::collections::BTreeMap::<String, u32>::new();
+        while on.len() < 2 || on.values().any(|n| *n < 2) {
+            let update = next_line(&mut seen).await;
+            let connection = next_line(&mut seen).await;
+            if update == "update:token-1" {
+                continue; // sent before the provider changed
+            }
+            assert_eq!(update, "update:token-2");
+            *on.entry(connection).or_default() += 1;
+        }
+        assert_eq!(on.len(), 2, "{on:?}");
+        assert!(conn.is_connected());
+        conn.close().await.unwrap();
+    })
+    .await
+}

@@ -12,10 +12,10 @@ use tokio::sync::{broadcast, oneshot};
 
 use super::batch_queue;
 use super::driver;
+use super::error::CredentialsError;
 use super::message::ConnectionEvent;
 use super::state::{Command, ConnectionState, Outgoing, Settings};
 use super::url::{AmqpUrl, UrlError};
-use super::error::CredentialsError;
 use super::Error;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
