@@ -757,3 +757,46 @@ async fn the_refresh_sends_each_fresh_secret_on_both_connections() {
     })
     .await
 }
+
+/// The old password stopped working and a recovery is already redialling
+/// with it, refused each time: `update_secret` in the middle of it gives the
+/// redials the new one, waits for both connections to be back, and then
+/// sends it on them.
+#[tokio::test(flavor = "multi_thread")]
+async fn update_secret_in_the_middle_of_a_recovery_unblocks_it() {
+    deadline(async {
+        for b in brokers().await {
+            let user = TestUser::create(&b, "before-pw").await;
+            let events = Events::default();
+            let mut config = events.config(Config::default());
+            config.publish_timeout = Duration::from_secs(60);
+            let conn = Conn::open(&user.url("before-pw"), config)
+                .await
+                .unwrap_or_else(|e| panic!("{:?}: {e}", b.kind));
+            user.change_password("after-pw").await;
+            user.force_close().await;
+            events
+                .wait(&format!("{:?}: redials refused with the old password", b.kind), |e| {
+                    e.iter()
+                        .filter(|e| matches!(e, RecoveryEvent::Retrying { attempt, .. } if *attempt >= 3))
+                        .count()
+                        >= 2
+                })
+                .await;
+            assert!(!conn.is_connected());
+            conn.update_secret("after-pw")
+                .await
+                .unwrap_or_else(|e| panic!("{:?}: {e}", b.kind));
+            assert!(events.recovered("publish") >= 1 && events.recovered("consume") >= 1);
+            let refusals = events
+                .all()
+                .iter()
+                .filter(|e| matches!(e, RecoveryEvent::Retrying { error, .. } if error.contains("403") || error.contains("ACCESS_REFUSED")))
+                .count();
+            assert!(refusals >= 2, "{:?}: {:#?}", b.kind, events.all());
+            publishes(&conn, &format!("{:?} after the recovery", b.kind)).await;
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
