@@ -787,7 +787,13 @@ async fn update_secret_in_the_middle_of_a_recovery_unblocks_it() {
             conn.update_secret("after-pw")
                 .await
                 .unwrap_or_else(|e| panic!("{:?}: {e}", b.kind));
-            assert!(events.recovered("publish") >= 1 && events.recovered("consume") >= 1);
+            assert!(conn.is_connected(), "{:?}: update_secret returns once both are back", b.kind);
+            // The event follows the link's change.
+            events
+                .wait(&format!("{:?}: both connections recovered", b.kind), |_| {
+                    events.recovered("publish") >= 1 && events.recovered("consume") >= 1
+                })
+                .await;
             let refusals = events
                 .all()
                 .iter()
