@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::amqp::{self, TlsConfig};
+use crate::amqp::{self, CredentialsProvider, TlsConfig};
 
 /// What happened to a connection, for [`Config::on_recovery`] and
 /// `acemq_recovery_total{event}` (the event's [`RecoveryEvent::label`]).
@@ -236,6 +236,13 @@ pub struct Config {
     /// The retry policy of consumers that set none (without one, a retry is
     /// republished at once, without limit).
     pub retry: Option<crate::retry::RetryPolicy>,
+    /// How often to ask [`amqp::Config::credentials`] for a fresh secret
+    /// and send it to both connections with `connection.update-secret`
+    /// ([`crate::Conn::update_secret`]); `None` (the default) never does.
+    /// Set it below the lifetime of the provider's tokens. Needs a
+    /// provider ([`Config::with_credentials`]): without one,
+    /// [`crate::Conn::open`] fails with [`crate::Error::Config`].
+    pub credentials_refresh: Option<Duration>,
 }
 
 impl Default for Config {
@@ -251,6 +258,7 @@ impl Default for Config {
             without_recovery: false,
             engine: amqp::Config::default(),
             retry: None,
+            credentials_refresh: None,
         }
     }
 }
@@ -311,6 +319,21 @@ impl Config {
         self
     }
 
+    /// Sets where the credentials come from: [`Config::engine`]'s
+    /// [`amqp::Config::credentials`], where it lives. It is asked before
+    /// every dial, the redials of a recovery included, and, with
+    /// [`Config::credentials_refresh`], on a schedule.
+    pub fn with_credentials(mut self, provider: Arc<dyn CredentialsProvider>) -> Self {
+        self.engine.credentials = Some(provider);
+        self
+    }
+
+    /// Sets [`Config::credentials_refresh`].
+    pub fn with_credentials_refresh(mut self, every: Duration) -> Self {
+        self.credentials_refresh = Some(every);
+        self
+    }
+
     /// Sets the name the connections show in RabbitMQ's management UI
     /// (suffixed `-publish` and `-consume`): [`Config::engine`]'s
     /// [`amqp::Config::connection_name`], where it lives.
@@ -347,6 +370,7 @@ impl std::fmt::Debug for Config {
             .field("without_recovery", &self.without_recovery)
             .field("engine", &self.engine)
             .field("retry", &self.retry)
+            .field("credentials_refresh", &self.credentials_refresh)
             .finish()
     }
 }

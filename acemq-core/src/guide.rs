@@ -24,6 +24,9 @@
 //!    consumers beside an HTTP server under a container's stop timeout.
 //! 8. [`request_reply`]: requests and their replies over RabbitMQ's direct
 //!    reply-to.
+//! 9. [`security`]: credentials that expire (a credentials provider,
+//!    `connection.update-secret`), TLS trust (the OS store, a whole
+//!    `rustls::ClientConfig`), and secrets kept out of logs.
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -50,6 +53,9 @@ pub mod recovery {}
 
 #[doc = include_str!("guide/blocked.md")]
 pub mod blocked {}
+
+#[doc = include_str!("guide/security.md")]
+pub mod security {}
 
 #[doc = include_str!("guide/lifecycle.md")]
 #[doc = "```rust,no_run"]

@@ -232,6 +232,22 @@ impl Faults {
     pub fn delete_queue(&self, vhost: &str, queue: &str) -> bool {
         self.hub.with_machine(|m, now| m.delete_queue(vhost, queue, now))
     }
+
+    /// Changes `user`'s password, as `rabbitmqctl change_password` does:
+    /// the connections already open stay open, and the next login needs
+    /// the new password. Returns whether the user exists.
+    pub fn change_password(&self, user: &str, password: &str) -> bool {
+        self.hub.with_machine(|m, _| {
+            let config = Arc::make_mut(&mut m.config);
+            match config.users.iter_mut().find(|u| u.name == user) {
+                Some(u) => {
+                    u.password = password.to_string();
+                    true
+                }
+                None => false,
+            }
+        })
+    }
 }
 
 /// One connection: read, feed the session, write what the machine has for

@@ -555,6 +555,13 @@ impl Session {
                 return;
             }
             Frame::Method(_, Method::ConnectionUpdateSecret(_)) => {
+                // As RabbitMQ's internal (user name and password) backend:
+                // RabbitMQ hands the secret only to backends whose
+                // credentials expire (3.10: `state_can_expire`, 4.0: an
+                // `expiry_timestamp` other than `never`), and the internal
+                // one's never do, so any secret is accepted unchecked, for
+                // any user, and the connection goes on as that user. The
+                // next login still needs the user's password.
                 machine.send(self.id, 0, ConnectionUpdateSecretOk {});
                 return;
             }

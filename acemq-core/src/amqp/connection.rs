@@ -1,6 +1,8 @@
 //! `Connection`: dials a broker (TCP or TLS, several hosts in turn) or runs
 //! over any stream, spawns the driver task, and hands out channels.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,12 +12,88 @@ use tokio::sync::{broadcast, oneshot};
 
 use super::batch_queue;
 use super::driver;
+use super::error::CredentialsError;
 use super::message::ConnectionEvent;
 use super::state::{Command, ConnectionState, Outgoing, Settings};
 use super::url::{AmqpUrl, UrlError};
 use super::Error;
 use crate::io::{connect_tcp, TlsConfig};
 use crate::proto::{self, Auth, CloseReason, ConnectionParams, Secret, Timeouts, TuneRequest, Tuned};
+
+/// Credentials for one dial: a secret (a password, or an OAuth 2 token for
+/// RabbitMQ's OAuth 2 backend) and, optionally, a user name that replaces
+/// the URL's. Its `Debug` never shows the secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name; `None` keeps the URL's.
+    pub username: Option<String>,
+    /// The password or token.
+    pub secret: Secret,
+}
+
+impl Credentials {
+    /// The URL's user name with this secret.
+    pub fn new(secret: impl Into<Secret>) -> Self {
+        Credentials {
+            username: None,
+            secret: secret.into(),
+        }
+    }
+
+    /// The same secret for `username` instead of the URL's.
+    pub fn with_username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+}
+
+/// What [`CredentialsProvider::credentials`] returns.
+pub type CredentialsFuture<'a> = Pin<Box<dyn Future<Output = Result<Credentials, CredentialsError>> + Send + 'a>>;
+
+/// Where fresh credentials come from: asked before every dial (the first
+/// connection and every redial of a recovery) and, by a [`crate::Conn`]
+/// with [`crate::Config::credentials_refresh`], on a schedule, whose
+/// secret then goes to the open connections with
+/// `connection.update-secret`. It may do I/O (fetch a token from an
+/// identity provider); the dial waits for it, within
+/// [`Config::connection_timeout`].
+///
+/// Any `Fn() -> impl Future<Output = Result<Credentials, CredentialsError>>`
+/// is one:
+///
+/// ```
+/// use std::sync::Arc;
+/// use acemq_core::amqp::{Config, Credentials, CredentialsError};
+///
+/// async fn fetch_token() -> Result<String, CredentialsError> {
+///     // e.g. an OAuth 2 client-credentials request
+///     Ok("a-fresh-token".to_string())
+/// }
+///
+/// let config = Config::default()
+///     .with_credentials(Arc::new(|| async { Ok(Credentials::new(fetch_token().await?)) }));
+/// assert!(config.credentials.is_some());
+/// ```
+pub trait CredentialsProvider: Send + Sync {
+    /// Fresh credentials.
+    fn credentials(&self) -> CredentialsFuture<'_>;
+}
+
+impl<F, Fut> CredentialsProvider for F
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Credentials, CredentialsError>> + Send + 'static,
+{
+    fn credentials(&self) -> CredentialsFuture<'_> {
+        Box::pin(self())
+    }
+}
+
+impl std::fmt::Debug for dyn CredentialsProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CredentialsProvider")
+    }
+}
 
 /// Connection settings that a URL does not carry (URL options override the
 /// matching fields here).
@@ -55,12 +133,19 @@ pub struct Config {
     /// [`super::Error::ChannelNotOpen`]. Open a new channel to go on.
     /// 30 s by default; see [`Timeouts::call`] for why.
     pub call_timeout: Duration,
-    /// TLS settings for `amqps://`.
+    /// TLS settings for `amqps://`. Anything set here (roots, the OS
+    /// trust store, a client certificate, a server name, a whole
+    /// `rustls::ClientConfig`) with an `amqp://` URL is refused with
+    /// [`super::Error::NotTls`]: the connection would go in clear.
     pub tls: TlsConfig,
+    /// Where the credentials come from, instead of the URL's password
+    /// (and, if it says, user name): asked before every dial.
+    pub credentials: Option<Arc<dyn CredentialsProvider>>,
     /// A name for the connection, shown in RabbitMQ's management UI.
     pub connection_name: Option<String>,
     /// Authenticate with the TLS client certificate (SASL EXTERNAL) instead
-    /// of the URL's user name and password.
+    /// of the URL's user name and password. Only with `amqps://`: with
+    /// `amqp://` it is refused ([`super::Error::NotTls`]).
     pub external_auth: bool,
     /// How many bytes of publishes may wait to be written to the socket
     /// (2 MiB by default). A publish that finds no room waits in
@@ -115,6 +200,7 @@ impl Default for Config {
             close_timeout: Timeouts::default().close,
             call_timeout: Timeouts::default().call,
             tls: TlsConfig::new(),
+            credentials: None,
             connection_name: None,
             external_auth: false,
             publish_buffer: Settings::default().publish,
@@ -159,6 +245,12 @@ impl Config {
     /// Sets [`Config::tls`].
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Sets [`Config::credentials`].
+    pub fn with_credentials(mut self, provider: Arc<dyn CredentialsProvider>) -> Self {
+        self.credentials = Some(provider);
         self
     }
 
@@ -264,14 +356,44 @@ impl Connection {
         if let Some(t) = url.connection_timeout {
             config.connection_timeout = t;
         }
+        let external = url.auth_mechanism.as_deref() == Some("external") || config.external_auth;
+        if !url.tls && !url.memory {
+            // Checked before the provider is asked or anything is dialled.
+            if !config.tls.is_default() {
+                return Err(Error::NotTls {
+                    setting: "a TLS configuration",
+                });
+            }
+            if external {
+                return Err(Error::NotTls {
+                    setting: "EXTERNAL authentication",
+                });
+            }
+        }
+        let (mut username, mut password) = (url.username.clone(), url.password.clone());
+        if let (Some(provider), false) = (&config.credentials, external) {
+            let fresh = tokio::time::timeout(config.connection_timeout, provider.credentials())
+                .await
+                .map_err(|_| {
+                    CredentialsError(format!(
+                        "no answer within the connection timeout ({:?})",
+                        config.connection_timeout
+                    ))
+                })??;
+            if let Some(name) = fresh.username {
+                username = name;
+            }
+            password = fresh.secret;
+        }
         let auth = match (url.auth_mechanism.as_deref(), config.external_auth) {
             (Some("external"), _) | (None, true) => Auth::External,
-            (Some("amqplain"), _) => Auth::AmqPlain {
-                username: url.username.clone(),
-                password: Secret::new(url.password.expose()),
-            },
-            (None | Some("plain"), _) => Auth::plain(url.username.clone(), url.password.expose()),
-            (Some(other), _) => return Err(Error::Url(UrlError(format!("unknown auth_mechanism {other:?}")))),
+            (Some("amqplain"), _) => Auth::AmqPlain { username, password },
+            (None | Some("plain"), _) => Auth::Plain { username, password },
+            (Some(_), _) => {
+                return Err(Error::Url(UrlError(
+                    "auth_mechanism is not plain, amqplain or external".into(),
+                )))
+            }
         };
         let params = ConnectionParams {
             auth,
@@ -354,6 +476,32 @@ impl Connection {
             return Ok(());
         }
         rx.await.unwrap_or(Ok(()))
+    }
+
+    /// Sends `connection.update-secret` with `secret` (e.g. a refreshed
+    /// OAuth 2 token) and waits for the broker's `update-secret-ok`, at
+    /// most [`Config::call_timeout`] (then [`Error::NoReply`]). `reason`
+    /// is shown in the broker's log.
+    ///
+    /// What the broker does with it depends on its authentication backend.
+    /// RabbitMQ's OAuth 2 backend checks the token and, if it is refused,
+    /// closes the connection with 530 NOT_ALLOWED (this returns
+    /// [`Error::ConnectionClosed`]). Its internal backend (user names and
+    /// passwords) accepts any secret without looking at it: the connection
+    /// is already authenticated and its user's credentials do not expire;
+    /// the secret is not checked, nor remembered for the next dial.
+    pub async fn update_secret(&self, secret: Secret, reason: &str) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::UpdateSecret {
+            secret,
+            reason: reason.to_string(),
+            reply,
+        })?;
+        match rx.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(self.state.closed_error()),
+        }
     }
 
     /// The negotiated limits.

@@ -691,6 +691,18 @@ impl Driver {
                 reply,
             } => self.consume(channel, generation, method, reply),
             Command::Close { reply } => self.close(reply),
+            Command::UpdateSecret { secret, reason, reply } => self.update_secret(&secret, &reason, reply),
+        }
+    }
+
+    fn update_secret(&mut self, secret: &proto::Secret, reason: &str, reply: Reply1<Option<Reply>>) {
+        match self.machine.update_secret(secret, reason) {
+            Ok(token) => {
+                self.pending.insert(token, Pending::Call(reply));
+            }
+            Err(err) => {
+                let _ = reply.send(Err(self.command_error(err)));
+            }
         }
     }
 

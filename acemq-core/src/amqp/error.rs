@@ -5,6 +5,12 @@ use std::sync::Arc;
 
 use crate::proto::{CallError, CloseReason, CommandError, Refusal, Reply};
 
+/// Why a [`super::CredentialsProvider`] gave no credentials. Its text is the
+/// provider's own: never put the secret in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the credentials provider gave no credentials: {0}")]
+pub struct CredentialsError(pub String);
+
 /// An error from the low-level connection and channel API.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -29,6 +35,18 @@ pub enum Error {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] crate::io::TlsError),
+    /// A TLS setting, or SASL EXTERNAL, was given with an `amqp://` URL:
+    /// the connection would go in clear (the password with it), so it is
+    /// not made. Use `amqps://`, or drop the setting.
+    #[error("{setting} is set, but the URL is amqp:// (no TLS), which would send the credentials in clear: use amqps:// or remove the setting")]
+    NotTls {
+        /// What was set: `a TLS configuration` or `EXTERNAL authentication`.
+        setting: &'static str,
+    },
+    /// The credentials provider ([`super::Config::credentials`]) gave no
+    /// credentials, so the connection was not dialled.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
     /// The connection could not be set up in time.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

@@ -30,11 +30,14 @@ pub(crate) mod state;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
-pub use connection::{Config, Connection};
-pub use error::Error;
+pub use connection::{Config, Connection, Credentials, CredentialsFuture, CredentialsProvider};
+pub use error::{CredentialsError, Error};
 pub use message::{Confirmation, ConnectionEvent, Properties, ReturnedMessage};
 pub use state::{Delivery, GetMessage};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;
-pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, TuneRequest, Tuned, Wait};
+pub use crate::proto::{Auth, CloseReason, CommandError, Initiator, Refusal, Secret, TuneRequest, Tuned, Wait};
+/// The rustls that [`TlsConfig::from_client_config`] takes a
+/// `ClientConfig` of: build yours with this one, so the versions match.
+pub use rustls;

@@ -26,7 +26,7 @@ use super::batch_queue;
 use super::error::Error;
 use super::message::{ConnectionEvent, Properties};
 use super::pending_confirms::PendingConfirms;
-use crate::proto::{CloseReason, Reply, Tuned};
+use crate::proto::{CloseReason, Reply, Secret, Tuned};
 
 /// What the driver takes from the [`super::Config`]: the bounds of a
 /// connection's queues ([`super::Config::publish_buffer`],
@@ -85,6 +85,12 @@ pub(crate) enum Command {
     },
     Close {
         reply: Reply1<()>,
+    },
+    /// `connection.update-secret`; the reply is its `update-secret-ok`.
+    UpdateSecret {
+        secret: Secret,
+        reason: String,
+        reply: Reply1<Option<Reply>>,
     },
     /// Settlements wait in the connection's settle queue: sent by the first
     /// one into an empty one, to wake the driver.

@@ -48,17 +48,28 @@ fn err<T>(msg: impl Into<String>) -> Result<T, UrlError> {
     Err(UrlError(msg.into()))
 }
 
-/// Decodes `%XX` escapes; refuses malformed ones and non-UTF-8 results.
-fn percent_decode(s: &str) -> Result<String, UrlError> {
+// No error below quotes the URL: whatever part it would quote might be a
+// password, or a piece of one (a password with an unescaped `/`, `?` or
+// `%`, or a URL whose `@` was forgotten, puts password characters where a
+// port, a host or a vhost is expected). Errors say what is wrong and where.
+
+/// Decodes `%XX` escapes in `what` (e.g. `the password`); refuses
+/// malformed ones and non-UTF-8 results.
+fn percent_decode(s: &str, what: &str) -> Result<String, UrlError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = s
+            let byte = s
                 .get(i + 1..i + 3)
-                .ok_or_else(|| UrlError(format!("bad escape in {s:?}")))?;
-            let byte = u8::from_str_radix(hex, 16).map_err(|_| UrlError(format!("bad escape %{hex}")))?;
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                .filter(|_| bytes[i + 1].is_ascii_hexdigit() && bytes[i + 2].is_ascii_hexdigit())
+                .ok_or_else(|| {
+                    UrlError(format!(
+                        "{what} has a % that does not start an escape of two hex digits (write % itself as %25)"
+                    ))
+                })?;
             out.push(byte);
             i += 3;
         } else {
@@ -66,18 +77,19 @@ fn percent_decode(s: &str) -> Result<String, UrlError> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| UrlError("escape decodes to invalid UTF-8".into()))
+    String::from_utf8(out).map_err(|_| UrlError(format!("{what} decodes to invalid UTF-8")))
 }
 
-fn parse_host(part: &str, default_port: u16) -> Result<(String, u16), UrlError> {
+/// Host `n` (from 1) of the host list.
+fn parse_host(part: &str, n: usize, default_port: u16) -> Result<(String, u16), UrlError> {
     let (host, port) = if let Some(rest) = part.strip_prefix('[') {
         let (host, after) = rest
             .split_once(']')
-            .ok_or_else(|| UrlError("unclosed [ in host".into()))?;
+            .ok_or_else(|| UrlError(format!("host {n} opens a [ it does not close")))?;
         let port = match after.strip_prefix(':') {
             Some(p) => Some(p),
             None if after.is_empty() => None,
-            None => return err(format!("unexpected {after:?} after host")),
+            None => return err(format!("host {n} has something other than :port after its ]")),
         };
         (host.to_string(), port)
     } else {
@@ -87,27 +99,43 @@ fn parse_host(part: &str, default_port: u16) -> Result<(String, u16), UrlError> 
         }
     };
     if host.is_empty() {
-        return err("empty host");
+        return err(format!("host {n} is empty"));
     }
     let port = match port {
         None | Some("") => default_port,
-        Some(p) => p.parse().map_err(|_| UrlError(format!("bad port {p:?}")))?,
+        Some(p) => p
+            .parse()
+            .map_err(|_| UrlError(format!("the port of host {n} is not a number from 0 to 65535")))?,
     };
-    Ok((percent_decode(&host)?, port))
+    Ok((percent_decode(&host, &format!("host {n}"))?, port))
 }
 
 impl FromStr for AmqpUrl {
     type Err = UrlError;
 
     fn from_str(s: &str) -> Result<Self, UrlError> {
-        let (scheme, rest) = s.split_once("://").ok_or_else(|| UrlError("missing scheme".into()))?;
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| UrlError("missing scheme (amqp://, amqps:// or memory://)".into()))?;
         let (tls, memory) = match scheme.to_ascii_lowercase().as_str() {
             "amqp" => (false, false),
             "amqps" => (true, false),
             "memory" => (false, true),
-            other => return err(format!("scheme {other:?} is not amqp, amqps or memory")),
+            _ => return err("the scheme is not amqp, amqps or memory"),
         };
         let default_port = if tls { 5671 } else { 5672 };
+        // The credentials end at the last `@` before the path or query: an
+        // `@` after a `/` or `?` means a user name or password with an
+        // unescaped `/` or `?` (or a vhost with an unescaped `@`), which
+        // would otherwise be read as the host, port, vhost or options.
+        if let Some(at) = rest.find(['/', '?']) {
+            if rest[at..].contains('@') {
+                return err(
+                    "there is an @ after the first / or ?: in credentials write / as %2F and ? as %3F; \
+                     in a vhost or an option write @ as %40",
+                );
+            }
+        }
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -122,8 +150,8 @@ impl FromStr for AmqpUrl {
         };
         let (username, password) = match userinfo {
             Some(info) => match info.split_once(':') {
-                Some((u, p)) => (percent_decode(u)?, percent_decode(p)?),
-                None => (percent_decode(info)?, String::new()),
+                Some((u, p)) => (percent_decode(u, "the user name")?, percent_decode(p, "the password")?),
+                None => (percent_decode(info, "the user name")?, String::new()),
             },
             None => ("guest".to_string(), "guest".to_string()),
         };
@@ -131,19 +159,20 @@ impl FromStr for AmqpUrl {
             if hostlist.is_empty() || hostlist.contains(',') {
                 return err("memory:// needs exactly one broker name");
             }
-            vec![(percent_decode(hostlist)?, 0)]
+            vec![(percent_decode(hostlist, "the broker name")?, 0)]
         } else if hostlist.is_empty() {
             vec![("localhost".to_string(), default_port)]
         } else {
             hostlist
                 .split(',')
-                .map(|h| parse_host(h, default_port))
+                .enumerate()
+                .map(|(i, h)| parse_host(h, i + 1, default_port))
                 .collect::<Result<Vec<_>, _>>()?
         };
         let vhost = match path {
             None | Some("") => "/".to_string(),
             Some(p) if p.contains('/') => return err("the vhost must be one path segment (write / as %2f)"),
-            Some(p) => percent_decode(p)?,
+            Some(p) => percent_decode(p, "the vhost")?,
         };
         let mut url = AmqpUrl {
             tls,
@@ -161,24 +190,36 @@ impl FromStr for AmqpUrl {
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let bad = || UrlError(format!("bad value {value:?} for {key}"));
+            let bad = |expected: &str| UrlError(format!("the value of option {key} is not {expected}"));
             match key {
-                "heartbeat" => url.heartbeat = Some(value.parse().map_err(|_| bad())?),
-                "frame_max" => url.frame_max = Some(value.parse().map_err(|_| bad())?),
-                "channel_max" => url.channel_max = Some(value.parse().map_err(|_| bad())?),
+                "heartbeat" => url.heartbeat = Some(value.parse().map_err(|_| bad("seconds from 0 to 65535"))?),
+                "frame_max" => url.frame_max = Some(value.parse().map_err(|_| bad("a number of bytes"))?),
+                "channel_max" => url.channel_max = Some(value.parse().map_err(|_| bad("a number from 0 to 65535"))?),
                 "connection_timeout" => {
-                    url.connection_timeout = Some(Duration::from_millis(value.parse().map_err(|_| bad())?))
+                    url.connection_timeout =
+                        Some(Duration::from_millis(value.parse().map_err(|_| bad("milliseconds"))?))
                 }
-                "auth_mechanism" => url.auth_mechanism = Some(value.to_ascii_lowercase()),
+                "auth_mechanism" => match value.to_ascii_lowercase().as_str() {
+                    m @ ("plain" | "amqplain" | "external") => url.auth_mechanism = Some(m.to_string()),
+                    _ => return Err(bad("plain, amqplain or external")),
+                },
                 "confirms" => {
                     url.confirms = Some(match value {
                         "on" | "true" | "1" => true,
                         "off" | "false" | "0" => false,
-                        _ => return Err(bad()),
+                        _ => return Err(bad("on or off")),
                     })
                 }
-                // Other clients' options (e.g. `cacertfile`) are configured in code here.
-                other => return err(format!("unknown option {other:?}")),
+                // Other clients' options (e.g. `cacertfile`) are configured
+                // in code here. Named only when it is one plain word.
+                other
+                    if !other.is_empty()
+                        && other.len() <= 32
+                        && other.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') =>
+                {
+                    return err(format!("unknown option {other:?}"))
+                }
+                _ => return err("an option of the query is not known"),
             }
         }
         Ok(url)
@@ -258,6 +299,25 @@ mod tests {
         assert!(!format!("{url}").contains("s3cret"));
         assert!(!format!("{url:?}").contains("s3cret"));
         assert_eq!(url.to_string(), "amqp://admin:***@localhost:5672/%2f");
+    }
+
+    #[test]
+    fn refused_urls_quote_no_part_of_the_password() {
+        for (url, secret) in [
+            ("amqp://u:s3cr3t%@h/", "s3cr3t"),
+            ("amqp://u:pa/ss@h", "pa"),
+            ("amqp://u:pa?ss@h", "pa"),
+            ("amqp://u:9999x/", "9999x"),
+            ("amqp://u:pw%zz@h/", "pw"),
+            ("amqp:u:hunter2@h://x", "hunter2"),
+            ("amqp://u:ok@h?heartbeat=hunter2", "hunter2"),
+        ] {
+            let err = url.parse::<AmqpUrl>().unwrap_err();
+            assert!(!err.to_string().contains(secret), "{url}: {err}");
+            assert!(!format!("{err:?}").contains(secret), "{url}: {err:?}");
+        }
+        let err = "amqp://u:pa/ss@h".parse::<AmqpUrl>().unwrap_err();
+        assert!(err.to_string().contains("%2F"), "says how to write it: {err}");
     }
 
     #[test]

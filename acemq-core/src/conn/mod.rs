@@ -64,8 +64,20 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Connects to `amqp://`, `amqps://` or `memory://name[?confirms=off]`.
     /// Several hosts in the URL are tried in turn, now and on every redial.
+    ///
+    /// With a credentials provider ([`Config::with_credentials`]) each of
+    /// the two connections asks it before it dials, and so does every
+    /// redial of a recovery.
     pub async fn open(url: &str, config: Config) -> Result<Conn, Error> {
         let parsed: AmqpUrl = url.parse().map_err(|e: amqp::UrlError| Error::Engine(e.into()))?;
+        if config.credentials_refresh.is_some() && config.engine.credentials.is_none() {
+            return Err(Error::Config(
+                "credentials_refresh is set without a credentials provider (Config::with_credentials)".into(),
+            ));
+        }
+        if config.credentials_refresh.is_some_and(|every| every.is_zero()) {
+            return Err(Error::Config("credentials_refresh must be longer than zero".into()));
+        }
         let confirms = !config.without_confirms && parsed.confirms != Some(false);
         let publishing = amqp::Connection::open_url(&parsed, engine_config(&config, "publish")).await?;
         let consuming = amqp::Connection::open_url(&parsed, engine_config(&config, "consume")).await?;
@@ -82,10 +94,39 @@ impl Conn {
             declared: Mutex::new(Vec::new()),
             consumers: Mutex::new(Vec::new()),
             closing: watch::channel(false).0,
+            secret: Mutex::new(None),
         });
         supervise(&inner, "publish");
         supervise(&inner, "consume");
+        if let Some(every) = inner.config.credentials_refresh {
+            tokio::spawn(refresh_credentials(Arc::downgrade(&inner), every));
+        }
         Ok(Conn { inner })
+    }
+
+    /// Sends `connection.update-secret` with `secret` (e.g. a refreshed
+    /// OAuth 2 token) on both connections, the publishing one and the
+    /// consuming one, and waits for each broker's `update-secret-ok`
+    /// (each within [`amqp::Config::call_timeout`]). A connection that is
+    /// recovering is waited for, within [`Config::publish_timeout`]. From
+    /// now on a redial uses `secret` as its password, unless a credentials
+    /// provider is set: that is asked instead.
+    ///
+    /// A broker that refuses the secret closes that connection (RabbitMQ's
+    /// OAuth 2 backend: 530 NOT_ALLOWED; the error is returned) and
+    /// recovery redials it. RabbitMQ's internal backend (user names and
+    /// passwords) accepts any secret on a connection it has already
+    /// authenticated, without checking it; so does acemq-memory.
+    pub async fn update_secret(&self, secret: impl Into<amqp::Secret>) -> Result<(), Error> {
+        let secret = secret.into();
+        *state::lock(&self.inner.secret) = Some(secret.clone());
+        let deadline = tokio::time::Instant::now() + self.inner.config.publish_timeout;
+        for link in [&self.inner.publishing, &self.inner.consuming] {
+            let (conn, _) = link.connection(deadline, false).await?;
+            conn.update_secret(secret.clone(), "acemq: the credentials were refreshed")
+                .await?;
+        }
+        Ok(())
     }
 
     /// Whether application publishes are confirmed.
@@ -177,6 +218,38 @@ impl Conn {
         publishing?;
         consuming?;
         Ok(())
+    }
+}
+
+/// Asks the credentials provider for a fresh secret every `every` and sends
+/// it to both connections, until the `Conn` is closed or dropped. A failure
+/// is logged and the next turn tries again.
+async fn refresh_credentials(weak: std::sync::Weak<ConnState>, every: std::time::Duration) {
+    let Some(mut closing) = weak.upgrade().map(|state| state.closing.subscribe()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = state::until_set(&mut closing) => return,
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let Some(provider) = inner.config.engine.credentials.clone() else {
+            return;
+        };
+        let timeout = inner.config.engine.connection_timeout;
+        let conn = Conn { inner };
+        let refreshed = match tokio::time::timeout(timeout, provider.credentials()).await {
+            Ok(Ok(credentials)) => conn.update_secret(credentials.secret).await,
+            Ok(Err(err)) => Err(Error::Engine(err.into())),
+            Err(_) => Err(Error::Engine(
+                amqp::CredentialsError(format!("no answer within {timeout:?}")).into(),
+            )),
+        };
+        match refreshed {
+            Ok(()) => tracing::debug!("credentials refreshed on both connections"),
+            Err(err) => tracing::warn!(%err, "could not refresh the credentials; trying again next time"),
+        }
     }
 }
 

@@ -186,7 +186,7 @@ async fn redial(
         }
         let (url, engine) = {
             let state = weak.upgrade()?;
-            (state.url.clone(), state.engine_config(which))
+            (state.dial_url(), state.engine_config(which))
         };
         let dialled = tokio::select! {
             dialled = amqp::Connection::open_url(&url, engine) => dialled,

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::channel_slot::ChannelSlot;
 use super::consumers::ConsumerRecord;
 use super::link::Link;
-use crate::amqp::{self, AmqpUrl};
+use crate::amqp::{self, AmqpUrl, Secret};
 use crate::config::{Config, RecoveryEvent};
 use crate::declaration::Declaration;
 use crate::error::{is_loss, Error};
@@ -38,12 +38,26 @@ pub(crate) struct ConnState {
     pub(crate) consumers: Mutex<Vec<Arc<ConsumerRecord>>>,
     /// Set by [`Conn::close`](crate::Conn::close): supervisors stop.
     pub(crate) closing: watch::Sender<bool>,
+    /// The last secret given to [`Conn::update_secret`](crate::Conn::update_secret):
+    /// a redial uses it instead of the URL's password (a credentials
+    /// provider, when there is one, is asked anyway).
+    pub(crate) secret: Mutex<Option<Secret>>,
 }
 
 impl ConnState {
     /// The engine settings of the `which` connection.
     pub(crate) fn engine_config(&self, which: &str) -> amqp::Config {
         engine_config(&self.config, which)
+    }
+
+    /// The URL to dial: the one given, with the last secret of
+    /// [`Conn::update_secret`](crate::Conn::update_secret) as its password.
+    pub(crate) fn dial_url(&self) -> AmqpUrl {
+        let mut url = self.url.clone();
+        if let Some(secret) = lock(&self.secret).clone() {
+            url.password = secret;
+        }
+        url
     }
 
     /// The link of the `which` connection (`publish` or `consume`).

@@ -1,5 +1,7 @@
-//! TLS with rustls: server verification on by default (webpki roots, or the
-//! roots you give), optional client certificate, SNI from the host name.
+//! TLS with rustls: server verification on by default (webpki roots, the
+//! roots you give, or the OS trust store with the `native-roots` feature),
+//! optional client certificate, SNI from the host name; or a whole
+//! `rustls::ClientConfig` of the caller's.
 
 use std::sync::Arc;
 
@@ -10,19 +12,30 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 /// TLS settings for `amqps://` connections.
+///
+/// Whom it trusts: webpki's roots (Mozilla's list, compiled in) unless told
+/// otherwise; the certificates of [`TlsConfig::with_root_pem`] instead;
+/// with the `native-roots` feature, the operating system's trust store
+/// ([`TlsConfig::with_native_roots`], beside any PEM roots given); or
+/// whatever a `rustls::ClientConfig` of your own says
+/// ([`TlsConfig::from_client_config`]).
 #[derive(Clone, Default)]
 pub struct TlsConfig {
     roots: Vec<CertificateDer<'static>>,
+    native_roots: bool,
     client: Option<(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
     server_name: Option<String>,
+    client_config: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for TlsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsConfig")
             .field("custom_roots", &self.roots.len())
+            .field("native_roots", &self.native_roots)
             .field("client_certificate", &self.client.is_some())
             .field("server_name", &self.server_name)
+            .field("client_config", &self.client_config.is_some())
             .finish()
     }
 }
@@ -36,6 +49,39 @@ impl TlsConfig {
     /// Webpki's roots, no client certificate, SNI from the URL's host.
     pub fn new() -> Self {
         TlsConfig::default()
+    }
+
+    /// Uses `config` as it is for the TLS handshake: its roots or
+    /// verifier, client certificate, protocol versions and crypto
+    /// provider (e.g. for a corporate CA with a custom verifier, or a key
+    /// kept in an HSM). Only [`TlsConfig::with_server_name`] still applies;
+    /// the other settings of this type are ignored.
+    pub fn from_client_config(config: Arc<rustls::ClientConfig>) -> Self {
+        TlsConfig {
+            client_config: Some(config),
+            ..TlsConfig::default()
+        }
+    }
+
+    /// Trusts the operating system's trust store (read with
+    /// `rustls-native-certs` at each dial: on Linux the OpenSSL locations,
+    /// or `SSL_CERT_FILE` / `SSL_CERT_DIR` when set; the keychain on macOS;
+    /// the system store on Windows), beside the certificates of
+    /// [`TlsConfig::with_root_pem`], instead of webpki's roots. A store
+    /// with no certificate at all fails the dial with a [`TlsError`].
+    #[cfg(feature = "native-roots")]
+    pub fn with_native_roots(mut self) -> Self {
+        self.native_roots = true;
+        self
+    }
+
+    /// Whether this is [`TlsConfig::new`] with nothing set.
+    pub(crate) fn is_default(&self) -> bool {
+        self.roots.is_empty()
+            && !self.native_roots
+            && self.client.is_none()
+            && self.server_name.is_none()
+            && self.client_config.is_none()
     }
 
     /// Trusts the certificates in this PEM (e.g. a private CA) instead of
@@ -71,8 +117,14 @@ impl TlsConfig {
     }
 
     fn connector(&self) -> Result<TlsConnector, TlsError> {
+        if let Some(config) = &self.client_config {
+            return Ok(TlsConnector::from(config.clone()));
+        }
         let mut roots = rustls::RootCertStore::empty();
-        if self.roots.is_empty() {
+        if self.native_roots {
+            add_native_roots(&mut roots)?;
+        }
+        if self.roots.is_empty() && !self.native_roots {
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         } else {
             for cert in &self.roots {
@@ -103,4 +155,29 @@ impl TlsConfig {
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name {name:?}: {e}")))?;
         connector.connect(server_name, tcp).await
     }
+}
+
+/// The operating system's trust store, into `roots`.
+#[cfg(feature = "native-roots")]
+fn add_native_roots(roots: &mut rustls::RootCertStore) -> Result<(), TlsError> {
+    let found = rustls_native_certs::load_native_certs();
+    // A certificate the store holds but rustls cannot use is skipped, as
+    // is a store file that cannot be read, as long as some root is left.
+    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map_or_else(|| "it is empty".to_string(), ToString::to_string);
+        return Err(TlsError(format!(
+            "no usable certificate in the operating system's trust store: {why}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "native-roots"))]
+fn add_native_roots(_roots: &mut rustls::RootCertStore) -> Result<(), TlsError> {
+    // `native_roots` is set only by `with_native_roots`, behind the feature.
+    Ok(())
 }

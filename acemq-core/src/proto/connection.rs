@@ -22,13 +22,13 @@ use acemq_codec::track::{
 };
 use acemq_codec::{
     encode_method, BasicProperties, BasicPublish, ChannelClose, ChannelCloseOk, ChannelFlowOk, ConnectionClose,
-    ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, EncodeError, FieldTable, Frame,
-    FrameDecoder, Method, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    ConnectionCloseOk, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, ConnectionUpdateSecret, EncodeError,
+    FieldTable, Frame, FrameDecoder, LongString, Method, ReplyCode, ShortString, FRAME_MIN_SIZE, PROTOCOL_HEADER,
 };
 use bytes::BytesMut;
 
 use super::channel::{expected_reply, is_reply, ChannelState, PendingCall, Phase, Token};
-use super::handshake::{client_properties, negotiate, Auth, TuneRequest, Tuned};
+use super::handshake::{client_properties, negotiate, Auth, Secret, TuneRequest, Tuned};
 use super::settle::Settle;
 use super::timer::{ChannelDeadlines, Deadlines, Timeouts, Timer, Wait};
 
@@ -353,7 +353,9 @@ enum State {
 
 /// The client side of one AMQP connection. See the module docs for the
 /// polling order.
-#[derive(Debug)]
+///
+/// Its `Debug` shows where it stands, never the bytes waiting to be
+/// written: they may hold `start-ok`'s or `update-secret`'s credentials.
 pub struct Connection {
     params: ConnectionParams,
     state: State,
@@ -387,6 +389,35 @@ pub struct Connection {
     call_deadlines: Deadlines<(u16, Token)>,
     /// Calls made since the last transmit, armed as `unarmed` is.
     unarmed_calls: Vec<(u16, Token)>,
+    /// `connection.update-secret`s sent and not answered, oldest first
+    /// (the broker answers them in order).
+    secret_updates: VecDeque<SecretUpdate>,
+}
+
+/// One `connection.update-secret` waiting for its `update-secret-ok`.
+#[derive(Debug, Clone, Copy)]
+struct SecretUpdate {
+    token: Token,
+    /// When it must be answered; `None` until it is written.
+    deadline: Option<Instant>,
+    /// Its wait ended with a timeout; a late `-ok` is taken for it, not
+    /// for the next one.
+    expired: bool,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("state", &self.state)
+            .field("params", &self.params)
+            .field("tuned", &self.tuned)
+            .field("channels", &self.channels.iter().flatten().count())
+            .field("blocked", &self.blocked.is_blocked())
+            .field("events", &self.events.len())
+            .field("unwritten_bytes", &self.outbox.len())
+            .field("secret_updates", &self.secret_updates.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Connection {
@@ -415,6 +446,7 @@ impl Connection {
             unarmed: Vec::new(),
             call_deadlines: Deadlines::default(),
             unarmed_calls: Vec::new(),
+            secret_updates: VecDeque::new(),
             params,
         }
     }
@@ -605,6 +637,31 @@ impl Connection {
         Ok(token)
     }
 
+    /// Sends `connection.update-secret` with `secret` (RabbitMQ: a new
+    /// OAuth 2 token for the connection's user) and `reason` (cut to 255
+    /// bytes). The broker's `update-secret-ok` comes as [`Event::Reply`]
+    /// on channel 0 with the returned token; a broker that refuses the
+    /// secret closes the connection instead (RabbitMQ: 530 NOT_ALLOWED).
+    /// The answer is awaited at most [`Timeouts::call`] (blocked time not
+    /// counted); past it the token's reply is [`CallError::TimedOut`], and
+    /// an answer that comes later is taken for it, not for the next update.
+    pub fn update_secret(&mut self, secret: &Secret, reason: &str) -> Result<Token, CommandError> {
+        self.ensure_open()?;
+        let method = Method::ConnectionUpdateSecret(ConnectionUpdateSecret {
+            new_secret: LongString::from(secret.expose().as_bytes().to_vec()),
+            reason: ShortString::from(crate::text::prefix_within(reason, 255)),
+        });
+        encode_method(0, &method, &mut self.outbox)?;
+        self.next_token += 1;
+        let token = Token(self.next_token);
+        self.secret_updates.push_back(SecretUpdate {
+            token,
+            deadline: None,
+            expired: false,
+        });
+        Ok(token)
+    }
+
     /// `basic.ack` of one delivery (`multiple` clear): what [`Connection::call`]
     /// does with that method, without building it when the ack is held back
     /// to be coalesced (the usual case: a consumer acking in order).
@@ -749,6 +806,11 @@ impl Connection {
             Timer::HeartbeatIdle => Some(self.last_received + self.heartbeat_interval()? * 2),
             Timer::Channel => self.channel_deadlines.next(),
             Timer::Call => self.call_deadlines.next(),
+            Timer::SecretUpdate => self
+                .secret_updates
+                .iter()
+                .filter(|u| !u.expired)
+                .find_map(|u| u.deadline),
         }
     }
 
@@ -809,6 +871,35 @@ impl Connection {
                     }
                 }
             }
+            Timer::SecretUpdate => self.secret_updates_expired(now),
+        }
+    }
+
+    /// Every `update-secret` whose wait has passed fails with
+    /// [`CallError::TimedOut`] (unless the broker blocks the connection: it
+    /// reads nothing then, and the wait starts over).
+    fn secret_updates_expired(&mut self, now: Instant) {
+        let blocked = self.blocked.is_blocked();
+        let after = self.params.timeouts.call;
+        for update in self.secret_updates.iter_mut().filter(|u| !u.expired) {
+            match update.deadline {
+                Some(at) if at <= now && blocked => update.deadline = now.checked_add(after),
+                Some(at) if at <= now => {
+                    update.expired = true;
+                    tracing::warn!(?after, "no update-secret-ok from the broker");
+                    self.events.push_back(Event::Reply {
+                        channel: 0,
+                        token: update.token,
+                        result: Err(CallError::TimedOut {
+                            waiting_for: Wait::Reply {
+                                to: ConnectionUpdateSecret::NAME,
+                            },
+                            after,
+                        }),
+                    });
+                }
+                _ => {}
+            }
         }
     }
 
@@ -827,6 +918,10 @@ impl Connection {
             self.arm_call(channel, token, now);
         }
         self.unarmed_calls = unarmed;
+        let call = self.params.timeouts.call;
+        for update in self.secret_updates.iter_mut().filter(|u| u.deadline.is_none()) {
+            update.deadline = now.checked_add(call);
+        }
     }
 
     /// Starts the deadline of `token`'s reply on `channel`.
@@ -1130,7 +1225,18 @@ impl Connection {
                     self.events.push_back(Event::Unblocked);
                 }
             }
-            (State::Open, Method::ConnectionUpdateSecretOk(_)) => {}
+            (State::Open, Method::ConnectionUpdateSecretOk(ok)) => {
+                // One unasked for is harmless: nothing waits for it.
+                if let Some(update) = self.secret_updates.pop_front() {
+                    if !update.expired {
+                        self.events.push_back(Event::Reply {
+                            channel: 0,
+                            token: update.token,
+                            result: Ok(Reply::Method(Method::ConnectionUpdateSecretOk(ok))),
+                        });
+                    }
+                }
+            }
             (_, other) => self.protocol_error(
                 ReplyCode::CommandInvalid,
                 format!("unexpected {} on channel 0", other.name()),
@@ -1474,6 +1580,15 @@ impl Connection {
             let Some(mut state) = slot.take() else { continue };
             let error = CallError::ConnectionClosed(reason.clone());
             fail_calls(&mut self.events, id as u16, &mut state, error);
+        }
+        for update in std::mem::take(&mut self.secret_updates) {
+            if !update.expired {
+                self.events.push_back(Event::Reply {
+                    channel: 0,
+                    token: update.token,
+                    result: Err(CallError::ConnectionClosed(reason.clone())),
+                });
+            }
         }
         self.blocked.reset();
         self.events.push_back(Event::Closed(reason));

@@ -120,6 +120,18 @@ impl Secret {
     }
 }
 
+impl From<String> for Secret {
+    fn from(secret: String) -> Self {
+        Secret(secret)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(secret: &str) -> Self {
+        Secret(secret.to_string())
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")

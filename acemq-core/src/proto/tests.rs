@@ -1376,3 +1376,141 @@ fn a_channel_whose_call_timed_out_and_whose_close_is_unanswered_ends_the_connect
     p.advance(timeouts.close);
     assert!(p.conn.is_closed());
 }
+
+fn secret_update_reply(events: &[Event], token: Token) -> Option<&Result<Reply, CallError>> {
+    events.iter().find_map(|e| match e {
+        Event::Reply {
+            channel: 0,
+            token: t,
+            result,
+        } if *t == token => Some(result),
+        _ => None,
+    })
+}
+
+#[test]
+fn update_secret_writes_the_secret_and_its_ok_answers_the_oldest_update() {
+    let mut p = Peer::open_without_heartbeats();
+    let first = p.conn.update_secret(&Secret::new("token-1"), "refresh").unwrap();
+    let second = p.conn.update_secret(&Secret::new("token-2"), &"r".repeat(300)).unwrap();
+    let Method::ConnectionUpdateSecret(m) = p.client_method() else {
+        panic!("expected update-secret")
+    };
+    assert_eq!(
+        (m.new_secret.as_bytes(), m.reason.as_bytes()),
+        (&b"token-1"[..], &b"refresh"[..])
+    );
+    let Method::ConnectionUpdateSecret(m) = p.client_method() else {
+        panic!("expected update-secret")
+    };
+    assert_eq!(m.new_secret.as_bytes(), b"token-2");
+    assert_eq!(m.reason.as_bytes().len(), 255, "the reason is cut to a short string");
+    p.server(0, ConnectionUpdateSecretOk {});
+    let events = p.events();
+    assert!(matches!(secret_update_reply(&events, first), Some(Ok(_))));
+    assert!(secret_update_reply(&events, second).is_none());
+    p.server(0, ConnectionUpdateSecretOk {});
+    assert!(matches!(secret_update_reply(&p.events(), second), Some(Ok(_))));
+    // One more, asked for by nobody, changes nothing.
+    p.server(0, ConnectionUpdateSecretOk {});
+    assert!(p.events().is_empty());
+    assert!(p.conn.is_open());
+}
+
+#[test]
+fn an_unanswered_update_secret_times_out_and_its_late_ok_answers_no_later_update() {
+    let call = Timeouts::default().call;
+    let mut p = Peer::open_without_heartbeats();
+    let late = p.conn.update_secret(&Secret::new("a"), "").unwrap();
+    p.flush();
+    p.advance(call - Duration::from_millis(1));
+    assert!(p.events().is_empty());
+    p.advance(Duration::from_millis(1));
+    let events = p.events();
+    assert!(matches!(
+        secret_update_reply(&events, late),
+        Some(Err(CallError::TimedOut {
+            waiting_for: Wait::Reply {
+                to: "connection.update-secret"
+            },
+            ..
+        }))
+    ));
+    let next = p.conn.update_secret(&Secret::new("b"), "").unwrap();
+    p.flush();
+    p.server(0, ConnectionUpdateSecretOk {});
+    assert!(p.events().is_empty(), "the late ok was the first update's");
+    p.server(0, ConnectionUpdateSecretOk {});
+    assert!(matches!(secret_update_reply(&p.events(), next), Some(Ok(_))));
+    assert!(p.conn.is_open());
+}
+
+#[test]
+fn an_update_secret_waits_through_a_block_and_fails_when_the_connection_ends() {
+    let call = Timeouts::default().call;
+    let mut p = Peer::open_without_heartbeats();
+    p.server(
+        0,
+        ConnectionBlocked {
+            reason: "low on memory".into(),
+        },
+    );
+    p.events();
+    let token = p.conn.update_secret(&Secret::new("a"), "").unwrap();
+    p.flush();
+    p.advance(call * 3);
+    assert!(secret_update_reply(&p.events(), token).is_none());
+    p.server(
+        0,
+        ConnectionClose {
+            reply_code: 530,
+            reply_text: "NOT_ALLOWED - New secret was refused by one of the backends".into(),
+            class_id: 10,
+            method_id: 70,
+        },
+    );
+    let events = p.events();
+    assert!(matches!(
+        secret_update_reply(&events, token),
+        Some(Err(CallError::ConnectionClosed(CloseReason::ByServer(r)))) if r.code == 530
+    ));
+    assert!(p.conn.update_secret(&Secret::new("b"), "").is_err());
+}
+
+#[test]
+fn update_secret_is_refused_before_the_connection_is_open() {
+    let mut p = Peer::new();
+    assert_eq!(
+        p.conn.update_secret(&Secret::new("a"), ""),
+        Err(CommandError::ConnectionNotOpen)
+    );
+}
+
+#[test]
+fn the_machines_debug_never_shows_the_credentials_it_has_to_write() {
+    let params = ConnectionParams {
+        auth: Auth::plain("guest", "pw-in-start-ok"),
+        ..ConnectionParams::default()
+    };
+    let mut p = Peer::with(params);
+    p.take_raw(8);
+    p.server(
+        0,
+        ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            mechanisms: "PLAIN".into(),
+            locales: "en_US".into(),
+            ..Default::default()
+        },
+    );
+    // start-ok waits in the machine, unwritten.
+    let debug = format!("{:?}", p.conn);
+    assert!(!debug.contains("pw-in-start-ok"), "{debug}");
+    assert!(debug.contains("unwritten_bytes"), "{debug}");
+
+    let mut p = Peer::open_without_heartbeats();
+    p.conn.update_secret(&Secret::new("token-in-update"), "").unwrap();
+    let debug = format!("{:?}", p.conn);
+    assert!(!debug.contains("token-in-update"), "{debug}");
+}

@@ -6,7 +6,8 @@
 //! Every wait for the broker has one: the handshake, each `channel.open`,
 //! every other synchronous call on a channel (declare, bind, qos, consume,
 //! cancel, get, purge, delete, `tx.*`, `confirm.select`, ...), each
-//! channel `close-ok`, and the connection's `close-ok`. A broker that
+//! `connection.update-secret`, each channel `close-ok`, and the
+//! connection's `close-ok`. A broker that
 //! stays connected but never answers (a quorum queue that lost its
 //! majority does this) ends the wait with a typed error naming what was
 //! awaited; nothing waits for ever, even with heartbeats off. This file
@@ -31,18 +32,21 @@ pub(crate) enum Timer {
     Channel,
     /// The earliest reply to a call on an open channel.
     Call,
+    /// The oldest `connection.update-secret` still waiting for its `-ok`.
+    SecretUpdate,
 }
 
 impl Timer {
     /// Every timer, in the order [`super::Connection::handle_timeout`]
     /// checks them.
-    pub(crate) const ALL: [Timer; 6] = [
+    pub(crate) const ALL: [Timer; 7] = [
         Timer::Handshake,
         Timer::CloseOk,
         Timer::HeartbeatIdle,
         Timer::HeartbeatSend,
         Timer::Channel,
         Timer::Call,
+        Timer::SecretUpdate,
     ];
 }
 
@@ -57,7 +61,8 @@ pub enum Wait {
     ChannelCloseOk,
     /// `connection.close-ok` after our `connection.close`.
     ConnectionCloseOk,
-    /// The reply to a synchronous call on an open channel.
+    /// The reply to a synchronous call on an open channel, or to
+    /// `connection.update-secret` (bounded by [`Timeouts::call`] too).
     Reply {
         /// The call, e.g. `queue.declare`.
         to: &'static str,
