@@ -173,4 +173,4 @@ pub use publish::{PendingSend, Publisher, Resolving};
 pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};
-pub use topology::Topology;
+pub use topology::{ExchangeOptions, HeadersMatch, QueueOptions, QueueType, Topology};

@@ -245,6 +245,15 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
         self
     }
 
+    /// The consumer's priority on its queue (`x-priority` of
+    /// `basic.consume`, 0 unless set; negative is allowed): while a
+    /// consumer of higher priority has room in its prefetch, the broker
+    /// sends only to it; consumers of equal priority take turns. With a
+    /// single-active-consumer queue, the highest priority is the active one.
+    pub fn priority(self, priority: i32) -> Self {
+        self.argument("x-priority", FieldValue::I32(priority))
+    }
+
     /// How many unacknowledged deliveries the broker sends ahead (20).
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
