@@ -81,6 +81,8 @@ pub struct Consumer {
     queue: String,
     record: Arc<ConsumerRecord>,
     done: tokio::task::JoinHandle<()>,
+    /// How long `pause` and `resume` wait.
+    publish_timeout: Duration,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -106,6 +108,85 @@ impl Consumer {
     /// Returns the error the consumer had already ended with, if it had.
     pub async fn close(self) -> Result<(), Error> {
         self.record.close(self.done).await
+    }
+
+    /// Pauses the consumer without closing it: no handler starts from now
+    /// on, handlers already running finish and settle as usual, and the
+    /// broker stops sending. Returns once the broker has stopped (its
+    /// answer to the `basic.cancel` came), or at once when there is no
+    /// connection to stop; at most `publish_timeout`.
+    ///
+    /// Deliveries the broker had already sent and no handler had started
+    /// are held, unacknowledged and in order, and handled first on
+    /// [`Consumer::resume`]: handing them back would count as a redelivery
+    /// (on a quorum queue the broker raises their `x-delivery-count`, so
+    /// the attempt a handler sees would rise without a handler call, and a
+    /// queue's delivery limit could drop them). The broker keeps them
+    /// assigned to this consumer meanwhile (at most the prefetch). A pause
+    /// longer than RabbitMQ's `consumer_timeout` makes the broker close the
+    /// channel and take them back (one redelivery); the consumer then
+    /// subscribes on a new channel when resumed, as after a broker cancel.
+    ///
+    /// A paused consumer stays paused through a recovery of its connection
+    /// (it is not subscribed on the new one; the messages it held are
+    /// redelivered to whoever consumes), and through a broker cancel. A
+    /// stream consumer resumes just after the newest offset it was given.
+    /// Pausing a paused consumer does nothing; a `resume` that overtakes a
+    /// `pause` ends its wait. [`Consumer::close`] works while paused: held
+    /// deliveries go back to the broker.
+    ///
+    /// Why a `basic.cancel` and not flow control: RabbitMQ refuses a
+    /// client's `channel.flow` with `active=false` (540 NOT_IMPLEMENTED,
+    /// closing the connection), and a prefetch cannot be set to nothing
+    /// (`basic.qos` 0 means no limit). Cancelling stops the broker on every
+    /// queue type, while the channel stays open for the running handlers'
+    /// acknowledgements.
+    ///
+    /// An error says the consumer has ended (its error, or [`Error::Closed`]
+    /// after a close), or that the pause took longer than `publish_timeout`
+    /// (the consumer pauses all the same).
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
+    /// use acemq_core::{consume, Ack, Message};
+    /// let consumer = consume(&conn, "orders", |m: Message<String>| async move {
+    ///     println!("{}", m.payload);
+    ///     Ack::accept()
+    /// })
+    /// .await?;
+    /// // The payment service is down: stop taking orders, keep our place.
+    /// consumer.pause().await?;
+    /// // ... and back.
+    /// consumer.resume().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn pause(&self) -> Result<(), Error> {
+        let within = self.record_timeout();
+        self.record.pause_or_resume(true, within).await
+    }
+
+    /// Resumes a paused consumer: the deliveries it held are handled first,
+    /// then it subscribes again on its channel with its tag and arguments
+    /// (a stream consumer just after the newest offset it was given).
+    /// Returns once the broker has answered the subscription. During a
+    /// recovery it waits for the connection, at most `publish_timeout`
+    /// (then an error, and the consumer subscribes when the connection is
+    /// back). If its queue went while it was paused, the broker refuses
+    /// the subscription: that is handled as a broker cancel ([`OnCancel`]).
+    /// Resuming a running consumer does nothing.
+    pub async fn resume(&self) -> Result<(), Error> {
+        let within = self.record_timeout();
+        self.record.pause_or_resume(false, within).await
+    }
+
+    /// Whether the consumer is paused (asked to by [`Consumer::pause`] and
+    /// not resumed since).
+    pub fn is_paused(&self) -> bool {
+        self.record.is_paused()
+    }
+
+    fn record_timeout(&self) -> Duration {
+        self.publish_timeout
     }
 
     /// Waits until the consumer has ended, and says how: `Ok` once closed,
@@ -395,6 +476,7 @@ where
             queue: self.queue,
             record,
             done,
+            publish_timeout: self.conn.config().publish_timeout,
         })
     }
 }
