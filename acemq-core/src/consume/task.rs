@@ -430,9 +430,17 @@ where
         while let Some(delivery) = held.pop_front() {
             (self.each)(&mut self.tasks, delivery);
         }
-        let consumed = attachment.channel.basic_consume(self.record.resume_method()).await;
+        // Under a new tag the broker gives: RabbitMQ 3.10 hands a quorum
+        // queue's consumer that subscribes again under its old tag on the
+        // same channel messages as redeliveries, raising their count.
+        let mut method = self.record.resume_method();
+        method.consumer_tag = "".into();
+        let consumed = attachment.channel.basic_consume(method).await;
         match consumed {
             Ok(deliveries) => {
+                let mut recorded = lock(&self.record.method);
+                *recorded = with_tag(recorded.clone(), deliveries.tag());
+                drop(recorded);
                 tracing::info!(queue = %self.what, "the consumer is resumed");
                 Next::Go(Sub::Live(Attachment {
                     channel: attachment.channel,
