@@ -186,7 +186,9 @@ pub async fn check(conn: &Conn, queue: &str, policy: Option<&RetryPolicy>) -> Re
                     missing_queues.push(name.clone());
                 }
             }
-            Declaration::Exchange { name, kind, durable, .. } => {
+            Declaration::Exchange {
+                name, kind, durable, ..
+            } => {
                 let before = out.len();
                 check_exchange(&connection, name, kind, *durable, &mut out).await?;
                 if out[before..]

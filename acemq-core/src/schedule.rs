@@ -251,7 +251,11 @@ pub fn ladder_declarations() -> Vec<Declaration> {
             arguments,
         });
         out.push(Declaration::bind(&name, &name, &bit_pattern(level, '1')));
-        out.push(Declaration::exchange_bind(&below(level), &name, &bit_pattern(level, '0')));
+        out.push(Declaration::exchange_bind(
+            &below(level),
+            &name,
+            &bit_pattern(level, '0'),
+        ));
     }
     out
 }

@@ -358,10 +358,12 @@ impl QueueType {
 /// otherwise be raw argument strings, checked before anything is declared
 /// against what RabbitMQ (3.10 and 4.0 alike) refuses.
 ///
-/// - [`QueueOptions::single_active_consumer`]: `x-single-active-consumer`
-///   (quorum and classic queues; a stream refuses it over AMQP 0-9-1).
-/// - [`QueueOptions::max_priority`]: `x-max-priority`, 0 to 255 by its type
-///   (classic queues only: quorum queues and streams refuse it).
+/// - single active consumer ([`QueueOptions::single_active_consumer`],
+///   `x-single-active-consumer`): quorum and classic queues; a stream
+///   refuses it over AMQP 0-9-1;
+/// - a priority range ([`QueueOptions::max_priority`], `x-max-priority`,
+///   0 to 255 by its type): classic queues only, quorum queues and streams
+///   refuse it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueOptions {
     kind: QueueType,

@@ -31,13 +31,14 @@ fn recording(
     seen: &Seen,
     hold: &'static [u32],
     release: &Arc<Semaphore>,
-) -> impl Fn(Message<u32>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Ack> + Send>> + Send + Sync + 'static
-{
+) -> impl Fn(Message<u32>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Ack> + Send>> + Send + Sync + 'static {
     let (seen, release) = (seen.clone(), release.clone());
     move |m: Message<u32>| {
         let (seen, release) = (seen.clone(), release.clone());
         Box::pin(async move {
-            seen.lock().unwrap().push((m.payload, m.envelope.attempt, m.redelivered));
+            seen.lock()
+                .unwrap()
+                .push((m.payload, m.envelope.attempt, m.redelivered));
             if hold.contains(&m.payload) {
                 release.acquire().await.unwrap().forget();
             }
@@ -110,7 +111,11 @@ async fn until_ready(b: &Broker, queue: &str, n: u32) {
         if now == n {
             return;
         }
-        assert!(Instant::now() < end, "{:?}: {now} messages ready in {queue}, not {n}", b.kind);
+        assert!(
+            Instant::now() < end,
+            "{:?}: {now} messages ready in {queue}, not {n}",
+            b.kind
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -180,11 +185,15 @@ async fn a_paused_consumer_starts_no_handler_lets_running_ones_finish_and_the_br
 
             resume(&consumer).await;
             assert!(!consumer.is_paused(), "{kind:?}");
-            until("every message after resume", Duration::from_secs(20), || seen.lock().unwrap().len() == 8).await;
+            until("every message after resume", Duration::from_secs(20), || {
+                seen.lock().unwrap().len() == 8
+            })
+            .await;
             let all = seen.lock().unwrap().clone();
             assert_eq!(payloads(&seen), (0..8).collect::<Vec<_>>(), "{kind:?}: each once");
             assert!(
-                all.iter().all(|(_, attempt, redelivered)| *attempt == 1 && !redelivered),
+                all.iter()
+                    .all(|(_, attempt, redelivered)| *attempt == 1 && !redelivered),
                 "{kind:?}: a pause is no redelivery and raises no attempt: {all:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -235,7 +244,10 @@ async fn pause_and_resume_are_idempotent_and_race_free_with_each_other() {
             assert!(seen.lock().unwrap().is_empty(), "{kind:?}: {:?}", seen.lock().unwrap());
             assert_eq!(ready(&b, &queue).await, 3, "{kind:?}");
             resume(&consumer).await;
-            until("the three messages", Duration::from_secs(20), || seen.lock().unwrap().len() == 3).await;
+            until("the three messages", Duration::from_secs(20), || {
+                seen.lock().unwrap().len() == 3
+            })
+            .await;
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert_eq!(payloads(&seen), [0, 1, 2], "{kind:?}: each once");
             let consumer = Arc::try_unwrap(consumer).expect("one handle left");
@@ -278,13 +290,20 @@ async fn a_paused_consumer_stays_paused_through_a_recovery_and_resumes_after_it(
             release.add_permits(2);
             send_all(&conn, &queue, 2..4).await;
             tokio::time::sleep(QUIET).await;
-            assert_eq!(seen.lock().unwrap().len(), 2, "{kind:?}: still paused after the recovery");
+            assert_eq!(
+                seen.lock().unwrap().len(),
+                2,
+                "{kind:?}: still paused after the recovery"
+            );
             // Nobody is subscribed on the new connection: 1 (back from
             // the lost one), 2 and 3 wait in the queue.
             until_ready(&b, &queue, 3).await;
 
             resume(&consumer).await;
-            until("1, 2 and 3 after resume", Duration::from_secs(20), || seen.lock().unwrap().len() == 5).await;
+            until("1, 2 and 3 after resume", Duration::from_secs(20), || {
+                seen.lock().unwrap().len() == 5
+            })
+            .await;
             let mut after: Vec<(u32, u32, bool)> = seen.lock().unwrap()[2..].to_vec();
             after.sort_unstable();
             assert_eq!(after[0].0, 1, "{kind:?}: {after:?}");
@@ -296,7 +315,12 @@ async fn a_paused_consumer_stays_paused_through_a_recovery_and_resumes_after_it(
             send_all(&conn, &queue, 4..5).await;
             step("close while paused", consumer.close()).await.unwrap();
             let left = ready(&b, &queue).await;
-            assert_eq!(left, 1, "{kind:?}: the message sent while paused stays; seen {:?}", seen.lock().unwrap());
+            assert_eq!(
+                left,
+                1,
+                "{kind:?}: the message sent while paused stays; seen {:?}",
+                seen.lock().unwrap()
+            );
             conn.close().await.unwrap();
             delete_queues(&b, &[queue]).await;
         }
@@ -327,7 +351,10 @@ async fn a_resume_after_a_recovery_of_a_running_consumer_and_a_pause_during_the_
             assert!(seen.lock().unwrap().is_empty(), "{kind:?}: {:?}", seen.lock().unwrap());
             assert_eq!(ready(&b, &queue).await, 2, "{kind:?}");
             resume(&consumer).await;
-            until("both after resume", Duration::from_secs(20), || seen.lock().unwrap().len() == 2).await;
+            until("both after resume", Duration::from_secs(20), || {
+                seen.lock().unwrap().len() == 2
+            })
+            .await;
             assert_eq!(payloads(&seen), [0, 1], "{kind:?}");
             consumer.close().await.unwrap();
             conn.close().await.unwrap();
@@ -424,7 +451,10 @@ async fn a_close_while_paused_hands_back_what_it_held_and_waits_for_running_hand
             pause(&consumer).await;
             let closing = tokio::spawn(consumer.close());
             tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(!closing.is_finished(), "{kind:?}: the close waits for the running handler");
+            assert!(
+                !closing.is_finished(),
+                "{kind:?}: the close waits for the running handler"
+            );
             release.add_permits(1);
             step("the close", closing).await.unwrap().unwrap();
             assert_eq!(payloads(&seen), [0], "{kind:?}: nothing started after the pause");
@@ -445,7 +475,12 @@ async fn a_queue_deleted_while_paused_is_a_broker_cancel_at_resume() {
             let conn = conn_named(&b, &unique("pause.cancel"), &events).await;
             let queue = unique("pause.cancel");
             let ended_queue = unique("pause.cancel.end");
-            Topology::new().queue(&queue).queue(&ended_queue).declare(&conn).await.unwrap();
+            Topology::new()
+                .queue(&queue)
+                .queue(&ended_queue)
+                .declare(&conn)
+                .await
+                .unwrap();
             let seen = Seen::default();
             let release = Arc::new(Semaphore::new(0));
             let resubscribing = consume(&conn, &queue, recording(&seen, &[], &release)).await.unwrap();
@@ -458,7 +493,9 @@ async fn a_queue_deleted_while_paused_is_a_broker_cancel_at_resume() {
             delete_queues(&b, &[queue.clone(), ended_queue.clone()]).await;
 
             // Built to end: resume says why, and so does closed().
-            let err = step("resume of a consumer whose queue went", ending.resume()).await.unwrap_err();
+            let err = step("resume of a consumer whose queue went", ending.resume())
+                .await
+                .unwrap_err();
             assert!(matches!(err, Error::ConsumerCancelled { .. }), "{kind:?}: {err}");
             let closed = step("closed", ending.closed()).await.unwrap_err();
             assert!(matches!(closed, Error::ConsumerCancelled { .. }), "{kind:?}: {closed}");
@@ -504,7 +541,11 @@ async fn a_clients_channel_flow_off_is_refused_by_the_broker_so_pause_cancels_in
                 .unwrap_err();
             let closed = step("the connection to close", connection.closed()).await;
             let text = format!("{err} / {closed}");
-            assert!(text.contains("540") || text.contains("NOT_IMPLEMENTED"), "{:?}: {text}", b.kind);
+            assert!(
+                text.contains("540") || text.contains("NOT_IMPLEMENTED"),
+                "{:?}: {text}",
+                b.kind
+            );
         }
     })
     .await;

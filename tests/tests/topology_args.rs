@@ -126,7 +126,10 @@ async fn drain(conn: &Connection, queue: &str) -> Vec<String> {
 async fn check_routing(b: &Broker, names: &Names) {
     let kind = b.kind;
     let conn = b.connect().await;
-    let pdf_report = [("format", FieldValue::from("pdf")), ("type", FieldValue::from("report"))];
+    let pdf_report = [
+        ("format", FieldValue::from("pdf")),
+        ("type", FieldValue::from("report")),
+    ];
     assert!(publish(&conn, &names.headers, "", &pdf_report, "both").await);
     assert!(publish(&conn, &names.headers, "", &[("format", "pdf".into())], "one").await);
     // A header of the same value but another type does not match.
@@ -149,14 +152,35 @@ async fn check_routing(b: &Broker, names: &Names) {
     // Through the exchange-to-exchange binding, then by key or to the
     // alternate.
     assert!(publish(&conn, &names.headers, "k", &[("route", "main".into())], "via-keyed").await);
-    assert!(publish(&conn, &names.headers, "nowhere", &[("route", "main".into())], "via-caught").await);
+    assert!(
+        publish(
+            &conn,
+            &names.headers,
+            "nowhere",
+            &[("route", "main".into())],
+            "via-caught"
+        )
+        .await
+    );
     assert!(publish(&conn, &names.main, "k", &[], "keyed").await);
     // Mandatory, unroutable by `main`: the alternate takes it, no return.
     assert!(publish(&conn, &names.main, "other", &[], "caught").await);
-    assert_eq!(drain(&conn, &names.all).await, ["both", "extra"], "{kind:?}: x-match all");
-    assert_eq!(drain(&conn, &names.any).await, ["both", "one", "extra"], "{kind:?}: x-match any");
+    assert_eq!(
+        drain(&conn, &names.all).await,
+        ["both", "extra"],
+        "{kind:?}: x-match all"
+    );
+    assert_eq!(
+        drain(&conn, &names.any).await,
+        ["both", "one", "extra"],
+        "{kind:?}: x-match any"
+    );
     assert_eq!(drain(&conn, &names.keyed).await, ["via-keyed", "keyed"], "{kind:?}");
-    assert_eq!(drain(&conn, &names.caught).await, ["via-caught", "caught"], "{kind:?}: the alternate");
+    assert_eq!(
+        drain(&conn, &names.caught).await,
+        ["via-caught", "caught"],
+        "{kind:?}: the alternate"
+    );
     conn.close().await.unwrap();
 }
 
@@ -220,14 +244,22 @@ async fn recovery_declares_exchanges_and_bindings_again_with_their_arguments_aft
             let until = Instant::now() + Duration::from_secs(60);
             loop {
                 let recovered = events.lock().unwrap().iter().find_map(|e| match e {
-                    RecoveryEvent::Recovered { which: "consume", failed, .. } => Some(failed.clone()),
+                    RecoveryEvent::Recovered {
+                        which: "consume",
+                        failed,
+                        ..
+                    } => Some(failed.clone()),
                     _ => None,
                 });
                 if let Some(failed) = recovered {
                     assert!(failed.is_empty(), "{kind:?}: {failed:?}");
                     break;
                 }
-                assert!(Instant::now() < until, "{kind:?}: no recovery: {:?}", events.lock().unwrap());
+                assert!(
+                    Instant::now() < until,
+                    "{kind:?}: no recovery: {:?}",
+                    events.lock().unwrap()
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             check_routing(&b, &names).await;
@@ -315,18 +347,28 @@ async fn typed_queue_options_declare_the_raw_arguments_and_refuse_what_rabbitmq_
                 ("x-queue-type", "classic".into()),
                 ("x-max-priority", FieldValue::I32(10)),
             ]);
-            assert_eq!(raw_declare(&raw, &prio, other_prio).await, 406, "{kind:?}: a different max");
+            assert_eq!(
+                raw_declare(&raw, &prio, other_prio).await,
+                406,
+                "{kind:?}: a different max"
+            );
 
             // Refused before asking, and the broker refuses the raw
             // equivalent: same verdict on every broker.
             let refused: Vec<(Topology, FieldTable)> = vec![
                 (
                     Topology::new().queue_with("q", QueueOptions::quorum().max_priority(5)),
-                    table(&[("x-queue-type", "quorum".into()), ("x-max-priority", FieldValue::I32(5))]),
+                    table(&[
+                        ("x-queue-type", "quorum".into()),
+                        ("x-max-priority", FieldValue::I32(5)),
+                    ]),
                 ),
                 (
                     Topology::new().queue_with("q", QueueOptions::stream().max_priority(5)),
-                    table(&[("x-queue-type", "stream".into()), ("x-max-priority", FieldValue::I32(5))]),
+                    table(&[
+                        ("x-queue-type", "stream".into()),
+                        ("x-max-priority", FieldValue::I32(5)),
+                    ]),
                 ),
                 (
                     Topology::new().queue_with("q", QueueOptions::stream().single_active_consumer()),
@@ -336,7 +378,9 @@ async fn typed_queue_options_declare_the_raw_arguments_and_refuse_what_rabbitmq_
                     ]),
                 ),
                 (
-                    Topology::new().queue_with("q", QueueOptions::stream()).dead_letters("q"),
+                    Topology::new()
+                        .queue_with("q", QueueOptions::stream())
+                        .dead_letters("q"),
                     table(&[
                         ("x-queue-type", "stream".into()),
                         ("x-dead-letter-exchange", "acemq.dlx".into()),
@@ -356,14 +400,24 @@ async fn typed_queue_options_declare_the_raw_arguments_and_refuse_what_rabbitmq_
             // A priority above 255 cannot be written typed (`u8`); raw, the
             // broker refuses it.
             let q = unique("args.refused");
-            let over = table(&[("x-queue-type", "classic".into()), ("x-max-priority", FieldValue::I32(256))]);
+            let over = table(&[
+                ("x-queue-type", "classic".into()),
+                ("x-max-priority", FieldValue::I32(256)),
+            ]);
             assert_eq!(raw_declare(&raw, &q, over).await, 406, "{kind:?}");
             let err = Topology::new()
-                .queue_with(&q, QueueOptions::classic().argument("x-max-priority", FieldValue::I32(256)))
+                .queue_with(
+                    &q,
+                    QueueOptions::classic().argument("x-max-priority", FieldValue::I32(256)),
+                )
                 .declare(&conn)
                 .await
                 .unwrap_err();
-            assert_eq!(err.refusal().map(|r| r.code), Some(406), "{kind:?}: the broker refusal, as it is: {err}");
+            assert_eq!(
+                err.refusal().map(|r| r.code),
+                Some(406),
+                "{kind:?}: the broker refusal, as it is: {err}"
+            );
 
             delete_queue(&raw, &sac).await;
             delete_queue(&raw, &prio).await;
@@ -422,4 +476,3 @@ async fn a_consumer_of_higher_priority_gets_the_messages_while_it_has_room() {
     })
     .await;
 }
-

@@ -557,9 +557,7 @@ where
         };
         match result {
             Ok(next) => Next::Go(Sub::Live(next)),
-            Err(_) if conn.is_closed() => Next::Go(Sub::Detached {
-                after: generation + 1,
-            }),
+            Err(_) if conn.is_closed() => Next::Go(Sub::Detached { after: generation + 1 }),
             Err(err) => Next::End(Sub::Detached { after }, err),
         }
     }
@@ -645,7 +643,8 @@ where
             Sub::Detached { .. } => None,
         };
         let tasks = &mut self.tasks;
-        let drained = tokio::time::timeout_at(drain_deadline, async { while tasks.join_next().await.is_some() {} }).await;
+        let drained =
+            tokio::time::timeout_at(drain_deadline, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(queue = %what, ?drain_timeout, "work still running after the drain timeout; its messages go back to the broker");
             self.tasks.abort_all();

@@ -186,7 +186,9 @@ async fn declare(conn: &Conn, queue: &str, policy: Option<RetryPolicy>) -> Outco
 /// One declaration as the operator reads it.
 fn describe(d: &Declaration) -> String {
     match d {
-        Declaration::Exchange { name, kind, durable, .. } => format!(
+        Declaration::Exchange {
+            name, kind, durable, ..
+        } => format!(
             "declared exchange {name} ({kind}{})",
             if *durable { ", durable" } else { "" }
         ),
