@@ -260,6 +260,89 @@ async fn pause_and_resume_are_idempotent_and_race_free_with_each_other() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn pause_and_resume_racing_a_conn_close_return_and_the_close_is_clean() {
+    deadline(async {
+        for b in brokers().await {
+            let kind = b.kind;
+            let conn = b.conn().await;
+            let queue = unique("pause.close-race");
+            Topology::new().queue(&queue).declare(&conn).await.unwrap();
+            let seen = Seen::default();
+            let release = Arc::new(Semaphore::new(0));
+            let consumer = Arc::new(consume(&conn, &queue, recording(&seen, &[], &release)).await.unwrap());
+            let mut calls = tokio::task::JoinSet::new();
+            for i in 0..10 {
+                let consumer = consumer.clone();
+                calls.spawn(async move {
+                    if i % 2 == 0 {
+                        consumer.pause().await
+                    } else {
+                        consumer.resume().await
+                    }
+                });
+            }
+            step("Conn::close among pauses and resumes", conn.close()).await.unwrap();
+            while let Some(result) = step("the racing calls", calls.join_next()).await {
+                // Each returns: done, or the consumer was closed under it.
+                match result.unwrap() {
+                    Ok(()) | Err(Error::Closed(_)) => {}
+                    Err(other) => panic!("{kind:?}: {other}"),
+                }
+            }
+            assert!(consumer.is_finished(), "{kind:?}");
+            assert!(
+                matches!(step("pause after close", consumer.pause()).await, Err(Error::Closed(_))),
+                "{kind:?}"
+            );
+            assert!(
+                matches!(step("resume after close", consumer.resume()).await, Err(Error::Closed(_))),
+                "{kind:?}"
+            );
+            step("closed", consumer.closed()).await.unwrap();
+            delete_queues(&b, &[queue]).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_while_a_cancelled_consumer_resubscribes_keeps_it_unsubscribed_until_resumed() {
+    deadline(async {
+        for b in brokers().await {
+            let kind = b.kind;
+            let events = Events::default();
+            let conn = conn_named(&b, &unique("pause.resub"), &events).await;
+            let queue = unique("pause.resub");
+            Topology::new().queue(&queue).declare(&conn).await.unwrap();
+            let seen = Seen::default();
+            let release = Arc::new(Semaphore::new(0));
+            let consumer = consume(&conn, &queue, recording(&seen, &[], &release)).await.unwrap();
+            // The broker cancels it; it keeps trying to subscribe again...
+            delete_queues(&b, std::slice::from_ref(&queue)).await;
+            until("a consumer_cancelled", Duration::from_secs(20), || {
+                events.count("consumer_cancelled") >= 1
+            })
+            .await;
+            // ... until paused: then it stops trying.
+            pause(&consumer).await;
+            Topology::new().queue(&queue).declare(&conn).await.unwrap();
+            send_all(&conn, &queue, 0..2).await;
+            tokio::time::sleep(QUIET).await;
+            assert!(seen.lock().unwrap().is_empty(), "{kind:?}: {:?}", seen.lock().unwrap());
+            assert_eq!(events.count("consumer_resubscribed"), 0, "{kind:?}");
+            until_ready(&b, &queue, 2).await;
+            resume(&consumer).await;
+            until("both after resume", Duration::from_secs(20), || seen.lock().unwrap().len() == 2).await;
+            assert_eq!(payloads(&seen), [0, 1], "{kind:?}");
+            consumer.close().await.unwrap();
+            conn.close().await.unwrap();
+            delete_queues(&b, &[queue]).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_paused_consumer_stays_paused_through_a_recovery_and_resumes_after_it() {
     deadline(async {
         for b in brokers().await {

@@ -161,8 +161,7 @@ impl Consumer {
     /// # Ok(()) }
     /// ```
     pub async fn pause(&self) -> Result<(), Error> {
-        let within = self.record_timeout();
-        self.record.pause_or_resume(true, within).await
+        self.record.pause_or_resume(true, self.publish_timeout).await
     }
 
     /// Resumes a paused consumer: the deliveries it held are handled first,
@@ -175,18 +174,13 @@ impl Consumer {
     /// the subscription: that is handled as a broker cancel ([`OnCancel`]).
     /// Resuming a running consumer does nothing.
     pub async fn resume(&self) -> Result<(), Error> {
-        let within = self.record_timeout();
-        self.record.pause_or_resume(false, within).await
+        self.record.pause_or_resume(false, self.publish_timeout).await
     }
 
     /// Whether the consumer is paused (asked to by [`Consumer::pause`] and
     /// not resumed since).
     pub fn is_paused(&self) -> bool {
         self.record.is_paused()
-    }
-
-    fn record_timeout(&self) -> Duration {
-        self.publish_timeout
     }
 
     /// Waits until the consumer has ended, and says how: `Ok` once closed,
