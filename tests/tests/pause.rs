@@ -5,7 +5,7 @@
 //! paused is clean; pause and resume are idempotent and race with each
 //! other, with a close and with a broker cancel without harm. The attempt a
 //! handler sees rises only by handler calls and real redeliveries
-//! (statement 28): a pause alone never raises it.
+//! (statement 28 of docs/statements.md): a pause alone never raises it.
 //!
 //! Connections are closed by their name, never the broker's others.
 
@@ -281,7 +281,9 @@ async fn pause_and_resume_racing_a_conn_close_return_and_the_close_is_clean() {
                     }
                 });
             }
-            step("Conn::close among pauses and resumes", conn.close()).await.unwrap();
+            step("Conn::close among pauses and resumes", conn.close())
+                .await
+                .unwrap();
             while let Some(result) = step("the racing calls", calls.join_next()).await {
                 // Each returns: done, or the consumer was closed under it.
                 match result.unwrap() {
@@ -295,7 +297,10 @@ async fn pause_and_resume_racing_a_conn_close_return_and_the_close_is_clean() {
                 "{kind:?}"
             );
             assert!(
-                matches!(step("resume after close", consumer.resume()).await, Err(Error::Closed(_))),
+                matches!(
+                    step("resume after close", consumer.resume()).await,
+                    Err(Error::Closed(_))
+                ),
                 "{kind:?}"
             );
             step("closed", consumer.closed()).await.unwrap();
@@ -332,7 +337,10 @@ async fn a_pause_while_a_cancelled_consumer_resubscribes_keeps_it_unsubscribed_u
             assert_eq!(events.count("consumer_resubscribed"), 0, "{kind:?}");
             until_ready(&b, &queue, 2).await;
             resume(&consumer).await;
-            until("both after resume", Duration::from_secs(20), || seen.lock().unwrap().len() == 2).await;
+            until("both after resume", Duration::from_secs(20), || {
+                seen.lock().unwrap().len() == 2
+            })
+            .await;
             assert_eq!(payloads(&seen), [0, 1], "{kind:?}");
             consumer.close().await.unwrap();
             conn.close().await.unwrap();
