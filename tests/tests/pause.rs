@@ -170,8 +170,8 @@ async fn a_paused_consumer_starts_no_handler_lets_running_ones_finish_and_the_br
                 .unwrap();
             send_all(&conn, &queue, 0..3).await;
             until("the handler of 0", Duration::from_secs(10), || payloads(&seen) == [0]).await;
-            // Let the broker's deliveries of 1 and 2 reach the consumer.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The broker has sent 1 and 2 on.
+            until_ready(&b, &queue, 0).await;
             pause(&consumer).await;
             assert!(consumer.is_paused(), "{kind:?}");
             // The running handler finishes and settles; nothing else starts.
@@ -538,7 +538,7 @@ async fn a_close_while_paused_hands_back_what_it_held_and_waits_for_running_hand
                 .unwrap();
             send_all(&conn, &queue, 0..3).await;
             until("the handler of 0", Duration::from_secs(10), || payloads(&seen) == [0]).await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            until_ready(&b, &queue, 0).await;
             pause(&consumer).await;
             let closing = tokio::spawn(consumer.close());
             tokio::time::sleep(Duration::from_millis(200)).await;
