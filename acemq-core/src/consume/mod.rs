@@ -311,8 +311,9 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
     }
 
     /// An argument of `basic.consume`, e.g. `x-stream-offset` for a stream
-    /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`) or
-    /// `x-priority`. A consumer with `x-stream-offset` is tracked as a
+    /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`);
+    /// for `x-priority` see [`ConsumerBuilder::priority`]. A consumer with
+    /// `x-stream-offset` is tracked as a
     /// stream consumer: after a recovery it resumes at the oldest offset
     /// it was given and has not finished, or just after the newest.
     pub fn argument(mut self, name: &str, value: impl Into<FieldValue>) -> Self {

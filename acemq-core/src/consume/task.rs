@@ -4,9 +4,11 @@
 //! (for `consume`, [`super::delivery`]; it never handles one itself), waits
 //! through a loss for the supervisor to reattach it (or reattaches itself),
 //! subscribes again when the broker cancels it or closes its channel
-//! (unless built to end then), and on close cancels, hands back what nobody
-//! started on, drains the work under way up to the drain timeout and closes
-//! its channel. How it ended is published on its record, for `closed()`
+//! (unless built to end then), pauses (`basic.cancel` on its channel,
+//! holding what arrived before the answer) and resumes (what it held, then
+//! `basic.consume` again under a new tag), and on close cancels, hands back
+//! what nobody started on, drains the work under way up to the drain
+//! timeout and closes its channel. How it ended is published on its record, for `closed()`
 //! and `Conn::close`.
 //!
 //! It never settles a delivery on a channel other than the one it came on:
