@@ -126,6 +126,10 @@ impl Consumer {
     /// longer than RabbitMQ's `consumer_timeout` makes the broker close the
     /// channel and take them back (one redelivery); the consumer then
     /// subscribes on a new channel when resumed, as after a broker cancel.
+    /// acemq hands nothing back itself, but RabbitMQ (3.10 and 4.0) returns
+    /// to a quorum queue a delivery that was on its way to the consumer
+    /// when the cancel took effect: that one comes back as a redelivery,
+    /// counted once, as any redelivery is.
     ///
     /// A paused consumer stays paused through a recovery of its connection
     /// (it is not subscribed on the new one; the messages it held are
