@@ -532,3 +532,90 @@ impl HeadersMatch {
         arguments
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arguments_of(declarations: &[Declaration], wanted: &str) -> FieldTable {
+        declarations
+            .iter()
+            .find_map(|d| match d {
+                Declaration::Queue { name, arguments, .. } if name == wanted => Some(arguments.clone()),
+                Declaration::Exchange { name, arguments, .. } if name == wanted => Some(arguments.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{wanted} is not declared"))
+    }
+
+    #[test]
+    fn typed_options_write_exactly_the_arguments_a_raw_declaration_would() {
+        let declarations = Topology::new()
+            .queue_with(
+                "q",
+                QueueOptions::classic()
+                    .single_active_consumer()
+                    .max_priority(7)
+                    .argument("x-message-ttl", FieldValue::I32(60_000)),
+            )
+            .exchange_with("x", "direct", ExchangeOptions::new().alternate_exchange("ae"))
+            .declarations()
+            .unwrap();
+        let mut queue = FieldTable::new();
+        queue.push("x-queue-type", FieldValue::from("classic"));
+        queue.push("x-single-active-consumer", FieldValue::Bool(true));
+        queue.push("x-max-priority", FieldValue::I32(7));
+        queue.push("x-message-ttl", FieldValue::I32(60_000));
+        assert_eq!(arguments_of(&declarations, "q"), queue);
+        let mut exchange = FieldTable::new();
+        exchange.push("alternate-exchange", FieldValue::from("ae"));
+        assert_eq!(arguments_of(&declarations, "x"), exchange);
+    }
+
+    #[test]
+    fn a_headers_binding_says_how_it_matches_once_whatever_the_headers_say() {
+        let mut headers = FieldTable::new();
+        headers.insert("x-match", FieldValue::from("any"));
+        headers.insert("format", FieldValue::from("pdf"));
+        let declarations = Topology::new()
+            .bind_headers("q", "h", HeadersMatch::All, headers)
+            .declarations()
+            .unwrap();
+        let Declaration::Bind {
+            arguments, routing_key, ..
+        } = &declarations[0]
+        else {
+            panic!("{declarations:?}");
+        };
+        assert_eq!(routing_key, "");
+        let mut wanted = FieldTable::new();
+        wanted.push("x-match", FieldValue::from("all"));
+        wanted.push("format", FieldValue::from("pdf"));
+        assert_eq!(*arguments, wanted);
+    }
+
+    #[test]
+    fn what_rabbitmq_refuses_of_a_queue_type_is_refused_before_anything_is_declared() {
+        let refused = [
+            Topology::new().queue_with("q", QueueOptions::quorum().max_priority(1)),
+            Topology::new().queue_with("q", QueueOptions::stream().max_priority(1)),
+            Topology::new().queue_with("q", QueueOptions::stream().single_active_consumer()),
+            Topology::new()
+                .queue_with("q", QueueOptions::stream())
+                .dead_letters("q"),
+            Topology::new()
+                .queue_with("q", QueueOptions::stream())
+                .dead_letter_to("q", "mine"),
+        ];
+        for topology in refused {
+            let err = topology.declarations().unwrap_err();
+            assert!(matches!(&err, Error::Config(text) if text.contains("\"q\"")), "{err}");
+        }
+        let fine = Topology::new()
+            .queue_with("a", QueueOptions::quorum().single_active_consumer())
+            .queue_with("b", QueueOptions::classic().max_priority(255).single_active_consumer())
+            .queue_with("c", QueueOptions::stream())
+            .dead_letters("a");
+        assert!(fine.declarations().is_ok());
+    }
+}
