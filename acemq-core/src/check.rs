@@ -186,7 +186,9 @@ pub async fn check(conn: &Conn, queue: &str, policy: Option<&RetryPolicy>) -> Re
                     missing_queues.push(name.clone());
                 }
             }
-            Declaration::Exchange { name, kind, durable } => {
+            Declaration::Exchange {
+                name, kind, durable, ..
+            } => {
                 let before = out.len();
                 check_exchange(&connection, name, kind, *durable, &mut out).await?;
                 if out[before..]
@@ -200,6 +202,7 @@ pub async fn check(conn: &Conn, queue: &str, policy: Option<&RetryPolicy>) -> Re
                 queue,
                 exchange,
                 routing_key,
+                ..
             } => {
                 let missing = Difference::MissingBinding {
                     exchange: exchange.clone(),

@@ -18,6 +18,8 @@ pub enum Declaration {
         kind: String,
         /// Durable.
         durable: bool,
+        /// The arguments, exactly (e.g. `alternate-exchange`).
+        arguments: FieldTable,
     },
     /// `queue.declare`
     Queue {
@@ -45,6 +47,9 @@ pub enum Declaration {
         exchange: String,
         /// The binding key.
         routing_key: String,
+        /// The binding's arguments, exactly (e.g. `x-match` and the
+        /// headers of a headers exchange's binding).
+        arguments: FieldTable,
     },
     /// `exchange.bind`: messages of `source` matching the key also go to
     /// `destination`.
@@ -55,19 +60,58 @@ pub enum Declaration {
         source: String,
         /// The binding key.
         routing_key: String,
+        /// The binding's arguments, exactly.
+        arguments: FieldTable,
     },
 }
 
 impl Declaration {
+    /// A durable exchange of type `kind`, without arguments.
+    pub fn exchange(name: &str, kind: &str) -> Declaration {
+        Declaration::Exchange {
+            name: name.into(),
+            kind: kind.into(),
+            durable: true,
+            arguments: FieldTable::new(),
+        }
+    }
+
+    /// `queue` bound to `exchange` under `routing_key`, without arguments.
+    pub fn bind(queue: &str, exchange: &str, routing_key: &str) -> Declaration {
+        Declaration::Bind {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            arguments: FieldTable::new(),
+        }
+    }
+
+    /// Exchange `destination` bound to `source` under `routing_key`,
+    /// without arguments.
+    pub fn exchange_bind(destination: &str, source: &str, routing_key: &str) -> Declaration {
+        Declaration::ExchangeBind {
+            destination: destination.into(),
+            source: source.into(),
+            routing_key: routing_key.into(),
+            arguments: FieldTable::new(),
+        }
+    }
+
     /// Sends it on `ch` and waits for the broker's answer; for a queue, the
     /// name the broker declared.
     pub(crate) async fn apply(&self, ch: &Channel) -> Result<Option<String>, Error> {
         match self {
-            Declaration::Exchange { name, kind, durable } => {
+            Declaration::Exchange {
+                name,
+                kind,
+                durable,
+                arguments,
+            } => {
                 ch.exchange_declare(ExchangeDeclare {
                     exchange: name.as_str().into(),
                     kind: kind.as_str().into(),
                     durable: *durable,
+                    arguments: arguments.clone(),
                     ..Default::default()
                 })
                 .await?;
@@ -107,11 +151,13 @@ impl Declaration {
                 queue,
                 exchange,
                 routing_key,
+                arguments,
             } => {
                 ch.queue_bind(QueueBind {
                     queue: queue.as_str().into(),
                     exchange: exchange.as_str().into(),
                     routing_key: routing_key.as_str().into(),
+                    arguments: arguments.clone(),
                     ..Default::default()
                 })
                 .await?;
@@ -120,11 +166,13 @@ impl Declaration {
                 destination,
                 source,
                 routing_key,
+                arguments,
             } => {
                 ch.exchange_bind(ExchangeBind {
                     destination: destination.as_str().into(),
                     source: source.as_str().into(),
                     routing_key: routing_key.as_str().into(),
+                    arguments: arguments.clone(),
                     ..Default::default()
                 })
                 .await?;

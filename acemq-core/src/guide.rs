@@ -27,6 +27,9 @@
 //! 9. [`security`]: credentials that expire (a credentials provider,
 //!    `connection.update-secret`), TLS trust (the OS store, a whole
 //!    `rustls::ClientConfig`), and secrets kept out of logs.
+//! 10. [`topology`]: exchanges and bindings with arguments (headers
+//!     bindings, alternate exchanges), and typed queue and consumer options
+//!     (single active consumer, priorities).
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -56,6 +59,9 @@ pub mod blocked {}
 
 #[doc = include_str!("guide/security.md")]
 pub mod security {}
+
+#[doc = include_str!("guide/topology.md")]
+pub mod topology {}
 
 #[doc = include_str!("guide/lifecycle.md")]
 #[doc = "```rust,no_run"]

@@ -178,5 +178,5 @@ pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayR
 pub use retry::{Decision, RetryPolicy};
 pub use rpc::{Reply, Requester};
 pub use schedule::{Scheduler, SchedulerBuilder};
-pub use topology::Topology;
+pub use topology::{ExchangeOptions, HeadersMatch, QueueOptions, QueueType, Topology};
 pub use trace::TraceContext;

@@ -231,47 +231,31 @@ pub fn level_ttl(level: u32) -> FieldValue {
 /// every exchange a binding names exists before it.
 pub fn ladder_declarations() -> Vec<Declaration> {
     let mut out = vec![
-        Declaration::Exchange {
-            name: DELIVERY.into(),
-            kind: "topic".into(),
-            durable: true,
-        },
+        Declaration::exchange(DELIVERY, "topic"),
         Declaration::Queue {
             name: DELIVERY.into(),
             durable: true,
             arguments: FieldTable::new(),
         },
-        Declaration::Bind {
-            queue: DELIVERY.into(),
-            exchange: DELIVERY.into(),
-            routing_key: "#".into(),
-        },
+        Declaration::bind(DELIVERY, DELIVERY, "#"),
     ];
     for level in 0..LEVELS {
         let name = level_name(level);
         let mut arguments = FieldTable::new();
         arguments.push("x-message-ttl", level_ttl(level));
         arguments.push("x-dead-letter-exchange", FieldValue::from(below(level)));
-        out.push(Declaration::Exchange {
-            name: name.clone(),
-            kind: "topic".into(),
-            durable: true,
-        });
+        out.push(Declaration::exchange(&name, "topic"));
         out.push(Declaration::Queue {
             name: name.clone(),
             durable: true,
             arguments,
         });
-        out.push(Declaration::Bind {
-            queue: name.clone(),
-            exchange: name.clone(),
-            routing_key: bit_pattern(level, '1'),
-        });
-        out.push(Declaration::ExchangeBind {
-            destination: below(level),
-            source: name,
-            routing_key: bit_pattern(level, '0'),
-        });
+        out.push(Declaration::bind(&name, &name, &bit_pattern(level, '1')));
+        out.push(Declaration::exchange_bind(
+            &below(level),
+            &name,
+            &bit_pattern(level, '0'),
+        ));
     }
     out
 }
@@ -1021,11 +1005,13 @@ mod tests {
                             queue,
                             exchange,
                             routing_key,
+                            ..
                         } if *exchange == x && matches(routing_key, &key) => reached.push(queue.clone()),
                         Declaration::ExchangeBind {
                             destination,
                             source,
                             routing_key,
+                            ..
                         } if *source == x && matches(routing_key, &key) => exchanges.push(destination.clone()),
                         _ => {}
                     }

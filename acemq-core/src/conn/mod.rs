@@ -33,7 +33,7 @@ mod link;
 mod recovery;
 mod state;
 
-pub(crate) use consumers::{reattach, with_tag, Attachment, ConsumerRecord, StreamPosition};
+pub(crate) use consumers::{reattach, with_tag, Attachment, ConsumerRecord, Flow};
 pub(crate) use link::LinkPhase;
 pub(crate) use recovery::Backoff;
 pub(crate) use state::{emit, lock, until_set, ConnState};

@@ -301,6 +301,11 @@ async fn restore(
     let mut reattached = 0;
     let generation = state.consuming.generation() + 1;
     for record in state.consumer_records() {
+        // A paused consumer stays paused: its task subscribes it on
+        // whatever connection there is when it is resumed.
+        if record.is_paused() {
+            continue;
+        }
         let queue = record.queue.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match reattach(conn, &record, generation).await {
             Ok(attachment) => {

@@ -268,18 +268,29 @@ async fn set_aside_undecodable<T, F, C>(
     Ok(Outcome::Undecodable)
 }
 
-/// A handler slot, or `None` when the consumer starts closing first.
+/// A handler slot, or `None` when the consumer starts closing first. A
+/// paused consumer (`Consumer::pause`) gives none until it is resumed.
 async fn handler_slot<T, F, C>(handling: &Handling<T, F, C>) -> Option<tokio::sync::SemaphorePermit<'_>> {
-    if *handling.shutdown.borrow() {
-        return None;
-    }
-    if let Ok(permit) = handling.handler_slots.try_acquire() {
-        return Some(permit);
-    }
-    let mut shutdown = handling.shutdown.clone();
-    tokio::select! {
-        permit = handling.handler_slots.acquire() => permit.ok(),
-        _ = shutdown.wait_for(|stop| *stop) => None,
+    loop {
+        if *handling.shutdown.borrow() {
+            return None;
+        }
+        if handling.record.is_paused() && !handling.record.until_resumed(&handling.shutdown).await {
+            return None;
+        }
+        let permit = match handling.handler_slots.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let mut shutdown = handling.shutdown.clone();
+                tokio::select! {
+                    permit = handling.handler_slots.acquire() => permit.ok()?,
+                    _ = shutdown.wait_for(|stop| *stop) => return None,
+                }
+            }
+        };
+        if !handling.record.is_paused() {
+            return Some(permit);
+        }
     }
 }
 

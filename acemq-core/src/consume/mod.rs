@@ -86,6 +86,8 @@ pub struct Consumer {
     queue: String,
     record: Arc<ConsumerRecord>,
     done: tokio::task::JoinHandle<()>,
+    /// How long `pause` and `resume` wait.
+    publish_timeout: Duration,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -111,6 +113,83 @@ impl Consumer {
     /// Returns the error the consumer had already ended with, if it had.
     pub async fn close(self) -> Result<(), Error> {
         self.record.close(self.done).await
+    }
+
+    /// Pauses the consumer without closing it: no handler starts from now
+    /// on, handlers already running finish and settle as usual, and the
+    /// broker stops sending. Returns once the broker has stopped (its
+    /// answer to the `basic.cancel` came), or at once when there is no
+    /// connection to stop; at most `publish_timeout`.
+    ///
+    /// Deliveries the broker had already sent and no handler had started
+    /// are held, unacknowledged and in order, and handled first on
+    /// [`Consumer::resume`]: handing them back would count as a redelivery
+    /// (on a quorum queue the broker raises their `x-delivery-count`, so
+    /// the attempt a handler sees would rise without a handler call, and a
+    /// queue's delivery limit could drop them). The broker keeps them
+    /// assigned to this consumer meanwhile (at most the prefetch). A pause
+    /// longer than RabbitMQ's `consumer_timeout` makes the broker close the
+    /// channel and take them back (one redelivery); the consumer then
+    /// subscribes on a new channel when resumed, as after a broker cancel.
+    /// acemq hands nothing back itself, but RabbitMQ (3.10 and 4.0) returns
+    /// to a quorum queue a delivery that was on its way to the consumer
+    /// when the cancel took effect: that one comes back as a redelivery,
+    /// counted once, as any redelivery is.
+    ///
+    /// A paused consumer stays paused through a recovery of its connection
+    /// (it is not subscribed on the new one; the messages it held are
+    /// redelivered to whoever consumes), and through a broker cancel. A
+    /// stream consumer resumes just after the newest offset it was given.
+    /// Pausing a paused consumer does nothing; a `resume` that overtakes a
+    /// `pause` ends its wait. [`Consumer::close`] works while paused: held
+    /// deliveries go back to the broker.
+    ///
+    /// Why a `basic.cancel` and not flow control: RabbitMQ refuses a
+    /// client's `channel.flow` with `active=false` (540 NOT_IMPLEMENTED,
+    /// closing the connection), and a prefetch cannot be set to nothing
+    /// (`basic.qos` 0 means no limit). Cancelling stops the broker on every
+    /// queue type, while the channel stays open for the running handlers'
+    /// acknowledgements.
+    ///
+    /// An error says the consumer has ended (its error, or [`Error::Closed`]
+    /// after a close), or that the pause took longer than `publish_timeout`
+    /// (the consumer pauses all the same).
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: acemq_core::Conn) -> Result<(), acemq_core::Error> {
+    /// use acemq_core::{consume, Ack, Message};
+    /// let consumer = consume(&conn, "orders", |m: Message<String>| async move {
+    ///     println!("{}", m.payload);
+    ///     Ack::accept()
+    /// })
+    /// .await?;
+    /// // The payment service is down: stop taking orders, keep our place.
+    /// consumer.pause().await?;
+    /// // ... and back.
+    /// consumer.resume().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn pause(&self) -> Result<(), Error> {
+        self.record.pause_or_resume(true, self.publish_timeout).await
+    }
+
+    /// Resumes a paused consumer: the deliveries it held are handled first,
+    /// then it subscribes again on its channel with its tag and arguments
+    /// (a stream consumer just after the newest offset it was given).
+    /// Returns once the broker has answered the subscription. During a
+    /// recovery it waits for the connection, at most `publish_timeout`
+    /// (then an error, and the consumer subscribes when the connection is
+    /// back). If its queue went while it was paused, the broker refuses
+    /// the subscription: that is handled as a broker cancel ([`OnCancel`]).
+    /// Resuming a running consumer does nothing.
+    pub async fn resume(&self) -> Result<(), Error> {
+        self.record.pause_or_resume(false, self.publish_timeout).await
+    }
+
+    /// Whether the consumer is paused (asked to by [`Consumer::pause`] and
+    /// not resumed since).
+    pub fn is_paused(&self) -> bool {
+        self.record.is_paused()
     }
 
     /// Waits until the consumer has ended, and says how: `Ok` once closed,
@@ -241,13 +320,23 @@ impl<T, F, C> ConsumerBuilder<T, F, C> {
     }
 
     /// An argument of `basic.consume`, e.g. `x-stream-offset` for a stream
-    /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`) or
-    /// `x-priority`. A consumer with `x-stream-offset` is tracked as a
+    /// (`FieldValue::from("first")`, or an offset as `FieldValue::I64`);
+    /// for `x-priority` see [`ConsumerBuilder::priority`]. A consumer with
+    /// `x-stream-offset` is tracked as a
     /// stream consumer: after a recovery it resumes at the oldest offset
     /// it was given and has not finished, or just after the newest.
     pub fn argument(mut self, name: &str, value: impl Into<FieldValue>) -> Self {
         self.arguments.insert(name, value.into());
         self
+    }
+
+    /// The consumer's priority on its queue (`x-priority` of
+    /// `basic.consume`, 0 unless set; negative is allowed): while a
+    /// consumer of higher priority has room in its prefetch, the broker
+    /// sends only to it; consumers of equal priority take turns. With a
+    /// single-active-consumer queue, the highest priority is the active one.
+    pub fn priority(self, priority: i32) -> Self {
+        self.argument("x-priority", FieldValue::I32(priority))
     }
 
     /// How many unacknowledged deliveries the broker sends ahead (20).
@@ -391,6 +480,7 @@ where
             queue: self.queue,
             record,
             done,
+            publish_timeout: self.conn.config().publish_timeout,
         })
     }
 }

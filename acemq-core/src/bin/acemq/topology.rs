@@ -186,7 +186,9 @@ async fn declare(conn: &Conn, queue: &str, policy: Option<RetryPolicy>) -> Outco
 /// One declaration as the operator reads it.
 fn describe(d: &Declaration) -> String {
     match d {
-        Declaration::Exchange { name, kind, durable } => format!(
+        Declaration::Exchange {
+            name, kind, durable, ..
+        } => format!(
             "declared exchange {name} ({kind}{})",
             if *durable { ", durable" } else { "" }
         ),
@@ -216,6 +218,7 @@ fn describe(d: &Declaration) -> String {
             queue,
             exchange,
             routing_key,
+            ..
         } => format!("bound {queue} to {exchange} under {routing_key}"),
         other => format!("declared {other:?}"),
     }
