@@ -170,7 +170,9 @@ pub use consume::{consume, Consumer, ConsumerBuilder, Message, OnCancel};
 pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
 pub use publish::{PendingSend, Publisher, Resolving};
-pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
+pub use replay::{
+    HeldMessage, Kept, QueueReader, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside,
+};
 pub use retry::{Decision, RetryPolicy};
 pub use schedule::{Scheduler, SchedulerBuilder};
 pub use topology::Topology;
