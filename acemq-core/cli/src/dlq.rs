@@ -219,7 +219,8 @@ pub(crate) async fn run(conn: &Conn, command: DlqCommand) -> Outcome {
         } => {
             if !all && !filters.any() {
                 return Err(Failure::usage(
-                    "dlq delete needs a filter (--error-contains, --older-than, --header, --group, --id) or --all".into(),
+                    "dlq delete needs a filter (--error-contains, --older-than, --header, --group, --id) or --all"
+                        .into(),
                 ));
             }
             let name = queue.name();
@@ -397,7 +398,11 @@ async fn list(conn: &Conn, queue: &SetAsideQueue, filters: &Filters, limit: usiz
 async fn summary(conn: &Conn, queue: &SetAsideQueue, json: bool) -> Outcome {
     let name = queue.name();
     let depth = depth(conn, queue).await?;
-    let all = if depth == 0 { Vec::new() } else { read_all(conn, &name).await? };
+    let all = if depth == 0 {
+        Vec::new()
+    } else {
+        read_all(conn, &name).await?
+    };
     let summary = Summary::of(&all, std::time::SystemTime::now());
     let destination = |(x, k): &(Option<String>, Option<String>)| match (x, k) {
         (Some(x), Some(k)) => format!("{}/{k}", if x.is_empty() { "(default)" } else { x }),
@@ -468,7 +473,10 @@ async fn summary(conn: &Conn, queue: &SetAsideQueue, json: bool) -> Outcome {
 
 /// Prints a table; every cell made safe for the terminal.
 fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let rows: Vec<[String; N]> = rows.iter().map(|row| row.clone().map(|cell| render::safe(&cell))).collect();
+    let rows: Vec<[String; N]> = rows
+        .iter()
+        .map(|row| row.clone().map(|cell| render::safe(&cell)))
+        .collect();
     let rows = &rows;
     let mut widths = header.map(|h| h.chars().count());
     for row in rows {
@@ -918,7 +926,10 @@ async fn settle(
             ));
         }
         if !kept.is_empty() {
-            line(format!("{} could not be moved (left in {name}):", messages(kept.len() as u32)));
+            line(format!(
+                "{} could not be moved (left in {name}):",
+                messages(kept.len() as u32)
+            ));
             for (id, reason) in &kept {
                 line(format!("  {id}: {reason}"));
             }
@@ -959,7 +970,10 @@ async fn export(conn: &Conn, queue: &SetAsideQueue, filters: &Filters, limit: Op
         if !remove {
             reader.keep(held);
         } else if let Err(e) = reader.remove(held) {
-            failure = Some(Failure::broker(format!("cannot remove an exported message from {name}"), e));
+            failure = Some(Failure::broker(
+                format!("cannot remove an exported message from {name}"),
+                e,
+            ));
             break;
         }
     }
@@ -987,7 +1001,10 @@ async fn import(conn: &Conn, queue: &SetAsideQueue) -> Outcome {
     let (done, failed) = transfer::import(conn, &name, messages_in).await;
     match failed {
         None => {
-            println!("{}", render::safe(&format!("imported {} into {name}", messages(total as u32))));
+            println!(
+                "{}",
+                render::safe(&format!("imported {} into {name}", messages(total as u32)))
+            );
             Ok(OK)
         }
         Some(e) => {

@@ -248,6 +248,10 @@ pub(crate) struct ErrorGroup {
     pub(crate) ids: Vec<String>,
 }
 
+/// Where a message was first published: exchange and routing key, each
+/// `None` when it is not recorded.
+pub(crate) type Destination = (Option<String>, Option<String>);
+
 /// The age buckets, by lower bound.
 pub(crate) const AGES: [(Duration, &str); 4] = [
     (Duration::ZERO, "under 1 hour"),
@@ -264,7 +268,7 @@ pub(crate) struct Summary {
     pub(crate) errors: Vec<ErrorGroup>,
     /// `(exchange, routing key)` (either unknown: `None`), and the count;
     /// most frequent first.
-    pub(crate) destinations: Vec<((Option<String>, Option<String>), usize)>,
+    pub(crate) destinations: Vec<(Destination, usize)>,
     /// The count in each of [`AGES`].
     pub(crate) ages: [usize; 4],
 }
@@ -272,7 +276,7 @@ pub(crate) struct Summary {
 impl Summary {
     pub(crate) fn of(messages: &[SetAside], now: SystemTime) -> Summary {
         let mut errors: HashMap<String, ErrorGroup> = HashMap::new();
-        let mut destinations: BTreeMap<(Option<String>, Option<String>), usize> = BTreeMap::new();
+        let mut destinations: BTreeMap<Destination, usize> = BTreeMap::new();
         let mut ages = [0; 4];
         for m in messages {
             let key = error_group(m);
@@ -323,7 +327,10 @@ mod tests {
         );
         // Words that happen to be hex letters, and numbers that are all
         // digits, are not hex ids.
-        assert_eq!(normalise("deadline exceeded after 12345678 ms"), "deadline exceeded after <n> ms");
+        assert_eq!(
+            normalise("deadline exceeded after 12345678 ms"),
+            "deadline exceeded after <n> ms"
+        );
         assert_eq!(normalise("bad cafe"), "bad cafe");
     }
 

@@ -285,7 +285,8 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration like 1500ms, 10s, 5m, 1h or 7d: {e}"))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 1500ms, 10s, 5m, 1h or 7d: {e}"))
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::fmt::Write as _;
 
 use acemq_codec::{FieldTable, FieldValue};
-use base64::Engine as _;
 use acemq_core::SetAside;
+use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 /// `2026-12-01T23:30:00Z` (UTC, whole seconds).

@@ -331,7 +331,10 @@ mod tests {
             FieldValue::I64L(i64::MAX),
             FieldValue::F32(f32::from_bits(0x7fc0_0001)),
             FieldValue::F64(-0.0),
-            FieldValue::Decimal(Decimal { scale: 2, value: 12_345 }),
+            FieldValue::Decimal(Decimal {
+                scale: 2,
+                value: 12_345,
+            }),
             FieldValue::LongString(LongString::from(vec![0xff, 0x00, b'a'])),
             FieldValue::LongString("\u{1b}]52;c;x\u{7}".into()),
             FieldValue::Array(FieldArray(vec![FieldValue::I32(1), FieldValue::from("two")])),
@@ -375,16 +378,15 @@ mod tests {
             ("{", "not JSON"),
             ("{\"body\":\"aGk=\"}", "no \"format\""),
             (&*format!("{{\"format\":\"{FORMAT}\"}}"), "no \"body\""),
-            (
-                &*format!("{{\"format\":\"{FORMAT}\",\"body\":\"%%%\"}}"),
-                "bad base64",
-            ),
+            (&*format!("{{\"format\":\"{FORMAT}\",\"body\":\"%%%\"}}"), "bad base64"),
             (
                 &*format!("{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"priority\":300}}}}"),
                 "properties.priority",
             ),
             (
-                &*format!("{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"headers\":[[\"a\",{{\"Q\":1}}]]}}}}"),
+                &*format!(
+                    "{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"headers\":[[\"a\",{{\"Q\":1}}]]}}}}"
+                ),
                 "unknown field type",
             ),
         ] {
