@@ -22,6 +22,9 @@
 //! 6. [`blocked`]: when the broker runs out of memory or disk.
 //! 7. [`lifecycle`]: shutdown, and the lifecycle of a service with several
 //!    consumers beside an HTTP server under a container's stop timeout.
+//! 8. [`operators`]: the `acemq` CLI (the acemq-cli package): dead letters
+//!    grouped by failure, filtered replays, deletes, moves, export and
+//!    import (and the export format), exit codes.
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -48,6 +51,9 @@ pub mod recovery {}
 
 #[doc = include_str!("guide/blocked.md")]
 pub mod blocked {}
+
+#[doc = include_str!("guide/operators.md")]
+pub mod operators {}
 
 #[doc = include_str!("guide/lifecycle.md")]
 #[doc = "```rust,no_run"]
