@@ -1003,6 +1003,9 @@ async fn listed(t: &Target, q: &str, args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// A set-aside message to put: its error, age, first destination and `region` header.
+type Aside<'a> = (Option<&'a str>, Duration, (&'a str, &'a str), &'a str);
+
 /// `ids` at these places.
 fn pick(ids: &[String], at: &[usize]) -> Vec<String> {
     at.iter().map(|&i| ids[i].clone()).collect()
@@ -1041,7 +1044,7 @@ fn dlq_summary_groups_failures_and_the_filters_select_what_delete_and_move_take(
         let to = ("orders", "order.placed");
         let timeout_a = format!("timeout after 3000 ms talking to {uuid_a}");
         let timeout_b = format!("timeout after 5000 ms talking to {uuid_b}");
-        let messages: [(Option<&str>, Duration, (&str, &str), &str); 6] = [
+        let messages: [Aside; 6] = [
             (Some("fatal: card declined for order 17"), 48 * hour, to, "eu"),
             (
                 Some(timeout_a.as_str()),
