@@ -349,7 +349,10 @@ async fn list(conn: &Conn, queue: &SetAsideQueue, filters: &Filters, limit: usiz
     };
     if json {
         let messages: Vec<_> = listed.iter().map(|(i, m)| render::json_message(*i, m)).collect();
-        println!("{}", json!({ "queue": name, "depth": depth, "messages": messages }));
+        println!(
+            "{}",
+            render::json(&json!({ "queue": name, "depth": depth, "messages": messages }))
+        );
         return Ok(OK);
     }
     let mut header = format!("{name}: {}", messages(depth));
@@ -431,7 +434,9 @@ async fn summary(conn: &Conn, queue: &SetAsideQueue, json: bool) -> Outcome {
             .collect();
         println!(
             "{}",
-            json!({ "queue": name, "depth": depth, "examined": all.len(), "groups": groups, "destinations": destinations, "ages": ages })
+            render::json(
+                &json!({ "queue": name, "depth": depth, "examined": all.len(), "groups": groups, "destinations": destinations, "ages": ages })
+            )
         );
         return Ok(OK);
     }
@@ -536,7 +541,7 @@ async fn show(conn: &Conn, queue: &SetAsideQueue, id: Option<&str>, limit: Optio
         return Ok(FAILED);
     };
     if json {
-        println!("{}", render::json_message(position, m));
+        println!("{}", render::json(&render::json_message(position, m)));
         return Ok(OK);
     }
     print_message(&name, position, depth, m);
@@ -745,7 +750,7 @@ async fn replay(conn: &Conn, queue: &SetAsideQueue, how: How, filters: &Filters,
             .collect();
         println!(
             "{}",
-            json!({
+            render::json(&json!({
                 "queue": name,
                 "dry_run": dry_run,
                 "to_original": to_original,
@@ -754,7 +759,7 @@ async fn replay(conn: &Conn, queue: &SetAsideQueue, how: How, filters: &Filters,
                 "not_selected": left_out,
                 "kept": kept,
                 "destinations": destinations,
-            })
+            }))
         );
     } else {
         let by = if filters.ids_only() { "--id" } else { "the filters" };
@@ -894,14 +899,14 @@ async fn settle(
             .collect();
         println!(
             "{}",
-            json!({
+            render::json(&json!({
                 "queue": name,
                 "dry_run": dry,
                 "examined": examined,
                 "selected": selected,
                 "done": done,
                 "kept": kept,
-            })
+            }))
         );
     } else {
         let line = |text: String| println!("{}", render::safe(&text));

@@ -138,6 +138,26 @@ pub(crate) fn safe(text: &str) -> String {
     escape(text, false)
 }
 
+/// `value` as one line of JSON, exact (it parses back to the same value),
+/// with the characters JSON lets through raw but a terminal obeys (DEL,
+/// C1 controls, bidirectional overrides) written as `\u` escapes too:
+/// JSON output is safe on a terminal and the same to a parser.
+pub(crate) fn json(value: &Value) -> String {
+    let text = value.to_string();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let n = u32::from(c);
+        if n == 0x7f || (0x80..0xa0).contains(&n) || (0x202a..=0x202e).contains(&n) || (0x2066..=0x2069).contains(&n) {
+            // Outside a string JSON is ASCII punctuation, so any such
+            // character is inside one, where `\uXXXX` means it.
+            let _ = write!(out, "\\u{n:04x}");
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// [`safe`] for a body shown on lines of its own: newlines and tabs stay.
 pub(crate) fn safe_body(text: &str) -> String {
     escape(text, true)
@@ -246,5 +266,14 @@ mod tests {
         assert!(body.ends_with("f\\r\ng\th"), "{body:?}");
         assert!(body.chars().all(|c| c == '\n' || c == '\t' || !c.is_control()));
         assert_eq!(safe("plain text: ü ✓"), "plain text: ü ✓");
+    }
+
+    #[test]
+    fn json_is_exact_and_safe() {
+        let hostile = "a\u{1b}]52;c;x\u{7}\u{9b}2J\u{7f}\u{202e}ü\"\\";
+        let text = json(&json!({ "k\u{9b}": hostile }));
+        assert!(text.chars().all(|c| !c.is_control() && c != '\u{202e}'), "{text}");
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, json!({ "k\u{9b}": hostile }));
     }
 }

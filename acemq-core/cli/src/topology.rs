@@ -151,7 +151,7 @@ async fn run_check(conn: &Conn, queue: &str, policy: Option<RetryPolicy>, json: 
         .map_err(|e| format!("cannot check {queue}: {e}"))?;
     if json {
         let list: Vec<String> = differences.iter().map(ToString::to_string).collect();
-        println!("{}", json!({ "queue": queue, "differences": list }));
+        println!("{}", render::json(&json!({ "queue": queue, "differences": list })));
     } else if differences.is_empty() {
         println!(
             "{queue}: the topology is the wire contract ({})",

@@ -240,7 +240,7 @@ pub(crate) fn json_properties(v: &Value) -> Result<BasicProperties, String> {
 
 /// One exported line (without its newline).
 pub(crate) fn export_line(queue: &str, position: usize, m: &SetAside) -> String {
-    json!({
+    crate::render::json(&json!({
         "format": FORMAT,
         "queue": queue,
         "position": position,
@@ -248,8 +248,7 @@ pub(crate) fn export_line(queue: &str, position: usize, m: &SetAside) -> String 
         "error": m.error,
         "properties": properties_json(&m.properties),
         "body": b64(&m.body),
-    })
-    .to_string()
+    }))
 }
 
 /// One line to import: its properties and body.
