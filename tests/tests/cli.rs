@@ -1397,6 +1397,13 @@ fn dlq_export_then_import_gives_back_every_byte_and_a_message_refused_stays_out(
         assert!(run.stderr.contains("line 2: not JSON"), "{run:?}");
         assert_eq!(queue_depth(&conn, &dlq).await, 3);
 
+        // --limit examines the head only.
+        let run = t.acemq(&["dlq", "export", &q, "--limit", "1"]).await;
+        assert_eq!(
+            run.assert_code(0).stdout,
+            format!("{}\n", first.stdout.lines().next().unwrap())
+        );
+
         // Into a set-aside queue that takes two: the third is refused, and
         // the import stops there (exit code 1).
         let q2 = unique("cli-import");
@@ -1414,6 +1421,16 @@ fn dlq_export_then_import_gives_back_every_byte_and_a_message_refused_stays_out(
             .await;
         run.assert_code(1);
         assert!(run.stderr.contains("there is no queue"), "{run:?}");
+
+        // delete --all takes every message, one by one.
+        let run = t.acemq(&["dlq", "delete", &q, "--all", "--yes"]).await;
+        run.assert_code(0);
+        assert!(
+            run.stdout
+                .contains(&format!("deleted 3 of 3 messages examined in {dlq} (0 left in place)")),
+            "{run:?}"
+        );
+        assert_eq!(queue_depth(&conn, &dlq).await, 0);
 
         delete_queues(&conn, &[q.clone(), dlq, format!("{q}.parked"), format!("{q2}.dlq")]).await;
         conn.close().await.unwrap();
