@@ -1003,24 +1003,21 @@ async fn import(conn: &Conn, queue: &SetAsideQueue) -> Outcome {
     depth(conn, queue).await?;
     let messages_in = transfer::read_import(std::io::stdin().lock())?;
     let total = messages_in.len();
-    let (done, failed) = transfer::import(conn, &name, messages_in).await;
-    match failed {
-        None => {
+    match transfer::import(conn, &name, messages_in).await {
+        Ok(()) => {
             println!(
                 "{}",
                 render::safe(&format!("imported {} into {name}", messages(total as u32)))
             );
             Ok(OK)
         }
-        Some(e) => {
-            eprintln!(
-                "acemq: {}",
-                render::safe(&format!(
-                    "message {} of {total} was not imported: {e}; {done} imported before it, the rest not",
-                    done + 1
-                ))
-            );
-            Ok(FAILED)
-        }
+        // A refusal of the message: 1; the broker gone or refusing access: 3.
+        Err((done, e)) => Err(Failure::broker(
+            format!(
+                "message {} of {total} was not imported ({done} imported before it, the rest not)",
+                done + 1
+            ),
+            e,
+        )),
     }
 }

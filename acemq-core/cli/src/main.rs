@@ -324,6 +324,45 @@ mod tests {
     }
 
     #[test]
+    fn refusals_of_access_and_lost_brokers_are_exit_code_3() {
+        use acemq_core::amqp::Refusal;
+        use acemq_core::Error;
+        let refused = |code: u16| Error::Refused {
+            code,
+            text: "refused".into(),
+            class_id: 50,
+            method_id: 10,
+        };
+        let closed = |code: u16| {
+            Error::Closed(CloseReason::ByServer(Refusal {
+                code,
+                text: "closed".into(),
+                class_id: 0,
+                method_id: 0,
+            }))
+        };
+        for (err, code) in [
+            (refused(403), UNREACHABLE),
+            (refused(530), UNREACHABLE),
+            (refused(404), FAILED),
+            (refused(406), FAILED),
+            (closed(403), UNREACHABLE),
+            (closed(320), UNREACHABLE),
+            (Error::Closed(CloseReason::ConnectionLost), UNREACHABLE),
+            (Error::Closed(CloseReason::ByClient), FAILED),
+            (
+                Error::Io(std::sync::Arc::new(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionReset,
+                ))),
+                UNREACHABLE,
+            ),
+            (Error::Nacked { message_id: "m".into() }, FAILED),
+        ] {
+            assert_eq!(Failure::broker("doing it", err.clone()).code, code, "{err:?}");
+        }
+    }
+
+    #[test]
     fn a_duration_that_overflows_is_a_usage_error() {
         let err = Cli::try_parse_from(["acemq", "--timeout", "307445734561825861m", "dlq", "list", "q"]).unwrap_err();
         assert_eq!(err.exit_code(), i32::from(USAGE));

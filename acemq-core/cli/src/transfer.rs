@@ -285,19 +285,19 @@ pub(crate) fn read_import(input: impl BufRead) -> Result<Vec<(BasicProperties, B
 }
 
 /// Imports `messages` into `queue` in order, each published (mandatory,
-/// confirmed) before the next; stops at the first that fails. Returns how
-/// many went in, and the failure if one did not.
+/// confirmed) before the next; stops at the first that fails, and returns
+/// how many went in before it, with its error.
 pub(crate) async fn import(
     conn: &Conn,
     queue: &str,
     messages: Vec<(BasicProperties, Bytes)>,
-) -> (usize, Option<acemq_core::Error>) {
+) -> Result<(), (usize, acemq_core::Error)> {
     for (done, (properties, body)) in messages.into_iter().enumerate() {
-        if let Err(e) = conn.publish_confirmed("", queue, true, properties, body).await {
-            return (done, Some(e));
-        }
+        conn.publish_confirmed("", queue, true, properties, body)
+            .await
+            .map_err(|e| (done, e))?;
     }
-    (usize::MAX, None)
+    Ok(())
 }
 
 /// Writes `line` and a newline to `out` and flushes it: only a line
