@@ -1397,6 +1397,40 @@ fn dlq_export_then_import_gives_back_every_byte_and_a_message_refused_stays_out(
         assert!(run.stderr.contains("line 2: not JSON"), "{run:?}");
         assert_eq!(queue_depth(&conn, &dlq).await, 3);
 
+        // An export whose reader went away: --remove removes nothing it
+        // could not write, and says so (exit code 1).
+        let url = t.cli_url.clone();
+        let queue = q.clone();
+        let (code, stderr) = step(
+            "acemq dlq export --remove into a closed pipe",
+            tokio::task::spawn_blocking(move || {
+                let mut child = Command::new(acemq_binary())
+                    .args(["dlq", "export", &queue, "--remove"])
+                    .env("AMQP_URL", &url)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("acemq starts");
+                drop(child.stdout.take());
+                let (stderr, reader) = drain(child.stderr.take().unwrap());
+                let status = wait_for(&mut child, RUN_LIMIT, "acemq dlq export into a closed pipe");
+                let _ = reader.join();
+                let stderr = stderr.lock().unwrap().clone();
+                (status.code(), stderr)
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains("cannot write the export"), "{stderr}");
+        assert_eq!(queue_depth(&conn, &dlq).await, 3, "nothing unwritten is removed");
+        assert_eq!(
+            listed(&t, &q, &[]).await,
+            [format!("{q}-rich"), format!("{q}-b"), format!("{q}-c")],
+            "in order"
+        );
+
         // --limit examines the head only.
         let run = t.acemq(&["dlq", "export", &q, "--limit", "1"]).await;
         assert_eq!(

@@ -388,6 +388,29 @@ mod tests {
                 ),
                 "unknown field type",
             ),
+            (
+                &*format!(
+                    "{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"message_id\":\"{}\"}}}}",
+                    "m".repeat(256)
+                ),
+                "at most 255",
+            ),
+            (
+                &*format!(
+                    "{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"headers\":[[\"{}\",{{\"V\":null}}]]}}}}",
+                    "h".repeat(256)
+                ),
+                "at most 255",
+            ),
+            (
+                &*format!("{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"headers\":[[\"a\",{{\"f\":\"0x1ffffffff\"}}]]}}}}"),
+                "more than 32 bits",
+            ),
+            (
+                &*format!("{{\"format\":\"{FORMAT}\",\"body\":\"\",\"properties\":{{\"colour\":\"red\"}}}}"),
+                "unknown property",
+            ),
+            ("{\"format\":\"acemq-dlq/2\",\"body\":\"\"}", "this acemq reads"),
         ] {
             let err = import_line(bad).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
