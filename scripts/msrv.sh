@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The declared MSRV is true of the locked dependencies: every package that a
 # published crate (acemq-codec, acemq-memory, acemq-core, with all their
-# features) builds with, as Cargo.lock pins it, accepts that crate's
+# features, and acemq-cli) builds with, as Cargo.lock pins it, accepts that crate's
 # `rust-version`.
 #
 #   scripts/msrv.sh      # exit 0: every dependency accepts it; 1: each offender printed
@@ -19,7 +19,7 @@ check=$(
     cat <<'PY'
 import json, sys
 
-CRATES = ("acemq-codec", "acemq-memory", "acemq-core")
+CRATES = ("acemq-codec", "acemq-memory", "acemq-core", "acemq-cli")
 meta = json.load(sys.stdin)
 packages = {p["id"]: p for p in meta["packages"]}
 nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}

@@ -30,6 +30,9 @@
 //! 10. [`topology`]: exchanges and bindings with arguments (headers
 //!     bindings, alternate exchanges), and typed queue and consumer options
 //!     (single active consumer, priorities).
+//! 11. [`operators`]: the `acemq` CLI (the acemq-cli package): dead letters
+//!     grouped by failure, filtered replays, deletes, moves, export and
+//!     import (and the export format), exit codes.
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -62,6 +65,9 @@ pub mod security {}
 
 #[doc = include_str!("guide/topology.md")]
 pub mod topology {}
+
+#[doc = include_str!("guide/operators.md")]
+pub mod operators {}
 
 #[doc = include_str!("guide/lifecycle.md")]
 #[doc = "```rust,no_run"]

@@ -174,7 +174,9 @@ pub use envelope::Envelope;
 pub use error::{is_blocked, Error};
 pub use properties::{MessageProperties, Outgoing};
 pub use publish::{PendingSend, Publisher, Resolving};
-pub use replay::{Kept, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside};
+pub use replay::{
+    HeldMessage, Kept, QueueReader, ReplayDestination, ReplayOptions, ReplayProgress, ReplayReport, SetAside,
+};
 pub use retry::{Decision, RetryPolicy};
 pub use rpc::{Reply, Requester};
 pub use schedule::{Scheduler, SchedulerBuilder};

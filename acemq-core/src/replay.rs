@@ -514,6 +514,109 @@ impl Conn {
     }
 }
 
+/// A queue read in order without consuming it ([`Conn::read_queue`]): each
+/// message is held (delivered without an ack) until [`QueueReader::remove`]
+/// acks it or [`QueueReader::keep`] keeps it; [`QueueReader::close`] hands
+/// every kept message back to the queue, in its place, as a replay does.
+/// Dropped without `close`, its channel goes with the connection, and the
+/// broker hands back everything not removed.
+pub struct QueueReader {
+    channel: Option<amqp::Channel>,
+    deliveries: Option<amqp::Consumer>,
+    total: usize,
+    read: usize,
+    held: Vec<Delivery>,
+}
+
+impl std::fmt::Debug for QueueReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueReader")
+            .field("total", &self.total)
+            .field("read", &self.read)
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+/// One message a [`QueueReader`] holds, until it is removed or kept.
+#[derive(Debug)]
+pub struct HeldMessage {
+    /// The message as an operator sees it (its body and properties as
+    /// received).
+    pub message: SetAside,
+    delivery: Delivery,
+}
+
+impl QueueReader {
+    /// How many messages it reads in all: those in the queue when it was
+    /// opened, at most the limit.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The next message, in queue order; `None` after [`QueueReader::total`]
+    /// messages, or when the broker sends none for 5 s.
+    pub async fn next(&mut self) -> Option<HeldMessage> {
+        if self.read >= self.total {
+            return None;
+        }
+        let deliveries = self.deliveries.as_mut()?;
+        let delivery = tokio::time::timeout(NEXT_DELIVERY, deliveries.next()).await.ok()??;
+        self.read += 1;
+        Some(HeldMessage {
+            message: SetAside::read(&delivery),
+            delivery,
+        })
+    }
+
+    /// Removes `held` from the queue (acks it).
+    pub fn remove(&mut self, held: HeldMessage) -> Result<(), Error> {
+        held.delivery.ack().map_err(Error::from)
+    }
+
+    /// Keeps `held`: it goes back to the queue, in its place, on
+    /// [`QueueReader::close`].
+    pub fn keep(&mut self, held: HeldMessage) {
+        self.held.push(held.delivery);
+    }
+
+    /// Stops reading and hands every kept message back to the queue.
+    pub async fn close(mut self) {
+        if let Some(deliveries) = self.deliveries.take() {
+            let _ = deliveries.cancel().await;
+        }
+        for delivery in self.held.drain(..) {
+            let _ = delivery.nack(true);
+        }
+        if let Some(channel) = self.channel.take() {
+            let _ = channel.close().await;
+        }
+    }
+}
+
+impl Conn {
+    /// Opens a [`QueueReader`] on `queue`: up to `limit` of the messages
+    /// there now, in order, each removed only when the caller says so.
+    pub async fn read_queue(&self, queue: &str, limit: Option<usize>) -> Result<QueueReader, Error> {
+        Ok(match self.open_reader(queue, limit).await? {
+            Some((channel, deliveries, total)) => QueueReader {
+                channel: Some(channel),
+                deliveries: Some(deliveries),
+                total,
+                read: 0,
+                held: Vec::new(),
+            },
+            None => QueueReader {
+                channel: None,
+                deliveries: None,
+                total: 0,
+                read: 0,
+                held: Vec::new(),
+            },
+        })
+    }
+}
+
 /// A replayed copy's confirm came: the set-aside copy is acked, or kept
 /// with the reason.
 fn on_resolved(

@@ -526,13 +526,21 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// The workspace's packages, by folder (acemq-cli lives inside acemq-core's).
+const PACKAGES: [&str; 5] = ["amqp-codec", "acemq-core", "acemq-core/cli", "acemq-memory", "tests"];
+
 /// Every crate root of the workspace: each package's lib and binaries.
 fn crate_roots() -> Vec<PathBuf> {
     let ws = workspace();
     let mut roots = Vec::new();
-    for package in ["amqp-codec", "acemq-core", "acemq-memory", "tests"] {
+    for package in PACKAGES {
         let src = ws.join(package).join("src");
-        roots.push(src.join("lib.rs"));
+        if src.join("lib.rs").exists() {
+            roots.push(src.join("lib.rs"));
+        }
+        if src.join("main.rs").exists() {
+            roots.push(src.join("main.rs"));
+        }
         let bin = src.join("bin");
         if let Ok(entries) = std::fs::read_dir(&bin) {
             for entry in entries.flatten() {
@@ -613,13 +621,13 @@ fn the_check_finds_circles_between_siblings_and_between_layers() {
 /// The package folder of a crate root, and the root's path inside `src/`.
 fn package_of(root: &Path) -> (String, PathBuf) {
     let rel = root.strip_prefix(workspace()).unwrap();
-    let package = rel
-        .components()
-        .next()
-        .unwrap()
-        .as_os_str()
-        .to_string_lossy()
-        .into_owned();
+    // The package whose src/ holds the root (the longest such folder).
+    let package = PACKAGES
+        .iter()
+        .filter(|p| rel.starts_with(Path::new(p).join("src")))
+        .max_by_key(|p| p.len())
+        .unwrap_or_else(|| panic!("{} is in no package's src/", rel.display()))
+        .to_string();
     (package.clone(), workspace().join(package).join("src"))
 }
 

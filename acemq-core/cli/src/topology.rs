@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::render;
-use crate::{parse_duration, Outcome, FAILED, OK};
+use crate::{parse_duration, Failure, Outcome, FAILED, OK};
 
 const POLICY_HELP: &str = "\
 Retry policies (--retries):
@@ -148,10 +148,10 @@ async fn run_check(conn: &Conn, queue: &str, policy: Option<RetryPolicy>, json: 
         .map_err(|e| e.to_string())?;
     let differences = check(conn, queue, policy.as_ref())
         .await
-        .map_err(|e| format!("cannot check {queue}: {e}"))?;
+        .map_err(|e| Failure::broker(format!("cannot check {queue}"), e))?;
     if json {
         let list: Vec<String> = differences.iter().map(ToString::to_string).collect();
-        println!("{}", json!({ "queue": queue, "differences": list }));
+        println!("{}", render::json(&json!({ "queue": queue, "differences": list })));
     } else if differences.is_empty() {
         println!(
             "{queue}: the topology is the wire contract ({})",
@@ -176,7 +176,7 @@ async fn declare(conn: &Conn, queue: &str, policy: Option<RetryPolicy>) -> Outco
     topology
         .declare(conn)
         .await
-        .map_err(|e| format!("cannot declare the topology of {queue}: {e}"))?;
+        .map_err(|e| Failure::broker(format!("cannot declare the topology of {queue}"), e))?;
     for d in &declarations {
         println!("{}", describe(d));
     }

@@ -1,10 +1,13 @@
 //! How values are printed: times, durations, header values as text and as
-//! JSON, bodies.
+//! JSON, bodies; and text made safe for a terminal.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::fmt::Write as _;
+
 use acemq_codec::{FieldTable, FieldValue};
 use acemq_core::SetAside;
+use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 /// `2026-12-01T23:30:00Z` (UTC, whole seconds).
@@ -122,17 +125,62 @@ pub(crate) fn json_table(t: &FieldTable) -> Value {
 
 /// Standard base64 with padding.
 pub(crate) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// `text` made safe to print on a terminal, on one line: control
+/// characters (C0, DEL, C1), Unicode's bidirectional overrides and
+/// isolates, and so every escape sequence (ESC, CSI, OSC such as OSC 52,
+/// which writes the clipboard on some terminals) are shown as escapes
+/// (`\x1b`, `\u{9b}`, `\n`). A producer's bytes never reach the terminal
+/// as instructions.
+pub(crate) fn safe(text: &str) -> String {
+    escape(text, false)
+}
+
+/// `value` as one line of JSON, exact (it parses back to the same value),
+/// with the characters JSON lets through raw but a terminal obeys (DEL,
+/// C1 controls, bidirectional overrides) written as `\u` escapes too:
+/// JSON output is safe on a terminal and the same to a parser.
+pub(crate) fn json(value: &Value) -> String {
+    let text = value.to_string();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let n = u32::from(c);
+        if n == 0x7f || (0x80..0xa0).contains(&n) || (0x202a..=0x202e).contains(&n) || (0x2066..=0x2069).contains(&n) {
+            // Outside a string JSON is ASCII punctuation, so any such
+            // character is inside one, where `\uXXXX` means it.
+            let _ = write!(out, "\\u{n:04x}");
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// [`safe`] for a body shown on lines of its own: newlines and tabs stay.
+pub(crate) fn safe_body(text: &str) -> String {
+    escape(text, true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let n = u32::from(c);
+        match c {
+            '\n' | '\t' if keep_lines => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            _ if n < 0x20 || n == 0x7f => {
+                let _ = write!(out, "\\x{n:02x}");
             }
+            // C1 controls (0x9b is a one-character CSI, 0x9d an OSC), the
+            // bidirectional embeddings, overrides and isolates.
+            _ if (0x80..0xa0).contains(&n) || (0x202a..=0x202e).contains(&n) || (0x2066..=0x2069).contains(&n) => {
+                let _ = write!(out, "\\u{{{n:x}}}");
+            }
+            _ => out.push(c),
         }
     }
     out
@@ -202,5 +250,30 @@ mod tests {
         assert_eq!(decimal(5, 3), "0.005");
         assert_eq!(short("abc\ndef", 10), "abc…");
         assert_eq!(short("abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        // OSC 52 (set the clipboard), a CSI colour, C1 CSI, DEL, bidi override.
+        let hostile = "a\u{1b}]52;c;ZXZpbA==\u{7}b\u{1b}[31mc\u{9b}2Jd\u{7f}e\u{202e}f\r\ng\th";
+        let one_line = safe(hostile);
+        assert_eq!(
+            one_line,
+            "a\\x1b]52;c;ZXZpbA==\\x07b\\x1b[31mc\\u{9b}2Jd\\x7fe\\u{202e}f\\r\\ng\\th"
+        );
+        assert!(one_line.chars().all(|c| !c.is_control()));
+        let body = safe_body(hostile);
+        assert!(body.ends_with("f\\r\ng\th"), "{body:?}");
+        assert!(body.chars().all(|c| c == '\n' || c == '\t' || !c.is_control()));
+        assert_eq!(safe("plain text: ü ✓"), "plain text: ü ✓");
+    }
+
+    #[test]
+    fn json_is_exact_and_safe() {
+        let hostile = "a\u{1b}]52;c;x\u{7}\u{9b}2J\u{7f}\u{202e}ü\"\\";
+        let text = json(&json!({ "k\u{9b}": hostile }));
+        assert!(text.chars().all(|c| !c.is_control() && c != '\u{202e}'), "{text}");
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, json!({ "k\u{9b}": hostile }));
     }
 }
