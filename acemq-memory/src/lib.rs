@@ -248,5 +248,5 @@ mod session_tests;
 
 pub use broker::{BrokerMachine, ConnId, QueueInfo};
 pub use config::{BrokerConfig, RabbitMqVersion, UnknownVersion, User};
-pub use server::{Broker, Faults};
+pub use server::{is_loopback, warn_if_exposed, Broker, BrokerStats, Faults};
 pub use session::{Fate, Session};

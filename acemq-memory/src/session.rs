@@ -122,6 +122,12 @@ impl Session {
         self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed
     }
 
+    /// Whether the client has logged in (its `start-ok` was accepted): until
+    /// then a driver keeps its input buffer small.
+    pub fn is_authenticated(&self) -> bool {
+        !matches!(self.phase, Phase::ExpectProtocolHeader | Phase::ExpectStartOk)
+    }
+
     /// Bytes arrived from the client.
     pub fn received(&mut self, now: Instant) {
         self.last_recv = now;
@@ -442,12 +448,21 @@ impl Session {
                 .find(|u| u.name == user && u.password == password)
                 .map(|u| u.name.clone())
         });
-        let Some(user) = user else {
+        let refusal = match &user {
+            None => Some(format!(
+                "Login was refused using authentication mechanism {}. For details see the broker logfile.",
+                self.mechanism
+            )),
+            Some(name) => {
+                let loopback = machine.conns.get(&self.id).is_none_or(|c| c.loopback);
+                let local_only = machine.config().loopback_users.iter().any(|u| u == name);
+                (local_only && !loopback).then(|| format!("user '{name}' can only connect via localhost"))
+            }
+        };
+        let (Some(user), None) = (user, refusal.clone()) else {
+            tracing::info!(conn = self.id, reason = refusal.as_deref().unwrap_or(""), "login refused");
             if capabilities.authentication_failure_close {
-                let error = AmqpError::access_refused(format!(
-                    "Login was refused using authentication mechanism {}. For details see the broker logfile.",
-                    self.mechanism
-                ));
+                let error = AmqpError::access_refused(refusal.unwrap_or_default());
                 self.handshake_error(machine, error);
             } else {
                 self.fate = Fate::Close;
@@ -499,7 +514,12 @@ impl Session {
             return;
         };
         let user = conn.user.clone();
-        let error = if !machine.vhosts.contains_key(&vhost) {
+        let open_now = machine.conns.values().filter(|c| c.open && !c.dead).count();
+        let error = if let Some(limit) = machine.config().max_connections.filter(|max| open_now >= *max) {
+            Some(AmqpError::not_allowed(format!(
+                "connection refused: node connection limit ({limit}) is reached"
+            )))
+        } else if !machine.vhosts.contains_key(&vhost) {
             Some(AmqpError::not_allowed(format!("vhost {vhost} not found")))
         } else {
             let allowed = machine

@@ -287,10 +287,11 @@ impl BrokerMachine {
                 return;
             };
             if q.is_stream() {
-                dispatch_stream(q, conns, woken, config.rabbitmq_version);
+                dispatch_stream(q, conns, woken, config.rabbitmq_version, config.output_limit.max(4096));
                 return;
             }
             let quorum = q.settings.kind == QueueKind::Quorum;
+            let limit = config.output_limit.max(4096);
             q.expire_head(now, true, &mut dead);
             while !q.ready.is_empty() && !q.consumers.is_empty() {
                 let Some(m) = q.ready.front() else { break };
@@ -298,7 +299,7 @@ impl BrokerMachine {
                 for idx in q.candidates() {
                     let extra = (quorum && m.delivery_count > 0)
                         .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
-                    match try_deliver(conns, woken, &q.consumers[idx], m, extra) {
+                    match try_deliver(conns, woken, &q.consumers[idx], m, extra, limit) {
                         Attempt::Busy => continue,
                         outcome => {
                             chosen = Some((idx, outcome));
@@ -697,10 +698,14 @@ fn try_deliver(
     cref: &ConsumerRef,
     m: &Queued,
     extra: Option<(&str, FieldValue)>,
+    limit: usize,
 ) -> Attempt {
     let Some(conn) = conns.get_mut(&cref.conn) else {
         return Attempt::Busy;
     };
+    if !conn.room_for_delivery(limit) {
+        return Attempt::Busy;
+    }
     let frame_max = conn.frame_max;
     let Conn { channels, out, .. } = &mut *conn;
     let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
@@ -762,6 +767,7 @@ fn dispatch_stream(
     conns: &mut super::FastMap<ConnId, Conn>,
     woken: &mut Vec<ConnId>,
     version: RabbitMqVersion,
+    limit: usize,
 ) {
     for i in 0..q.consumers.len() {
         let cref = &q.consumers[i];
@@ -771,7 +777,13 @@ fn dispatch_stream(
         let frame_max = conn.frame_max;
         let mut wrote = false;
         {
-            let Conn { channels, out, .. } = &mut *conn;
+            let Conn {
+                channels,
+                out,
+                writing,
+                starved,
+                ..
+            } = &mut *conn;
             let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
                 continue;
             };
@@ -786,6 +798,10 @@ fn dispatch_stream(
                 };
                 let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
                 if !(global_ok && own_ok) {
+                    break;
+                }
+                if out.len() + *writing >= limit {
+                    *starved = true;
                     break;
                 }
                 let Some(entry) = q.log.entry_from(consumer.stream_next) else {

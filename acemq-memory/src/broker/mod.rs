@@ -161,6 +161,14 @@ pub(crate) struct Conn {
     pub fault: Option<Fault>,
     /// Torn down by a restart: input is no longer processed.
     pub dead: bool,
+    /// Whether the peer connected from a loopback address (or in process).
+    pub loopback: bool,
+    /// Bytes taken by the driver with [`BrokerMachine::take_output`] and not
+    /// yet reported written.
+    pub writing: usize,
+    /// A delivery waited for room in the output: the connection's queues
+    /// are dispatched again once it has some.
+    pub starved: bool,
     wake_pending: bool,
 }
 
@@ -171,6 +179,21 @@ impl Conn {
 
     pub fn channel_mut(&mut self, ch: u16) -> Option<&mut Channel> {
         self.channels.get_mut(usize::from(ch)).and_then(Option::as_mut)
+    }
+
+    /// The bytes waiting to be written to the client, and being written.
+    pub fn buffered(&self) -> usize {
+        self.out.len() + self.writing
+    }
+
+    /// Whether a delivery may be written now (the output is under `limit`);
+    /// if not, the connection is marked starved.
+    pub fn room_for_delivery(&mut self, limit: usize) -> bool {
+        let room = self.buffered() < limit;
+        if !room {
+            self.starved = true;
+        }
+        room
     }
 }
 
@@ -301,21 +324,68 @@ impl BrokerMachine {
                 open_channels: 0,
                 fault: None,
                 dead: false,
+                loopback: true,
+                writing: 0,
+                starved: false,
                 wake_pending: false,
             },
         );
         id
     }
 
-    /// Takes the bytes waiting to be written to connection `id`.
+    /// Takes the bytes waiting to be written to connection `id`. They count
+    /// against its output limit until [`BrokerMachine::output_written`].
     pub fn take_output(&mut self, id: ConnId) -> BytesMut {
         match self.conns.get_mut(&id) {
             Some(conn) => {
                 conn.wake_pending = false;
-                conn.out.split()
+                let out = conn.out.split();
+                conn.writing += out.len();
+                out
             }
             None => BytesMut::new(),
         }
+    }
+
+    /// The driver wrote `bytes` of what it took for connection `id`: if a
+    /// delivery waited for room, its queues are dispatched again.
+    pub fn output_written(&mut self, id: ConnId, bytes: usize, now: Instant) {
+        let limit = self.output_limit();
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        conn.writing = conn.writing.saturating_sub(bytes);
+        if !conn.starved || conn.buffered() >= limit {
+            return;
+        }
+        conn.starved = false;
+        let vhost = conn.vhost.clone();
+        let mut queues: Vec<ShortString> = Vec::new();
+        for channel in conn.channels.iter().flatten() {
+            for consumer in &channel.consumers {
+                if !queues.contains(&consumer.queue) {
+                    queues.push(consumer.queue.clone());
+                }
+            }
+        }
+        for q in queues {
+            self.dispatch(&vhost, &q, now);
+        }
+        self.process_dead_letters(now);
+    }
+
+    /// Whether connection `id` has room in its output, so that its input
+    /// may be read (a client that does not read what it is sent is not
+    /// read either).
+    pub fn output_has_room(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_none_or(|c| c.buffered() < self.output_limit())
+    }
+
+    /// The bytes waiting to be written to every connection, and being written.
+    pub fn buffered_output(&self) -> usize {
+        self.conns.values().map(Conn::buffered).sum()
+    }
+
+    pub(crate) fn output_limit(&self) -> usize {
+        self.config.output_limit.max(4096)
     }
 
     /// Connections that got output or a fault from someone else's input
