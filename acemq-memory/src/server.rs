@@ -326,14 +326,15 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S, loop
     };
     let mut input = BytesMut::with_capacity(PRE_AUTH_BUFFER);
     loop {
-        let (deadline, want_read, authenticated) = {
+        let (deadline, want_read, authenticated, resume) = {
             let machinery = hub.lock();
             let deadline = match (session.poll_timeout(), machinery.machine.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
             let room = machinery.machine.output_has_room(id);
-            (deadline, session.wants_read() && room, session.is_authenticated())
+            let resume = room && session.input_held();
+            (deadline, session.wants_read() && room, session.is_authenticated(), resume)
         };
         let chunk = if authenticated { INPUT_CHUNK } else { PRE_AUTH_BUFFER };
         if input.capacity() - input.len() < chunk / 4 {
@@ -348,14 +349,17 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S, loop
         };
         let mut read = false;
         let mut eof = false;
-        tokio::select! {
-            biased;
-            _ = notify.notified() => {}
-            result = io.read_buf(&mut input), if want_read => match result {
-                Ok(0) | Err(_) => eof = true,
-                Ok(_) => read = true,
-            },
-            _ = sleep => {}
+        // Input held back while the output was full goes on at once.
+        if !resume {
+            tokio::select! {
+                biased;
+                _ = notify.notified() => {}
+                result = io.read_buf(&mut input), if want_read => match result {
+                    Ok(0) | Err(_) => eof = true,
+                    Ok(_) => read = true,
+                },
+                _ = sleep => {}
+            }
         }
         let now = now();
         let (output, woken, fate) = {

@@ -69,6 +69,8 @@ pub struct Session {
     blocked_sent: bool,
     fate: Fate,
     mechanism: String,
+    /// Input was left unprocessed because the output was full.
+    input_held: bool,
 }
 
 const BLOCKED_REASON: &str = "low on memory";
@@ -103,6 +105,7 @@ impl Session {
             blocked_sent: false,
             fate: Fate::Running,
             mechanism: String::new(),
+            input_held: false,
         }
     }
 
@@ -126,6 +129,13 @@ impl Session {
     /// then a driver keeps its input buffer small.
     pub fn is_authenticated(&self) -> bool {
         !matches!(self.phase, Phase::ExpectProtocolHeader | Phase::ExpectStartOk)
+    }
+
+    /// Whether [`Session::handle_input`] left input unprocessed because the
+    /// connection's output was full: call it again once the output has
+    /// room ([`BrokerMachine::output_has_room`]), without waiting for more.
+    pub fn input_held(&self) -> bool {
+        self.input_held
     }
 
     /// Bytes arrived from the client.
@@ -192,7 +202,14 @@ impl Session {
     /// faults and alarm changes. Replies go to the machine's outbox.
     pub fn handle_input(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) {
         self.apply_outside_changes(machine, now);
+        self.input_held = false;
         while self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed {
+            // A client that does not read its replies is not read either:
+            // what is left in `buf` waits until the output has room.
+            if !machine.output_has_room(self.id) {
+                self.input_held = !buf.is_empty();
+                break;
+            }
             if self.phase == Phase::ExpectProtocolHeader {
                 match check_protocol_header(buf) {
                     Ok(false) => break,

@@ -4,6 +4,7 @@
 //! property bytes the message came with (never decoded and encoded again
 //! unless the broker changes a property).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,7 +49,10 @@ pub(crate) fn route(
         };
     }
     let mut queues: Vec<ShortString> = Vec::new();
-    let mut visited: Vec<&ShortString> = vec![exchange];
+    // Each queue once, in the order first reached (a set, so that a
+    // fanout to many queues stays linear).
+    let mut reached: HashSet<&ShortString> = HashSet::new();
+    let mut visited: HashSet<&ShortString> = HashSet::from([exchange]);
     let mut stack: Vec<&ShortString> = vec![exchange];
     let mut dests = Vec::new();
     while let Some(name) = stack.pop() {
@@ -62,8 +66,7 @@ pub(crate) fn route(
                     .get_key_value(&x.alternate().unwrap_or_default())
                     .map(|(k, _)| k)
             }) {
-                if !visited.contains(&alternate) {
-                    visited.push(alternate);
+                if visited.insert(alternate) {
                     stack.push(alternate);
                 }
             }
@@ -71,13 +74,12 @@ pub(crate) fn route(
         for dest in dests.drain(..) {
             match dest {
                 Destination::Queue(q) => {
-                    if !queues.contains(q) && vhost.queues.contains_key(q) {
+                    if vhost.queues.contains_key(q) && reached.insert(q) {
                         queues.push(q.clone());
                     }
                 }
                 Destination::Exchange(e) => {
-                    if !visited.contains(&e) {
-                        visited.push(e);
+                    if visited.insert(e) {
                         stack.push(e);
                     }
                 }
@@ -175,10 +177,13 @@ impl BrokerMachine {
         let queues = match self.vhosts.get(&**vhost) {
             Some(vh) => {
                 let mut queues = route(vh, &msg.exchange, &msg.routing_key, msg.headers());
-                for key in &also {
-                    for q in route(vh, &msg.exchange, key, msg.headers()) {
-                        if !queues.contains(&q) {
-                            queues.push(q);
+                if !also.is_empty() {
+                    let mut reached: HashSet<ShortString> = queues.iter().cloned().collect();
+                    for key in &also {
+                        for q in route(vh, &msg.exchange, key, msg.headers()) {
+                            if reached.insert(q.clone()) {
+                                queues.push(q);
+                            }
                         }
                     }
                 }
@@ -274,6 +279,11 @@ impl BrokerMachine {
     /// `fresh`: right after a publish, a message whose TTL ends now may still
     /// go to a waiting consumer, and is expired at once if none takes it.
     fn dispatch_inner(&mut self, vhost: &str, qname: &ShortString, now: Instant, fresh: bool) {
+        self.dispatch_queue(vhost, qname, now, fresh);
+        self.schedule(vhost, qname);
+    }
+
+    fn dispatch_queue(&mut self, vhost: &str, qname: &ShortString, now: Instant, fresh: bool) {
         let mut dead = Vec::new();
         {
             let BrokerMachine {
@@ -500,6 +510,7 @@ impl BrokerMachine {
         if !dead.is_empty() {
             self.queue_dead_letters(&vhost, queue, dead);
         }
+        self.schedule(&vhost, queue);
         let Some(conn) = self.conns.get_mut(&id) else {
             return Ok(());
         };

@@ -22,7 +22,8 @@ mod methods;
 mod queue;
 mod stream;
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,7 +36,7 @@ use bytes::BytesMut;
 
 pub(crate) use args::QueueKind;
 use exchange::{Destination, Exchange, ExchangeKind};
-pub(crate) use fast_hash::FastMap;
+pub(crate) use fast_hash::{FastMap, NameMap};
 pub(crate) use message::Header;
 
 use message::{Message, Outgoing};
@@ -199,8 +200,8 @@ impl Conn {
 
 #[derive(Debug, Default)]
 pub(crate) struct VHost {
-    pub exchanges: FastMap<ShortString, Exchange>,
-    pub queues: FastMap<ShortString, Queue>,
+    pub exchanges: NameMap<ShortString, Exchange>,
+    pub queues: NameMap<ShortString, Queue>,
 }
 
 impl VHost {
@@ -257,7 +258,7 @@ pub struct QueueInfo {
 #[derive(Debug)]
 pub struct BrokerMachine {
     pub(crate) config: Arc<BrokerConfig>,
-    pub(crate) vhosts: FastMap<String, VHost>,
+    pub(crate) vhosts: NameMap<String, VHost>,
     pub(crate) conns: FastMap<ConnId, Conn>,
     next_conn: ConnId,
     pub(crate) alarm: bool,
@@ -265,6 +266,37 @@ pub struct BrokerMachine {
     epoch_wall_ms: u64,
     woken: Vec<ConnId>,
     pub(crate) dead_letters: VecDeque<DeadLetter>,
+    /// Queue deadlines, earliest first; a queue's own `scheduled` tells
+    /// which of its timers is current.
+    timers: BinaryHeap<Reverse<Timer>>,
+}
+
+/// A queue's deadline in the timer heap (ordered by `at` alone).
+#[derive(Debug)]
+struct Timer {
+    at: Instant,
+    vhost: Arc<str>,
+    queue: ShortString,
+}
+
+impl PartialEq for Timer {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Timer {}
+
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Timer {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at.cmp(&other.at)
+    }
 }
 
 impl BrokerMachine {
@@ -290,6 +322,7 @@ impl BrokerMachine {
             epoch_wall_ms,
             woken: Vec::new(),
             dead_letters: VecDeque::new(),
+            timers: BinaryHeap::new(),
         }
     }
 
@@ -507,6 +540,7 @@ impl BrokerMachine {
             self.delete_queue_internal(vhost, queue);
             return false;
         }
+        self.schedule(vhost, queue);
         handed_over
     }
 
@@ -572,30 +606,33 @@ impl BrokerMachine {
 
     // ---- timers ---------------------------------------------------------
 
-    /// The earliest instant at which [`BrokerMachine::handle_timeout`] has
-    /// work: a queue head expiring, or a queue's `x-expires`.
+    /// The earliest instant at which [`BrokerMachine::handle_timeout`] may
+    /// have work: a queue head expiring, or a queue's `x-expires` (from the
+    /// timer heap: a timer that went stale only wakes the driver early).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.vhosts
-            .values()
-            .flat_map(|v| v.queues.values())
-            .filter_map(Queue::deadline)
-            .min()
+        self.timers.peek().map(|Reverse(timer)| timer.at)
     }
 
     /// Expires messages and unused queues that are due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut due = Vec::new();
-        for (vname, vhost) in &self.vhosts {
-            for (qname, q) in &vhost.queues {
-                if q.deadline().is_some_and(|d| d <= now) {
-                    due.push((Arc::<str>::from(vname.as_str()), qname.clone()));
-                }
+        while let Some(Reverse(timer)) = self.timers.peek() {
+            if timer.at > now {
+                break;
+            }
+            if let Some(Reverse(timer)) = self.timers.pop() {
+                due.push(timer);
             }
         }
-        for (vhost, qname) in due {
+        for Timer { at, vhost, queue: qname } in due {
             let Some(q) = self.vhosts.get_mut(&*vhost).and_then(|v| v.queues.get_mut(&qname)) else {
                 continue;
             };
+            // A later timer of a queue whose deadline came earlier since.
+            if q.scheduled != Some(at) {
+                continue;
+            }
+            q.scheduled = None;
             if q.unused_expired(now) {
                 self.delete_queue_internal(&vhost, &qname);
                 continue;
@@ -606,6 +643,26 @@ impl BrokerMachine {
             self.dispatch(&vhost, &qname, now);
         }
         self.process_dead_letters(now);
+    }
+
+    /// Puts a queue's deadline in the timer heap if it is earlier than the
+    /// one there. Called wherever a queue's deadline may come earlier: a
+    /// message enqueued or requeued, the head taken, the last consumer
+    /// gone, the queue declared.
+    pub(crate) fn schedule(&mut self, vhost: &str, qname: &ShortString) {
+        let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(qname)) else {
+            return;
+        };
+        let Some(at) = q.deadline() else { return };
+        if q.scheduled.is_some_and(|s| s <= at) {
+            return;
+        }
+        q.scheduled = Some(at);
+        self.timers.push(Reverse(Timer {
+            at,
+            vhost: Arc::from(vhost),
+            queue: qname.clone(),
+        }));
     }
 
     // ---- faults ---------------------------------------------------------
@@ -659,6 +716,7 @@ impl BrokerMachine {
             self.wake(*id);
         }
         self.dead_letters.clear();
+        self.timers.clear();
         for vhost in self.vhosts.values_mut() {
             vhost.exchanges.retain(|_, x| x.durable);
             vhost.queues.retain(|_, q| q.durable && q.exclusive_owner.is_none());
@@ -666,6 +724,7 @@ impl BrokerMachine {
                 q.clear_consumers();
                 q.unacked = 0;
                 q.last_used = now;
+                q.scheduled = None;
                 if q.settings.kind == QueueKind::Classic {
                     let kept: VecDeque<Queued> = q.ready.drain(..).filter(|m| m.msg.persistent()).collect();
                     q.ready_bytes = kept.iter().map(|m| m.msg.body.len() as u64).sum();
@@ -674,12 +733,22 @@ impl BrokerMachine {
             }
             let queues: Vec<ShortString> = vhost.queues.keys().cloned().collect();
             let exchanges: Vec<ShortString> = vhost.exchanges.keys().cloned().collect();
+            let queues: std::collections::HashSet<ShortString> = queues.into_iter().collect();
+            let exchanges: std::collections::HashSet<ShortString> = exchanges.into_iter().collect();
             for x in vhost.exchanges.values_mut() {
-                x.bindings.retain(|b| match &b.destination {
+                x.bindings.retain_destinations(|d| match d {
                     Destination::Queue(q) => queues.contains(q),
                     Destination::Exchange(e) => exchanges.contains(e),
                 });
             }
+        }
+        let all: Vec<(String, ShortString)> = self
+            .vhosts
+            .iter()
+            .flat_map(|(v, vh)| vh.queues.keys().map(move |q| (v.clone(), q.clone())))
+            .collect();
+        for (vhost, queue) in all {
+            self.schedule(&vhost, &queue);
         }
     }
 
@@ -712,11 +781,9 @@ impl BrokerMachine {
         let vh = self.vhosts.get_mut(vhost)?;
         let q = vh.queues.remove(queue)?;
         let mut emptied = Vec::new();
+        let destination = Destination::Queue(queue.clone());
         for x in vh.exchanges.values_mut() {
-            let before = x.bindings.len();
-            x.bindings
-                .retain(|b| !matches!(&b.destination, Destination::Queue(name) if name == queue));
-            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+            if x.bindings.remove_destination(&destination) > 0 && x.bindings.is_empty() && x.auto_delete {
                 emptied.push(x.name.clone());
             }
         }
@@ -760,11 +827,9 @@ impl BrokerMachine {
             return;
         }
         let mut emptied = Vec::new();
+        let destination = Destination::Exchange(exchange.clone());
         for x in vh.exchanges.values_mut() {
-            let before = x.bindings.len();
-            x.bindings
-                .retain(|b| !matches!(&b.destination, Destination::Exchange(name) if name == exchange));
-            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+            if x.bindings.remove_destination(&destination) > 0 && x.bindings.is_empty() && x.auto_delete {
                 emptied.push(x.name.clone());
             }
         }
