@@ -226,6 +226,8 @@ impl Bindings {
 struct TopicNode {
     children: BTreeMap<Box<[u8]>, TopicNode>,
     ends: BTreeMap<Destination, usize>,
+    /// This node is a `#` word: it may take one more word and stay.
+    is_hash: bool,
 }
 
 impl TopicNode {
@@ -233,6 +235,7 @@ impl TopicNode {
         let mut node = self;
         for word in key.split(|b| *b == b'.') {
             node = node.children.entry(word.into()).or_default();
+            node.is_hash = word == b"#";
         }
         *node.ends.entry(destination.clone()).or_default() += 1;
     }
@@ -277,8 +280,8 @@ impl TopicNode {
         self.walk(&words, 0, &mut seen_states, &mut found, out);
     }
 
-    /// Visits each (node, position) once, so patterns of many `#` stay
-    /// linear in nodes times words.
+    /// Visits each (node, position) once, with a constant number of steps
+    /// from each, so patterns of many `#` stay linear in nodes times words.
     fn walk<'a>(
         &'a self,
         words: &[&[u8]],
@@ -297,11 +300,12 @@ impl TopicNode {
                 }
             }
         }
+        // Entering a `#` takes no word; staying in it takes one more.
         if let Some(hash) = self.children.get(b"#".as_slice()) {
-            // `#` takes zero or more words.
-            for next in at..=words.len() {
-                hash.walk(words, next, seen_states, found, out);
-            }
+            hash.walk(words, at, seen_states, found, out);
+        }
+        if self.is_hash && at < words.len() {
+            self.walk(words, at + 1, seen_states, found, out);
         }
         if at < words.len() {
             if let Some(child) = self.children.get(words[at]) {
