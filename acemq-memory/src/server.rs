@@ -334,7 +334,12 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S, loop
             };
             let room = machinery.machine.output_has_room(id);
             let resume = room && session.input_held();
-            (deadline, session.wants_read() && room, session.is_authenticated(), resume)
+            (
+                deadline,
+                session.wants_read() && room,
+                session.is_authenticated(),
+                resume,
+            )
         };
         let chunk = if authenticated { INPUT_CHUNK } else { PRE_AUTH_BUFFER };
         if input.capacity() - input.len() < chunk / 4 {
@@ -405,7 +410,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S, loop
 
 /// Writes all of `buf`; fails when a write makes no progress within
 /// `timeout` (the peer does not read) or the stream fails.
-async fn write_with_progress<S: AsyncWrite + Unpin>(io: &mut S, mut buf: BytesMut, timeout: Duration) -> io::Result<()> {
+async fn write_with_progress<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    mut buf: BytesMut,
+    timeout: Duration,
+) -> io::Result<()> {
     while !buf.is_empty() {
         match tokio::time::timeout(timeout, io.write(&buf)).await {
             Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),

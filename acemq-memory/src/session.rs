@@ -477,7 +477,11 @@ impl Session {
             }
         };
         let (Some(user), None) = (user, refusal.clone()) else {
-            tracing::info!(conn = self.id, reason = refusal.as_deref().unwrap_or(""), "login refused");
+            tracing::info!(
+                conn = self.id,
+                reason = refusal.as_deref().unwrap_or(""),
+                "login refused"
+            );
             if capabilities.authentication_failure_close {
                 let error = AmqpError::access_refused(refusal.unwrap_or_default());
                 self.handshake_error(machine, error);

@@ -314,7 +314,15 @@ fn the_next_deadline_comes_from_a_heap_not_a_scan_of_the_queues() {
         routing_key: "ttl".into(),
         ..Default::default()
     };
-    encode_content(2, &publish.into(), &BasicProperties::default(), b"x", 131_072, &mut input).unwrap();
+    encode_content(
+        2,
+        &publish.into(),
+        &BasicProperties::default(),
+        b"x",
+        131_072,
+        &mut input,
+    )
+    .unwrap();
     while !input.is_empty() {
         session.handle_input(&mut machine, &mut input, now);
         let _ = machine.take_output(session.id());

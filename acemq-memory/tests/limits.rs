@@ -131,12 +131,17 @@ async fn a_no_ack_consumer_that_does_not_read_stops_getting_deliveries_and_messa
         other.open_channel(1).await;
         other.declare_queue(1, "other", FieldTable::new()).await;
         other.publish(1, "", "other", b"hello").await;
-        let got = other.call(1, acemq_codec::BasicGet {
-            queue: "other".into(),
-            no_ack: true,
-            ..Default::default()
-        });
-        let got = tokio::time::timeout(Duration::from_secs(5), got).await.expect("a get answers");
+        let got = other.call(
+            1,
+            acemq_codec::BasicGet {
+                queue: "other".into(),
+                no_ack: true,
+                ..Default::default()
+            },
+        );
+        let got = tokio::time::timeout(Duration::from_secs(5), got)
+            .await
+            .expect("a get answers");
         assert!(matches!(got, Method::BasicGetOk(_)), "{got:?}");
         drop(stalled);
     })
@@ -168,7 +173,10 @@ async fn a_write_that_makes_no_progress_drops_the_connection_and_its_unacked_mes
         // The stalled connection goes once a write has waited 500 ms.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while broker.connection_count() > 1 {
-            assert!(tokio::time::Instant::now() < deadline, "the stalled connection was never dropped");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the stalled connection was never dropped"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let q = broker.queue_info("/", "slow").unwrap();
@@ -235,7 +243,9 @@ async fn guest_is_refused_from_a_remote_address_and_others_are_not() {
         refused.expect(|m| matches!(m, Method::ConnectionStart(_))).await;
         refused.send(0, start_ok_plain("guest", "guest")).await;
         let close = refused.expect(|m| matches!(m, Method::ConnectionClose(_))).await;
-        let Method::ConnectionClose(close) = close else { unreachable!() };
+        let Method::ConnectionClose(close) = close else {
+            unreachable!()
+        };
         assert_eq!(close.reply_code, 403);
         assert_eq!(
             close.reply_text.to_string(),
@@ -302,7 +312,9 @@ async fn a_connection_open_past_max_connections_is_refused_with_530() {
             )
             .await;
         let close = third.expect(|m| matches!(m, Method::ConnectionClose(_))).await;
-        let Method::ConnectionClose(close) = close else { unreachable!() };
+        let Method::ConnectionClose(close) = close else {
+            unreachable!()
+        };
         assert_eq!(close.reply_code, 530);
         assert_eq!(
             close.reply_text.to_string(),
@@ -312,7 +324,11 @@ async fn a_connection_open_past_max_connections_is_refused_with_530() {
         first.hang_up().await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while broker.connection_count() > 1 {
-            assert!(tokio::time::Instant::now() < deadline, "{} connections", broker.connection_count());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} connections",
+                broker.connection_count()
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let mut fourth = Client::open(&broker).await;

@@ -490,7 +490,9 @@ async fn refused(url: &str) -> (u16, String) {
         Ok(_) => panic!("{url} was not refused"),
         Err(err) => (
             err.reply_code().unwrap_or(0),
-            err.refusal().map(|r| r.text.to_string()).unwrap_or_else(|| err.to_string()),
+            err.refusal()
+                .map(|r| r.text.to_string())
+                .unwrap_or_else(|| err.to_string()),
         ),
     }
 }
@@ -507,7 +509,10 @@ async fn guest_is_refused_from_a_remote_address_unless_allowed_and_listening_bey
         );
         assert_eq!(
             refused(&exposed.url_as("guest", "guest", ip)).await,
-            (403, "ACCESS_REFUSED - user 'guest' can only connect via localhost".to_owned())
+            (
+                403,
+                "ACCESS_REFUSED - user 'guest' can only connect via localhost".to_owned()
+            )
         );
         let local = Connection::open(&exposed.url(), Config::default()).await.unwrap();
         local.channel().await.unwrap();
@@ -534,9 +539,12 @@ async fn users_given_with_user_log_in_from_anywhere_and_replace_guest() {
             .await
             .unwrap();
         app.channel().await.unwrap();
-        let ops = Connection::open(&server.url_as("ops", "pw", "127.0.0.1".parse().unwrap()), Config::default())
-            .await
-            .unwrap();
+        let ops = Connection::open(
+            &server.url_as("ops", "pw", "127.0.0.1".parse().unwrap()),
+            Config::default(),
+        )
+        .await
+        .unwrap();
         ops.channel().await.unwrap();
         let login_refused = (
             403,
@@ -673,7 +681,10 @@ async fn a_consumer_that_stops_reading_while_1_gib_is_published_leaves_the_broke
         };
         let attached = tokio::time::Instant::now() + Duration::from_secs(10);
         while passive(&ch, &q).await.consumer_count == 0 {
-            assert!(tokio::time::Instant::now() < attached, "the stalled consumer never attached");
+            assert!(
+                tokio::time::Instant::now() < attached,
+                "the stalled consumer never attached"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
 

@@ -412,7 +412,11 @@ mod tests {
 
         let two = options(&["--user", "app:s3:cret", "--user=ops:pw"]).config();
         assert_eq!(two.users, vec![User::new("app", "s3:cret"), User::new("ops", "pw")]);
-        assert_eq!(two.loopback_users, vec!["guest".to_owned()], "guest stays loopback-only if named");
+        assert_eq!(
+            two.loopback_users,
+            vec!["guest".to_owned()],
+            "guest stays loopback-only if named"
+        );
 
         let remote = options(&["--allow-remote-guest"]).config();
         assert!(remote.loopback_users.is_empty());
@@ -422,7 +426,10 @@ mod tests {
             args(&["--user", "nopassword"]),
             Err("--user needs NAME:PASSWORD, got 'nopassword'".into())
         );
-        assert_eq!(args(&["--user", ":pw"]), Err("--user needs NAME:PASSWORD, got ':pw'".into()));
+        assert_eq!(
+            args(&["--user", ":pw"]),
+            Err("--user needs NAME:PASSWORD, got ':pw'".into())
+        );
         assert_eq!(args(&["--user"]), Err("--user needs NAME:PASSWORD".into()));
     }
 

@@ -467,7 +467,10 @@ mod tests {
         assert!(x.bindings.remove(&with_args));
         assert!(x.bindings.is_empty());
         assert!(routed(&x, "k").is_empty());
-        assert!(x.bindings.by_key.is_empty() && x.bindings.topic.children.is_empty(), "indexes emptied");
+        assert!(
+            x.bindings.by_key.is_empty() && x.bindings.topic.children.is_empty(),
+            "indexes emptied"
+        );
     }
 
     #[test]

@@ -397,7 +397,7 @@ impl BrokerMachine {
             from.now,
         );
         vh.queues.insert(name.clone(), q);
-        self.schedule(&from.vhost, &name);
+        self.schedule(&from.vhost, name);
         Ok(Some((0, 0)))
     }
 

@@ -624,7 +624,12 @@ impl BrokerMachine {
                 due.push(timer);
             }
         }
-        for Timer { at, vhost, queue: qname } in due {
+        for Timer {
+            at,
+            vhost,
+            queue: qname,
+        } in due
+        {
             let Some(q) = self.vhosts.get_mut(&*vhost).and_then(|v| v.queues.get_mut(&qname)) else {
                 continue;
             };

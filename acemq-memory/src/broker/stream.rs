@@ -279,7 +279,11 @@ mod tests {
         let took = started.elapsed();
         assert_eq!(log.len(), 50_000);
         assert_eq!(log.segments.len(), 50_001, "one segment per message, and the one begun");
-        assert_eq!(log.start(StartAt::Last), 2 * 50_000 - 2, "an offset leap at every roll-over");
+        assert_eq!(
+            log.start(StartAt::Last),
+            2 * 50_000 - 2,
+            "an offset leap at every roll-over"
+        );
         assert!(took < std::time::Duration::from_secs(2), "50,000 appends took {took:?}");
     }
 
