@@ -147,6 +147,23 @@ pub struct BrokerConfig {
     pub duplex_capacity: usize,
     /// `cluster_name` in `connection.start`.
     pub cluster_name: String,
+    /// The users that may log in only from a loopback address (RabbitMQ's
+    /// `loopback_users`; default `guest`). A connection served with
+    /// [`crate::Broker::serve`] or [`crate::Broker::connect`] counts as
+    /// loopback; one accepted by [`crate::Broker::listen_tcp`] or served with
+    /// [`crate::Broker::serve_tcp`] counts by its peer address.
+    pub loopback_users: Vec<String>,
+    /// How many connections may be open at once (`None`: no limit). A
+    /// `connection.open` past it is refused with 530 NOT_ALLOWED, as
+    /// RabbitMQ's `connection_max` refuses it.
+    pub max_connections: Option<usize>,
+    /// The bytes a connection may have waiting to be written before the
+    /// broker stops delivering to it (messages stay queued, as RabbitMQ's
+    /// credit flow keeps them) and stops reading its input.
+    pub output_limit: usize,
+    /// How long a write to a client may make no progress before its
+    /// connection is dropped (RabbitMQ's `send_timeout`).
+    pub write_timeout: Duration,
 }
 
 impl Default for BrokerConfig {
@@ -172,6 +189,10 @@ impl BrokerConfig {
             quorum_default_delivery_limit: version.quorum_default_delivery_limit(),
             duplex_capacity: 512 * 1024,
             cluster_name: "acemq-memory".to_owned(),
+            loopback_users: vec!["guest".to_owned()],
+            max_connections: None,
+            output_limit: 4 * 1024 * 1024,
+            write_timeout: Duration::from_secs(15),
         }
     }
 
@@ -258,6 +279,35 @@ impl BrokerConfig {
     /// Sets [`BrokerConfig::duplex_capacity`], in bytes.
     pub fn with_duplex_capacity(mut self, bytes: usize) -> Self {
         self.duplex_capacity = bytes;
+        self
+    }
+
+    /// Sets [`BrokerConfig::loopback_users`] (an empty list lets every user
+    /// log in from anywhere, as `--allow-remote-guest` does for `guest`).
+    pub fn with_loopback_users<I, S>(mut self, users: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.loopback_users = users.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets [`BrokerConfig::max_connections`].
+    pub fn with_max_connections(mut self, max: Option<usize>) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Sets [`BrokerConfig::output_limit`], in bytes (at least 4 KiB is used).
+    pub fn with_output_limit(mut self, bytes: usize) -> Self {
+        self.output_limit = bytes;
+        self
+    }
+
+    /// Sets [`BrokerConfig::write_timeout`].
+    pub fn with_write_timeout(mut self, timeout: Duration) -> Self {
+        self.write_timeout = timeout;
         self
     }
 

@@ -158,6 +158,120 @@ pub fn client_bytes(data: &[u8]) {
     let _ = machine.poll_timeout();
 }
 
+/// The output limit of the broker [`served_connection`] runs.
+pub const SERVED_OUTPUT_LIMIT: usize = 16 * 1024;
+/// The largest message body it accepts.
+pub const SERVED_MAX_MESSAGE: u64 = 64 * 1024;
+
+/// What a connection of [`served_connection`] may have buffered at most:
+/// the output limit, one delivery or `get-ok` of the largest message with
+/// its frames, and a handful of methods written past the limit.
+pub const SERVED_OUTPUT_BOUND: usize = SERVED_OUTPUT_LIMIT + SERVED_MAX_MESSAGE as usize + 64 * 1024;
+
+/// Feeds `data` to a broker as one client's bytes through the tokio layer
+/// itself (the task that serves each connection: reads, the session, the
+/// output limit, the write timeout), over an in-process duplex stream, on
+/// a paused clock. The first byte is the mode, as in [`client_bytes`]
+/// (bit 0: a valid handshake first; bits 1-2: the chunk size), and bits 3-4
+/// choose how the client reads: everything, nothing at all, or a few bytes
+/// now and then. A well-behaved consumer reads everything on a second
+/// connection. After every chunk the broker's buffered output must stay
+/// within [`SERVED_OUTPUT_BOUND`] per connection; at the end both
+/// connections must be gone once their sockets are. Panics if the broker
+/// does, or breaks either promise.
+pub fn served_connection(data: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let config = BrokerConfig::default()
+            .with_output_limit(SERVED_OUTPUT_LIMIT)
+            .with_max_message_size(SERVED_MAX_MESSAGE)
+            .with_write_timeout(Duration::from_secs(5))
+            .with_duplex_capacity(4096);
+        let broker = crate::Broker::new(config);
+
+        let (mut consumer_read, mut consumer_write) = tokio::io::split(broker.connect());
+        let drain = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n) = consumer_read.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+        let _ = consumer_write.write_all(&consumer_script()).await;
+
+        let (mut client_read, mut client_write) = tokio::io::split(broker.connect());
+        let reading = (mode >> 3) & 3;
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match reading {
+                    // Reads nothing: the broker's writes to it stall.
+                    1 => {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        continue;
+                    }
+                    // A few bytes a second.
+                    2 => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        client_read.read(&mut buf[..64]).await
+                    }
+                    _ => client_read.read(&mut buf).await,
+                };
+                if !matches!(n, Ok(n) if n > 0) {
+                    break;
+                }
+            }
+        });
+
+        let mut input = if mode & 1 == 1 {
+            handshake(0).to_vec()
+        } else {
+            Vec::new()
+        };
+        input.extend_from_slice(data);
+        let chunk = match (mode >> 1) & 3 {
+            0 => input.len().max(1),
+            1 => 1,
+            2 => 7,
+            _ => 64,
+        };
+        let bound = 2 * SERVED_OUTPUT_BOUND;
+        for part in input.chunks(chunk) {
+            // A client that is not read may be stuck writing: bounded too.
+            let _ = tokio::time::timeout(Duration::from_secs(10), client_write.write_all(part)).await;
+            tokio::task::yield_now().await;
+            let buffered = broker.stats().output_buffered;
+            assert!(buffered <= bound, "{buffered} bytes buffered for two connections");
+        }
+        // Let every timer run out (the clock is paused: this is instant).
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let buffered = broker.stats().output_buffered;
+        assert!(buffered <= bound, "{buffered} bytes buffered for two connections");
+
+        drop(client_write);
+        reader.abort();
+        let _ = reader.await;
+        drop(consumer_write);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drain.abort();
+        let _ = drain.await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let stats = broker.stats();
+        assert_eq!(stats.connections, 0, "connections left behind: {stats:?}");
+        assert_eq!(stats.output_buffered, 0, "output left behind: {stats:?}");
+    });
+}
+
 fn publish(
     out: &mut BytesMut,
     channel: u16,

@@ -141,6 +141,52 @@
 //! is the thin tokio driver around them: one task per connection, batched
 //! writes, one lock per broker.
 //!
+//! ## Serving other clients
+//!
+//! Test suites in other languages run against the `acemq-memory` binary
+//! (`acemq-memory --listen ADDR`) or a [`Broker::listen_tcp`] port; one
+//! client cannot stall or exhaust the others:
+//!
+//! - **Bounded output.** A connection holds at most
+//!   [`BrokerConfig::output_limit`] bytes (4 MiB) waiting to be written, plus
+//!   one message. Past it, deliveries to that connection wait, as
+//!   RabbitMQ's credit flow makes them wait (a no-ack consumer that stops
+//!   reading stops getting messages; they stay queued), and its own input
+//!   is not read. A write that makes no progress for
+//!   [`BrokerConfig::write_timeout`] (15 s) drops the connection, and its
+//!   unacked messages go back to their queues.
+//! - **No scans.** Queue deadlines (TTL, `x-expires`) wait in a timer heap;
+//!   direct exchanges route through an index by key and topic exchanges
+//!   through a trie of words; bindings are an ordered set; a stream keeps
+//!   its size as it goes. 100,000 queues or a fanout of 10,000 bindings do
+//!   not slow a publish elsewhere (`benches/routing.rs`).
+//! - **Names.** Maps keyed by names a client chooses are hashed with a
+//!   random seed per map.
+//! - **Users.** [`BrokerConfig::users`] (`--user NAME:PASSWORD`, repeatable);
+//!   the users of [`BrokerConfig::loopback_users`] (`guest`) may log in only
+//!   from a loopback address, as RabbitMQ's `loopback_users` has it
+//!   (`--allow-remote-guest` lifts it); listening beyond loopback logs a
+//!   warning.
+//! - **Limits.** [`BrokerConfig::max_connections`] (`--max-connections`)
+//!   refuses `connection.open` with RabbitMQ's 530; a connection that has
+//!   not logged in holds a 4 KiB input buffer, not 64 KiB.
+//! - [`Broker::stats`] tells what the broker buffers for its connections.
+//!
+//! ```no_run
+//! use acemq_memory::{Broker, BrokerConfig, User};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let config = BrokerConfig::default()
+//!     .with_users([User::new("ci", "secret")])
+//!     .with_max_connections(Some(200));
+//! let broker = Broker::new(config);
+//! let addr = broker.listen_tcp("0.0.0.0:5673").await?;
+//! println!("amqp://ci:secret@{addr}/");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Known differences from RabbitMQ
 //!
 //! The differential test (`tests/tests/differential.rs`) runs random
@@ -248,5 +294,5 @@ mod session_tests;
 
 pub use broker::{BrokerMachine, ConnId, QueueInfo};
 pub use config::{BrokerConfig, RabbitMqVersion, UnknownVersion, User};
-pub use server::{Broker, Faults};
+pub use server::{is_loopback, warn_if_exposed, Broker, BrokerStats, Faults};
 pub use session::{Fate, Session};

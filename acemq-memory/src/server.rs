@@ -5,12 +5,14 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
-use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -41,6 +43,8 @@ impl Machinery {
 struct Hub {
     machinery: Mutex<Machinery>,
     duplex_capacity: usize,
+    /// The bytes reserved for the connections' input buffers.
+    input_reserved: AtomicUsize,
 }
 
 impl Hub {
@@ -100,6 +104,7 @@ impl Broker {
                     notifiers: HashMap::new(),
                 }),
                 duplex_capacity,
+                input_reserved: AtomicUsize::new(0),
             }),
         }
     }
@@ -135,14 +140,24 @@ impl Broker {
     /// runtime (so this must be called inside one).
     pub fn connect(&self) -> DuplexStream {
         let (client, server) = tokio::io::duplex(self.hub.duplex_capacity);
-        tokio::spawn(serve(self.hub.clone(), server));
+        tokio::spawn(serve(self.hub.clone(), server, true));
         client
     }
 
-    /// Serves any stream (a socket, a duplex half, ...) as one connection,
-    /// until it closes.
+    /// Serves any stream (a duplex half, a pipe, ...) as one connection,
+    /// until it closes. Its peer counts as local (for
+    /// [`BrokerConfig::loopback_users`]): serve a socket with
+    /// [`Broker::serve_tcp`].
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: S) {
-        serve(self.hub.clone(), stream).await;
+        serve(self.hub.clone(), stream, true).await;
+    }
+
+    /// Serves an accepted TCP connection until it closes; its peer address
+    /// decides whether [`BrokerConfig::loopback_users`] may log in.
+    pub async fn serve_tcp(&self, socket: TcpStream) {
+        let _ = socket.set_nodelay(true);
+        let loopback = socket.peer_addr().is_ok_and(|peer| is_loopback(peer.ip()));
+        serve(self.hub.clone(), socket, loopback).await;
     }
 
     /// Listens for AMQP clients on a TCP address (use port 0 for any free
@@ -151,13 +166,14 @@ impl Broker {
     pub async fn listen_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let hub = self.hub.clone();
+        warn_if_exposed(local);
+        let broker = self.clone();
         tokio::spawn(async move {
             loop {
                 match listener.accept().await {
                     Ok((socket, _)) => {
-                        let _ = socket.set_nodelay(true);
-                        tokio::spawn(serve(hub.clone(), socket));
+                        let broker = broker.clone();
+                        tokio::spawn(async move { broker.serve_tcp(socket).await });
                     }
                     Err(err) => {
                         tracing::warn!(%err, "accept failed");
@@ -187,6 +203,50 @@ impl Broker {
     /// How many connections are open.
     pub fn connection_count(&self) -> usize {
         self.hub.lock().machine.connection_count()
+    }
+
+    /// What the broker holds for its connections right now.
+    pub fn stats(&self) -> BrokerStats {
+        let machinery = self.hub.lock();
+        BrokerStats {
+            connections: machinery.machine.connection_count(),
+            output_buffered: machinery.machine.buffered_output(),
+            input_reserved: self.hub.input_reserved.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a broker holds for its connections, from [`Broker::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BrokerStats {
+    /// Connections open (logged in or not).
+    pub connections: usize,
+    /// Bytes waiting to be written to clients, and being written: at most
+    /// about [`BrokerConfig::output_limit`] per connection, plus one message.
+    pub output_buffered: usize,
+    /// Bytes reserved for the connections' input buffers (small until a
+    /// client has logged in).
+    pub input_reserved: usize,
+}
+
+/// Whether `ip` is a loopback address (an IPv4-mapped IPv6 one included),
+/// as RabbitMQ's `loopback_users` check reads it.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+/// Logs a warning when `local` is reachable from beyond this host.
+pub fn warn_if_exposed(local: SocketAddr) {
+    if !is_loopback(local.ip()) {
+        tracing::warn!(
+            %local,
+            "listening beyond loopback: any host that reaches {local} may connect (guest is refused from \
+             remote addresses unless allowed; set users of your own)"
+        );
     }
 }
 
@@ -250,34 +310,58 @@ impl Faults {
     }
 }
 
+/// The input buffer of a connection that has not logged in: enough for
+/// any handshake frame (RabbitMQ's 4096-byte `frame_max` until `tune-ok`).
+const PRE_AUTH_BUFFER: usize = 4 * 1024 + 64;
+/// The input buffer's growth step once the client has logged in.
+const INPUT_CHUNK: usize = 64 * 1024;
+
 /// One connection: read, feed the session, write what the machine has for
 /// it, sleep until the next deadline or until another connection wakes it.
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S) {
+/// A connection whose output is full is not read (its own replies stay
+/// bounded); a write that makes no progress for the write timeout drops it.
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S, loopback: bool) {
     let notify = Arc::new(Notify::new());
-    let mut session = {
+    let (mut session, write_timeout) = {
         let mut machinery = hub.lock();
         let session = Session::new(&mut machinery.machine, now());
+        if let Some(conn) = machinery.machine.conns.get_mut(&session.id()) {
+            conn.loopback = loopback;
+        }
         machinery.notifiers.insert(session.id(), notify.clone());
-        session
+        (session, machinery.machine.config().write_timeout)
     };
     let id = session.id();
     // Runs when the task ends or is dropped with its runtime (a test that
     // finishes while connected to a named broker): the connection must not
     // linger with its consumers.
-    let _guard = ConnGuard { hub: hub.clone(), id };
-    let mut input = BytesMut::with_capacity(64 * 1024);
+    let mut guard = ConnGuard {
+        hub: hub.clone(),
+        id,
+        reserved: 0,
+    };
+    let mut input = BytesMut::with_capacity(PRE_AUTH_BUFFER);
     loop {
-        let (deadline, want_read) = {
+        let (deadline, want_read, authenticated, resume) = {
             let machinery = hub.lock();
             let deadline = match (session.poll_timeout(), machinery.machine.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            (deadline, session.wants_read())
+            let room = machinery.machine.output_has_room(id);
+            let resume = room && session.input_held();
+            (
+                deadline,
+                session.wants_read() && room,
+                session.is_authenticated(),
+                resume,
+            )
         };
-        if input.capacity() - input.len() < 16 * 1024 {
-            input.reserve(64 * 1024);
+        let chunk = if authenticated { INPUT_CHUNK } else { PRE_AUTH_BUFFER };
+        if input.capacity() - input.len() < chunk / 4 {
+            input.reserve(chunk);
         }
+        guard.reserve(input.capacity());
         let sleep = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
@@ -286,14 +370,17 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S) {
         };
         let mut read = false;
         let mut eof = false;
-        tokio::select! {
-            biased;
-            _ = notify.notified() => {}
-            result = io.read_buf(&mut input), if want_read => match result {
-                Ok(0) | Err(_) => eof = true,
-                Ok(_) => read = true,
-            },
-            _ = sleep => {}
+        // Input held back while the output was full goes on at once.
+        if !resume {
+            tokio::select! {
+                biased;
+                _ = notify.notified() => {}
+                result = io.read_buf(&mut input), if want_read => match result {
+                    Ok(0) | Err(_) => eof = true,
+                    Ok(_) => read = true,
+                },
+                _ = sleep => {}
+            }
         }
         let now = now();
         let (output, woken, fate) = {
@@ -321,26 +408,60 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(hub: Arc<Hub>, mut io: S) {
             break;
         }
         if !output.is_empty() {
-            if io.write_all(&output).await.is_err() {
+            let written = output.len();
+            if write_with_progress(&mut io, output, write_timeout).await.is_err() {
+                tracing::info!(conn = id, "dropping a connection whose writes made no progress");
                 break;
             }
             session.transmitted(now);
+            hub.with_machine(|m, now| m.output_written(id, written, now));
         }
         if fate == Fate::Close {
-            let _ = io.flush().await;
-            let _ = io.shutdown().await;
+            let _ = tokio::time::timeout(write_timeout, io.flush()).await;
+            let _ = tokio::time::timeout(write_timeout, io.shutdown()).await;
             break;
         }
     }
 }
 
+/// Writes all of `buf`; fails when a write makes no progress within
+/// `timeout` (the peer does not read) or the stream fails.
+async fn write_with_progress<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    mut buf: BytesMut,
+    timeout: Duration,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        match tokio::time::timeout(timeout, io.write(&buf)).await {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => buf.advance(n),
+            Ok(Err(err)) => return Err(err),
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
+}
+
 struct ConnGuard {
     hub: Arc<Hub>,
     id: ConnId,
+    /// The input buffer's capacity, counted in [`Hub::input_reserved`].
+    reserved: usize,
+}
+
+impl ConnGuard {
+    fn reserve(&mut self, capacity: usize) {
+        if capacity != self.reserved {
+            self.hub.input_reserved.fetch_add(capacity, Ordering::Relaxed);
+            self.hub.input_reserved.fetch_sub(self.reserved, Ordering::Relaxed);
+            self.reserved = capacity;
+        }
+    }
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
+        self.reserve(0);
         let woken = {
             let mut machinery = self.hub.lock();
             machinery.machine.remove_conn(self.id, now());

@@ -69,6 +69,8 @@ pub struct Session {
     blocked_sent: bool,
     fate: Fate,
     mechanism: String,
+    /// Input was left unprocessed because the output was full.
+    input_held: bool,
 }
 
 const BLOCKED_REASON: &str = "low on memory";
@@ -103,6 +105,7 @@ impl Session {
             blocked_sent: false,
             fate: Fate::Running,
             mechanism: String::new(),
+            input_held: false,
         }
     }
 
@@ -120,6 +123,19 @@ impl Session {
     /// alarm (RabbitMQ stops reading the socket), nor once closing.
     pub fn wants_read(&self) -> bool {
         self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed
+    }
+
+    /// Whether the client has logged in (its `start-ok` was accepted): until
+    /// then a driver keeps its input buffer small.
+    pub fn is_authenticated(&self) -> bool {
+        !matches!(self.phase, Phase::ExpectProtocolHeader | Phase::ExpectStartOk)
+    }
+
+    /// Whether [`Session::handle_input`] left input unprocessed because the
+    /// connection's output was full: call it again once the output has
+    /// room ([`BrokerMachine::output_has_room`]), without waiting for more.
+    pub fn input_held(&self) -> bool {
+        self.input_held
     }
 
     /// Bytes arrived from the client.
@@ -186,7 +202,14 @@ impl Session {
     /// faults and alarm changes. Replies go to the machine's outbox.
     pub fn handle_input(&mut self, machine: &mut BrokerMachine, buf: &mut BytesMut, now: Instant) {
         self.apply_outside_changes(machine, now);
+        self.input_held = false;
         while self.fate == Fate::Running && !self.blocked && self.phase != Phase::Doomed {
+            // A client that does not read its replies is not read either:
+            // what is left in `buf` waits until the output has room.
+            if !machine.output_has_room(self.id) {
+                self.input_held = !buf.is_empty();
+                break;
+            }
             if self.phase == Phase::ExpectProtocolHeader {
                 match check_protocol_header(buf) {
                     Ok(false) => break,
@@ -442,12 +465,25 @@ impl Session {
                 .find(|u| u.name == user && u.password == password)
                 .map(|u| u.name.clone())
         });
-        let Some(user) = user else {
+        let refusal = match &user {
+            None => Some(format!(
+                "Login was refused using authentication mechanism {}. For details see the broker logfile.",
+                self.mechanism
+            )),
+            Some(name) => {
+                let loopback = machine.conns.get(&self.id).is_none_or(|c| c.loopback);
+                let local_only = machine.config().loopback_users.iter().any(|u| u == name);
+                (local_only && !loopback).then(|| format!("user '{name}' can only connect via localhost"))
+            }
+        };
+        let (Some(user), None) = (user, refusal.clone()) else {
+            tracing::info!(
+                conn = self.id,
+                reason = refusal.as_deref().unwrap_or(""),
+                "login refused"
+            );
             if capabilities.authentication_failure_close {
-                let error = AmqpError::access_refused(format!(
-                    "Login was refused using authentication mechanism {}. For details see the broker logfile.",
-                    self.mechanism
-                ));
+                let error = AmqpError::access_refused(refusal.unwrap_or_default());
                 self.handshake_error(machine, error);
             } else {
                 self.fate = Fate::Close;
@@ -499,7 +535,12 @@ impl Session {
             return;
         };
         let user = conn.user.clone();
-        let error = if !machine.vhosts.contains_key(&vhost) {
+        let open_now = machine.conns.values().filter(|c| c.open && !c.dead).count();
+        let error = if let Some(limit) = machine.config().max_connections.filter(|max| open_now >= *max) {
+            Some(AmqpError::not_allowed(format!(
+                "connection refused: node connection limit ({limit}) is reached"
+            )))
+        } else if !machine.vhosts.contains_key(&vhost) {
             Some(AmqpError::not_allowed(format!("vhost {vhost} not found")))
         } else {
             let allowed = machine

@@ -679,6 +679,37 @@ async fn feature_arguments_are_refused_as_rabbitmq_refuses_them() {
                 );
             }
 
+            // A segment size of 0 is taken; above 3 GB is refused, in words of its own.
+            for (size, refused) in [(0i64, false), (3_000_000_000, false), (3_000_000_001, true)] {
+                let q = unique("segment");
+                let args = table(&[
+                    ("x-queue-type", FieldValue::from("stream")),
+                    ("x-stream-max-segment-size-bytes", FieldValue::I64(size)),
+                ]);
+                let ch = conn.channel().await.unwrap();
+                let declared = ch.queue_declare(durable(&q, args)).await;
+                match declared {
+                    Ok(_) if !refused => {
+                        ch.queue_delete(QueueDelete {
+                            queue: q.as_str().into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    }
+                    Err(err) if refused => assert_eq!(
+                        refusal(err),
+                        (
+                            406,
+                            "PRECONDITION_FAILED - Exceeded max value for x-stream-max-segment-size-bytes".to_owned()
+                        ),
+                        "{:?}",
+                        b.kind
+                    ),
+                    other => panic!("{:?}: segment size {size}: {other:?}", b.kind),
+                }
+            }
+
             let q = unique("refused.consumer");
             declared(&conn, &q, FieldTable::new()).await;
             for (value, type_name) in [(FieldValue::from("high"), "longstr"), (FieldValue::Bool(true), "bool")] {

@@ -5,7 +5,7 @@
 //! connection with 320 CONNECTION_FORCED and exits 0. A usage error exits 2.
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -116,12 +116,18 @@ struct Server {
 impl Server {
     /// Starts the binary on `127.0.0.1:0` and reads the port it prints.
     async fn start() -> Server {
+        Server::start_with(&["--listen", "127.0.0.1:0"]).await
+    }
+
+    /// Starts the binary with `args` (a `--listen` with port 0 among them)
+    /// and reads the port it prints.
+    async fn start_with(args: &[&str]) -> Server {
         let binary = step("the acemq-memory binary", async {
             tokio::task::spawn_blocking(server_binary).await.unwrap()
         })
         .await;
         let mut child = Command::new(binary)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -163,6 +169,33 @@ impl Server {
 
     fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// The URL of `user` reaching the server at `ip`.
+    fn url_as(&self, user: &str, password: &str, ip: IpAddr) -> String {
+        format!("amqp://{user}:{password}@{}/", SocketAddr::new(ip, self.addr.port()))
+    }
+
+    /// The server process's peak resident memory (`VmHWM`), in KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc status")
+    }
+
+    /// Waits until stderr contains `text`, up to 5 s.
+    async fn logged(&self, text: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::time::Instant::now() < deadline {
+            if self.stderr().contains(text) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
     }
 
     /// Sends `signal` (`TERM`, `INT`) with `kill`.
@@ -436,6 +469,265 @@ async fn usage_errors_exit_2_with_a_message_and_help_exits_0() {
         assert_eq!(status.code(), Some(1), "{status}");
         assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
         assert!(!stdout.contains("listening on"), "{stdout}");
+    })
+    .await
+}
+
+/// The first IPv4 address of this machine that is not loopback (from
+/// `hostname -I`), to connect from "another host".
+fn non_loopback_ip() -> IpAddr {
+    let out = Command::new("hostname").arg("-I").output().expect("hostname -I runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .find(|ip| ip.is_ipv4() && !ip.is_loopback())
+        .expect("this machine has a non-loopback address (hostname -I)")
+}
+
+/// The reply code and text a connection attempt was refused with.
+async fn refused(url: &str) -> (u16, String) {
+    match Connection::open(url, Config::default()).await {
+        Ok(_) => panic!("{url} was not refused"),
+        Err(err) => (
+            err.reply_code().unwrap_or(0),
+            err.refusal()
+                .map(|r| r.text.to_string())
+                .unwrap_or_else(|| err.to_string()),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn guest_is_refused_from_a_remote_address_unless_allowed_and_listening_beyond_loopback_warns() {
+    acemq_tests::deadline(async {
+        let ip = non_loopback_ip();
+        let exposed = Server::start_with(&["--listen", "0.0.0.0:0"]).await;
+        assert!(
+            exposed.logged("listening beyond loopback").await,
+            "no warning: {}",
+            exposed.stderr()
+        );
+        assert_eq!(
+            refused(&exposed.url_as("guest", "guest", ip)).await,
+            (
+                403,
+                "ACCESS_REFUSED - user 'guest' can only connect via localhost".to_owned()
+            )
+        );
+        let local = Connection::open(&exposed.url(), Config::default()).await.unwrap();
+        local.channel().await.unwrap();
+
+        let allowed = Server::start_with(&["--listen", "0.0.0.0:0", "--allow-remote-guest"]).await;
+        let remote = Connection::open(&allowed.url_as("guest", "guest", ip), Config::default())
+            .await
+            .unwrap();
+        remote.channel().await.unwrap();
+
+        let quiet = Server::start().await;
+        Connection::open(&quiet.url(), Config::default()).await.unwrap();
+        assert!(!quiet.stderr().contains("beyond loopback"), "{}", quiet.stderr());
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn users_given_with_user_log_in_from_anywhere_and_replace_guest() {
+    acemq_tests::deadline(async {
+        let ip = non_loopback_ip();
+        let server = Server::start_with(&["--listen", "0.0.0.0:0", "--user", "app:s3:cret", "--user", "ops:pw"]).await;
+        let app = Connection::open(&server.url_as("app", "s3:cret", ip), Config::default())
+            .await
+            .unwrap();
+        app.channel().await.unwrap();
+        let ops = Connection::open(
+            &server.url_as("ops", "pw", "127.0.0.1".parse().unwrap()),
+            Config::default(),
+        )
+        .await
+        .unwrap();
+        ops.channel().await.unwrap();
+        let login_refused = (
+            403,
+            "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker \
+             logfile."
+                .to_owned(),
+        );
+        assert_eq!(refused(&server.url_as("app", "wrong", ip)).await, login_refused);
+        assert_eq!(refused(&server.url()).await, login_refused, "guest is not a user now");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_connections_refuses_the_open_past_the_limit_with_530() {
+    acemq_tests::deadline(async {
+        let server = Server::start_with(&["--listen", "127.0.0.1:0", "--max-connections", "2"]).await;
+        let first = Connection::open(&server.url(), Config::default()).await.unwrap();
+        let second = Connection::open(&server.url(), Config::default()).await.unwrap();
+        assert_eq!(
+            refused(&server.url()).await,
+            (
+                530,
+                "NOT_ALLOWED - connection refused: node connection limit (2) is reached".to_owned()
+            )
+        );
+        first.close().await.unwrap();
+        let third = Connection::open(&server.url(), Config::default()).await.unwrap();
+        third.channel().await.unwrap();
+        second.channel().await.unwrap();
+    })
+    .await
+}
+
+/// The bytes of a client that logs in as guest and consumes `queue` with
+/// no-ack, written at once: it never reads anything.
+fn stalled_consumer_script(queue: &str) -> Vec<u8> {
+    use acemq_codec::{
+        encode_method, BasicConsume, ChannelOpen, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, Method,
+        PROTOCOL_HEADER,
+    };
+    let mut out = bytes::BytesMut::new();
+    out.extend_from_slice(&PROTOCOL_HEADER);
+    let methods: [(u16, Method); 5] = [
+        (
+            0,
+            ConnectionStartOk {
+                mechanism: "PLAIN".into(),
+                response: b"\0guest\0guest".as_slice().into(),
+                locale: "en_US".into(),
+                ..Default::default()
+            }
+            .into(),
+        ),
+        (
+            0,
+            ConnectionTuneOk {
+                channel_max: 2047,
+                frame_max: 131_072,
+                heartbeat: 0,
+            }
+            .into(),
+        ),
+        (
+            0,
+            ConnectionOpen {
+                virtual_host: "/".into(),
+                ..Default::default()
+            }
+            .into(),
+        ),
+        (1, ChannelOpen::default().into()),
+        (
+            1,
+            BasicConsume {
+                queue: queue.into(),
+                consumer_tag: "stalled".into(),
+                no_ack: true,
+                ..Default::default()
+            }
+            .into(),
+        ),
+    ];
+    for (ch, m) in methods {
+        encode_method(ch, &m, &mut out).unwrap();
+    }
+    out.to_vec()
+}
+
+/// A round trip on a queue of its own: declare, publish confirmed, get.
+async fn round_trip(conn: &Connection) {
+    let ch = conn.channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let q = acemq_tests::exclusive_queue(&ch).await;
+    let confirm = ch
+        .publish("", &q, true, BasicProperties::default(), "still here")
+        .await
+        .unwrap();
+    assert_eq!(confirm.await.unwrap(), Confirmation::Ack);
+    let got = ch.basic_get(&q, true).await.unwrap().expect("the message");
+    assert_eq!(&got.body[..], b"still here");
+    ch.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_that_stops_reading_while_1_gib_is_published_leaves_the_broker_bounded_and_others_working() {
+    acemq_tests::deadline(async {
+        use tokio::io::AsyncWriteExt;
+
+        let server = Server::start().await;
+        let setup = Connection::open(&server.url(), Config::default()).await.unwrap();
+        let ch = setup.channel().await.unwrap();
+        let q = unique("stalled");
+        let mut arguments = acemq_codec::FieldTable::new();
+        arguments.insert("x-max-length-bytes", acemq_codec::FieldValue::I64(64 << 20));
+        ch.queue_declare(QueueDeclare {
+            queue: q.as_str().into(),
+            arguments,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+        let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        stalled.write_all(&stalled_consumer_script(&q)).await.unwrap();
+        let passive = |ch: &acemq_core::amqp::Channel, q: &str| {
+            let declare = QueueDeclare {
+                queue: q.into(),
+                passive: true,
+                ..Default::default()
+            };
+            let ch = ch.clone();
+            async move { ch.queue_declare(declare).await.unwrap().expect("declare-ok") }
+        };
+        let attached = tokio::time::Instant::now() + Duration::from_secs(10);
+        while passive(&ch, &q).await.consumer_count == 0 {
+            assert!(
+                tokio::time::Instant::now() < attached,
+                "the stalled consumer never attached"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let other = Connection::open(&server.url(), Config::default()).await.unwrap();
+        let publisher = Connection::open(&server.url(), Config::default()).await.unwrap();
+        let pch = publisher.channel().await.unwrap();
+        pch.confirm_select().await.unwrap();
+        let body = bytes::Bytes::from(vec![0x5Au8; 1 << 20]);
+        let mut in_flight = std::collections::VecDeque::new();
+        let started = std::time::Instant::now();
+        for n in 1..=1024u32 {
+            let confirm = pch
+                .publish("", &q, false, BasicProperties::default(), body.clone())
+                .await
+                .unwrap();
+            in_flight.push_back(confirm);
+            if in_flight.len() > 16 {
+                let confirm = in_flight.pop_front().unwrap();
+                assert_eq!(step("a confirm", confirm).await.unwrap(), Confirmation::Ack);
+            }
+            if n % 256 == 0 {
+                step(
+                    "another client's round trip during the flood",
+                    tokio::time::timeout(Duration::from_secs(10), round_trip(&other)),
+                )
+                .await
+                .expect("another client is served within 10 s");
+            }
+        }
+        for confirm in in_flight {
+            assert_eq!(step("a confirm", confirm).await.unwrap(), Confirmation::Ack);
+        }
+        let took = started.elapsed();
+        let peak_mib = server.peak_rss_kib() / 1024;
+        let queued = passive(&ch, &q).await.message_count;
+        eprintln!("1 GiB published in {took:?}; broker peak RSS {peak_mib} MiB; {queued} messages queued");
+        assert!(
+            peak_mib < 384,
+            "the broker's peak memory reached {peak_mib} MiB while 1 GiB went to a consumer that does not read"
+        );
+        assert!(queued >= 32, "the messages stay queued (capped at 64 MiB): {queued}");
+        round_trip(&other).await;
+        drop(stalled);
     })
     .await
 }

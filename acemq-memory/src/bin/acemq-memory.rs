@@ -3,7 +3,15 @@
 //!
 //! ```text
 //! acemq-memory [--listen ADDR] [--rabbitmq-version 3.10|4.0]
+//!              [--user NAME:PASSWORD]... [--allow-remote-guest]
+//!              [--max-connections N]
 //! ```
+//!
+//! Without `--user` the one user is `guest`/`guest`; each `--user` adds
+//! one, and then `guest` exists only if named. `guest` may log in only
+//! from a loopback address unless `--allow-remote-guest` (RabbitMQ's
+//! `loopback_users`); listening on an address beyond loopback logs a
+//! warning.
 //!
 //! `--rabbitmq-version` chooses the RabbitMQ whose behaviour it imitates
 //! where the versions differ (default 4.0; the crate docs list the
@@ -21,7 +29,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
+use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion, User};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -44,6 +52,8 @@ const USAGE: &str = "\
 acemq-memory: an AMQP 0-9-1 broker that behaves like RabbitMQ, for tests
 
 Usage: acemq-memory [--listen ADDR] [--rabbitmq-version 3.10|4.0]
+                    [--user NAME:PASSWORD]... [--allow-remote-guest]
+                    [--max-connections N]
 
 Options:
   --listen ADDR  the address to listen on (default 127.0.0.1:5673; port 0 picks
@@ -52,17 +62,59 @@ Options:
   --rabbitmq-version 3.10|4.0
                  the RabbitMQ whose behaviour to imitate where the versions
                  differ (default 4.0)
+  --user NAME:PASSWORD
+                 a user who may log in (repeatable; the password is what
+                 follows the first ':'). With any --user, guest exists only
+                 if named.
+  --allow-remote-guest
+                 let guest log in from any address (by default only from
+                 loopback, as RabbitMQ's loopback_users)
+  --max-connections N
+                 refuse connection.open past N open connections (530)
   -h, --help     print this help
 
-Users: guest/guest on the virtual host `/` (amqp://guest:guest@127.0.0.1:5673/).
+Users: guest/guest on the virtual host `/` (amqp://guest:guest@127.0.0.1:5673/)
+unless --user is given. Listening beyond loopback logs a warning.
 Logs go to stderr; RUST_LOG sets the filter (default `info`).
 SIGINT or SIGTERM closes every connection with 320 CONNECTION_FORCED and exits 0.";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Command {
-    Serve { listen: String, version: RabbitMqVersion },
+    Serve(Options),
     Help,
+}
+
+/// How to serve.
+#[derive(Debug, PartialEq, Eq)]
+struct Options {
+    listen: String,
+    version: RabbitMqVersion,
+    /// Empty: the default `guest`.
+    users: Vec<User>,
+    allow_remote_guest: bool,
+    max_connections: Option<usize>,
+}
+
+impl Options {
+    fn config(&self) -> BrokerConfig {
+        let mut config = BrokerConfig::for_version(self.version).with_max_connections(self.max_connections);
+        if !self.users.is_empty() {
+            config = config.with_users(self.users.iter().cloned());
+        }
+        if self.allow_remote_guest {
+            config.loopback_users.retain(|u| u != "guest");
+        }
+        config
+    }
+}
+
+/// `NAME:PASSWORD`, split at the first ':'.
+fn parse_user(text: &str) -> Result<User, String> {
+    match text.split_once(':') {
+        Some((name, password)) if !name.is_empty() => Ok(User::new(name, password)),
+        _ => Err(format!("--user needs NAME:PASSWORD, got '{text}'")),
+    }
 }
 
 /// Parses the arguments after the program name. The error is the message
@@ -70,8 +122,15 @@ enum Command {
 fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     const NEEDS_ADDRESS: &str = "--listen needs an address, e.g. --listen 127.0.0.1:5673";
     const NEEDS_VERSION: &str = "--rabbitmq-version needs 3.10 or 4.0";
-    let mut listen = DEFAULT_LISTEN.to_owned();
-    let mut version = RabbitMqVersion::default();
+    const NEEDS_USER: &str = "--user needs NAME:PASSWORD";
+    const NEEDS_COUNT: &str = "--max-connections needs a number";
+    let mut options = Options {
+        listen: DEFAULT_LISTEN.to_owned(),
+        version: RabbitMqVersion::default(),
+        users: Vec::new(),
+        allow_remote_guest: false,
+        max_connections: None,
+    };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         if arg == "-h" || arg == "--help" {
@@ -87,22 +146,35 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
             _ => Err(needs.to_owned()),
         };
         match name {
-            "--listen" => listen = value(NEEDS_ADDRESS)?,
+            "--listen" => options.listen = value(NEEDS_ADDRESS)?,
             "--rabbitmq-version" => {
-                version = value(NEEDS_VERSION)?
+                options.version = value(NEEDS_VERSION)?
                     .parse()
                     .map_err(|e| format!("--rabbitmq-version: {e}"))?
+            }
+            "--user" => {
+                let user = parse_user(&value(NEEDS_USER)?)?;
+                options.users.retain(|u| u.name != user.name);
+                options.users.push(user);
+            }
+            "--allow-remote-guest" => options.allow_remote_guest = true,
+            "--max-connections" => {
+                let count = value(NEEDS_COUNT)?;
+                let max = count
+                    .parse::<usize>()
+                    .map_err(|_| format!("--max-connections needs a number, got '{count}'"))?;
+                options.max_connections = Some(max);
             }
             _ if arg.starts_with('-') => return Err(format!("unknown option '{name}'")),
             _ => return Err(format!("unexpected argument '{arg}'")),
         }
     }
-    Ok(Command::Serve { listen, version })
+    Ok(Command::Serve(options))
 }
 
 fn main() -> ExitCode {
-    let (listen, version) = match parse(std::env::args().skip(1)) {
-        Ok(Command::Serve { listen, version }) => (listen, version),
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(Command::Serve(options)) => options,
         Ok(Command::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -125,7 +197,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&listen, version)) {
+    match runtime.block_on(run(&options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("acemq-memory: {err}");
@@ -135,20 +207,25 @@ fn main() -> ExitCode {
 }
 
 /// Serves a broker on `listen` until a signal, then shuts down.
-async fn run(listen: &str, version: RabbitMqVersion) -> io::Result<()> {
+async fn run(options: &Options) -> io::Result<()> {
+    let (listen, version) = (options.listen.as_str(), options.version);
     // Before the address is printed: whoever reads it may signal at once.
     let mut signals = Signals::new()?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|err| io::Error::new(err.kind(), format!("cannot listen on {listen}: {err}")))?;
     let local = listener.local_addr()?;
-    let config = BrokerConfig::for_version(version);
+    let config = options.config();
     let grace = config.close_timeout + SHUTDOWN_SLACK;
     let broker = Broker::new(config);
     // The stable line scripts and tests read.
     println!("acemq-memory: listening on {local}");
     tracing::info!(rabbitmq_version = %version, "imitating RabbitMQ {version}");
-    tracing::info!(%local, "acemq-memory listening (amqp://guest:guest@{local}/)");
+    match config_users(options).as_slice() {
+        [only] if only == "guest" => tracing::info!(%local, "acemq-memory listening (amqp://guest:guest@{local}/)"),
+        users => tracing::info!(%local, ?users, "acemq-memory listening"),
+    }
+    acemq_memory::warn_if_exposed(local);
 
     let mut conns: JoinSet<SocketAddr> = JoinSet::new();
     let signal = loop {
@@ -156,11 +233,10 @@ async fn run(listen: &str, version: RabbitMqVersion) -> io::Result<()> {
             signal = signals.recv() => break signal,
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let _ = socket.set_nodelay(true);
                     tracing::debug!(%peer, "connection accepted");
                     let broker = broker.clone();
                     conns.spawn(async move {
-                        broker.serve(socket).await;
+                        broker.serve_tcp(socket).await;
                         peer
                     });
                 }
@@ -215,6 +291,11 @@ async fn run(listen: &str, version: RabbitMqVersion) -> io::Result<()> {
     }
     tracing::info!("acemq-memory stopped");
     Ok(())
+}
+
+/// The names of the users who may log in.
+fn config_users(options: &Options) -> Vec<String> {
+    options.config().users.into_iter().map(|u| u.name).collect()
 }
 
 fn log_closed(done: Result<SocketAddr, tokio::task::JoinError>) {
@@ -276,25 +357,31 @@ mod tests {
         parse(list.iter().map(|s| s.to_string()))
     }
 
+    fn serve_on(listen: &str, version: RabbitMqVersion) -> Result<Command, String> {
+        Ok(Command::Serve(Options {
+            listen: listen.into(),
+            version,
+            users: Vec::new(),
+            allow_remote_guest: false,
+            max_connections: None,
+        }))
+    }
+
+    fn options(list: &[&str]) -> Options {
+        match args(list) {
+            Ok(Command::Serve(options)) => options,
+            other => panic!("not a serve command: {other:?}"),
+        }
+    }
+
     #[test]
     fn the_default_address_is_5673_on_loopback() {
-        assert_eq!(
-            args(&[]),
-            Ok(Command::Serve {
-                listen: "127.0.0.1:5673".into(),
-                version: RabbitMqVersion::V4_0,
-            })
-        );
+        assert_eq!(args(&[]), serve_on("127.0.0.1:5673", RabbitMqVersion::V4_0));
     }
 
     #[test]
     fn the_rabbitmq_version_is_chosen_in_either_form_and_defaults_to_4_0() {
-        let serve = |version| {
-            Ok(Command::Serve {
-                listen: "127.0.0.1:5673".into(),
-                version,
-            })
-        };
+        let serve = |version| serve_on("127.0.0.1:5673", version);
         assert_eq!(args(&["--rabbitmq-version", "3.10"]), serve(RabbitMqVersion::V3_10));
         assert_eq!(args(&["--rabbitmq-version=4.0"]), serve(RabbitMqVersion::V4_0));
         assert_eq!(args(&["--rabbitmq-version", "3.10.8"]), serve(RabbitMqVersion::V3_10));
@@ -309,17 +396,51 @@ mod tests {
 
     #[test]
     fn listen_takes_an_address_in_either_form() {
-        let serve = |addr: &str| {
-            Ok(Command::Serve {
-                listen: addr.into(),
-                version: RabbitMqVersion::V4_0,
-            })
-        };
+        let serve = |addr: &str| serve_on(addr, RabbitMqVersion::V4_0);
         assert_eq!(args(&["--listen", "0.0.0.0:5672"]), serve("0.0.0.0:5672"));
         assert_eq!(args(&["--listen=localhost:0"]), serve("localhost:0"));
         assert!(args(&["--listen"]).unwrap_err().contains("needs an address"));
         assert!(args(&["--listen", "--help"]).unwrap_err().contains("needs an address"));
         assert!(args(&["--listen="]).unwrap_err().contains("needs an address"));
+    }
+
+    #[test]
+    fn users_replace_guest_and_guest_stays_on_loopback_unless_allowed() {
+        let default = options(&[]).config();
+        assert_eq!(default.users, vec![User::new("guest", "guest")]);
+        assert_eq!(default.loopback_users, vec!["guest".to_owned()]);
+
+        let two = options(&["--user", "app:s3:cret", "--user=ops:pw"]).config();
+        assert_eq!(two.users, vec![User::new("app", "s3:cret"), User::new("ops", "pw")]);
+        assert_eq!(
+            two.loopback_users,
+            vec!["guest".to_owned()],
+            "guest stays loopback-only if named"
+        );
+
+        let remote = options(&["--allow-remote-guest"]).config();
+        assert!(remote.loopback_users.is_empty());
+        assert_eq!(remote.users, vec![User::new("guest", "guest")]);
+
+        assert_eq!(
+            args(&["--user", "nopassword"]),
+            Err("--user needs NAME:PASSWORD, got 'nopassword'".into())
+        );
+        assert_eq!(
+            args(&["--user", ":pw"]),
+            Err("--user needs NAME:PASSWORD, got ':pw'".into())
+        );
+        assert_eq!(args(&["--user"]), Err("--user needs NAME:PASSWORD".into()));
+    }
+
+    #[test]
+    fn max_connections_takes_a_number() {
+        assert_eq!(options(&["--max-connections", "3"]).config().max_connections, Some(3));
+        assert_eq!(options(&[]).config().max_connections, None);
+        assert_eq!(
+            args(&["--max-connections", "many"]),
+            Err("--max-connections needs a number, got 'many'".into())
+        );
     }
 
     #[test]

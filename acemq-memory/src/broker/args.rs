@@ -349,6 +349,13 @@ pub(crate) fn queue_settings(
     }
     let delivery_limit = int_arg(args, "x-delivery-limit", false, queue, vhost)?;
     let features = super::feature_args::feature_settings(args, queue, vhost)?;
+    // RabbitMQ (3.10 and 4.0) takes a segment size of 0, and refuses one
+    // above 3 GB once the arguments are otherwise valid.
+    if kind == QueueKind::Stream && features.max_segment_size.is_some_and(|n| n > MAX_STREAM_SEGMENT_SIZE) {
+        return Err(AmqpError::precondition(
+            "Exceeded max value for x-stream-max-segment-size-bytes",
+        ));
+    }
     Ok(QueueSettings {
         kind,
         message_ttl: int_arg(args, "x-message-ttl", false, queue, vhost)?,
@@ -368,6 +375,9 @@ pub(crate) fn queue_settings(
         max_segment_size: features.max_segment_size,
     })
 }
+
+/// The largest `x-stream-max-segment-size-bytes` RabbitMQ accepts.
+const MAX_STREAM_SEGMENT_SIZE: u64 = 3_000_000_000;
 
 /// The type a declaration asks for, before its arguments are validated
 /// (an unknown `x-queue-type` is refused later, by [`queue_settings`]).

@@ -4,6 +4,7 @@
 //! property bytes the message came with (never decoded and encoded again
 //! unless the broker changes a property).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,7 +49,10 @@ pub(crate) fn route(
         };
     }
     let mut queues: Vec<ShortString> = Vec::new();
-    let mut visited: Vec<&ShortString> = vec![exchange];
+    // Each queue once, in the order first reached (a set, so that a
+    // fanout to many queues stays linear).
+    let mut reached: HashSet<&ShortString> = HashSet::new();
+    let mut visited: HashSet<&ShortString> = HashSet::from([exchange]);
     let mut stack: Vec<&ShortString> = vec![exchange];
     let mut dests = Vec::new();
     while let Some(name) = stack.pop() {
@@ -62,8 +66,7 @@ pub(crate) fn route(
                     .get_key_value(&x.alternate().unwrap_or_default())
                     .map(|(k, _)| k)
             }) {
-                if !visited.contains(&alternate) {
-                    visited.push(alternate);
+                if visited.insert(alternate) {
                     stack.push(alternate);
                 }
             }
@@ -71,13 +74,12 @@ pub(crate) fn route(
         for dest in dests.drain(..) {
             match dest {
                 Destination::Queue(q) => {
-                    if !queues.contains(q) && vhost.queues.contains_key(q) {
+                    if vhost.queues.contains_key(q) && reached.insert(q) {
                         queues.push(q.clone());
                     }
                 }
                 Destination::Exchange(e) => {
-                    if !visited.contains(&e) {
-                        visited.push(e);
+                    if visited.insert(e) {
                         stack.push(e);
                     }
                 }
@@ -215,10 +217,13 @@ impl BrokerMachine {
         let queues = match self.vhosts.get(&**vhost) {
             Some(vh) => {
                 let mut queues = route(vh, &msg.exchange, &msg.routing_key, msg.headers());
-                for key in &also {
-                    for q in route(vh, &msg.exchange, key, msg.headers()) {
-                        if !queues.contains(&q) {
-                            queues.push(q);
+                if !also.is_empty() {
+                    let mut reached: HashSet<ShortString> = queues.iter().cloned().collect();
+                    for key in &also {
+                        for q in route(vh, &msg.exchange, key, msg.headers()) {
+                            if reached.insert(q.clone()) {
+                                queues.push(q);
+                            }
                         }
                     }
                 }
@@ -314,6 +319,11 @@ impl BrokerMachine {
     /// `fresh`: right after a publish, a message whose TTL ends now may still
     /// go to a waiting consumer, and is expired at once if none takes it.
     fn dispatch_inner(&mut self, vhost: &str, qname: &ShortString, now: Instant, fresh: bool) {
+        self.dispatch_queue(vhost, qname, now, fresh);
+        self.schedule(vhost, qname);
+    }
+
+    fn dispatch_queue(&mut self, vhost: &str, qname: &ShortString, now: Instant, fresh: bool) {
         let mut dead = Vec::new();
         {
             let BrokerMachine {
@@ -327,10 +337,11 @@ impl BrokerMachine {
                 return;
             };
             if q.is_stream() {
-                dispatch_stream(q, conns, woken, config.rabbitmq_version);
+                dispatch_stream(q, conns, woken, config.rabbitmq_version, config.output_limit.max(4096));
                 return;
             }
             let quorum = q.settings.kind == QueueKind::Quorum;
+            let limit = config.output_limit.max(4096);
             q.expire_head(now, true, &mut dead);
             while !q.ready.is_empty() && !q.consumers.is_empty() {
                 let Some(m) = q.ready.front() else { break };
@@ -338,7 +349,7 @@ impl BrokerMachine {
                 for idx in q.candidates() {
                     let extra = (quorum && m.delivery_count > 0)
                         .then(|| ("x-delivery-count", FieldValue::I64(m.delivery_count as i64)));
-                    match try_deliver(conns, woken, &q.consumers[idx], m, extra) {
+                    match try_deliver(conns, woken, &q.consumers[idx], m, extra, limit) {
                         Attempt::Busy => continue,
                         outcome => {
                             chosen = Some((idx, outcome));
@@ -539,6 +550,7 @@ impl BrokerMachine {
         if !dead.is_empty() {
             self.queue_dead_letters(&vhost, queue, dead);
         }
+        self.schedule(&vhost, queue);
         let Some(conn) = self.conns.get_mut(&id) else {
             return Ok(());
         };
@@ -737,10 +749,14 @@ fn try_deliver(
     cref: &ConsumerRef,
     m: &Queued,
     extra: Option<(&str, FieldValue)>,
+    limit: usize,
 ) -> Attempt {
     let Some(conn) = conns.get_mut(&cref.conn) else {
         return Attempt::Busy;
     };
+    if !conn.room_for_delivery(limit) {
+        return Attempt::Busy;
+    }
     let frame_max = conn.frame_max;
     let Conn { channels, out, .. } = &mut *conn;
     let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
@@ -802,6 +818,7 @@ fn dispatch_stream(
     conns: &mut super::FastMap<ConnId, Conn>,
     woken: &mut Vec<ConnId>,
     version: RabbitMqVersion,
+    limit: usize,
 ) {
     for i in 0..q.consumers.len() {
         let cref = &q.consumers[i];
@@ -811,7 +828,13 @@ fn dispatch_stream(
         let frame_max = conn.frame_max;
         let mut wrote = false;
         {
-            let Conn { channels, out, .. } = &mut *conn;
+            let Conn {
+                channels,
+                out,
+                writing,
+                starved,
+                ..
+            } = &mut *conn;
             let Some(channel) = channels.get_mut(usize::from(cref.channel)).and_then(Option::as_mut) else {
                 continue;
             };
@@ -826,6 +849,10 @@ fn dispatch_stream(
                 };
                 let own_ok = consumer.prefetch == 0 || consumer.in_flight < u32::from(consumer.prefetch);
                 if !(global_ok && own_ok) {
+                    break;
+                }
+                if out.len() + *writing >= limit {
+                    *starved = true;
                     break;
                 }
                 let Some(entry) = q.log.entry_from(consumer.stream_next) else {

@@ -284,15 +284,9 @@ impl BrokerMachine {
         let mut emptied = None;
         if let Some(x) = vh.exchanges.get_mut(source) {
             if add {
-                if !x.bindings.contains(&binding) {
-                    x.bindings.push(binding);
-                }
-            } else {
-                let before = x.bindings.len();
-                x.bindings.retain(|b| b != &binding);
-                if before > 0 && x.bindings.is_empty() && x.auto_delete {
-                    emptied = Some(x.name.clone());
-                }
+                x.bindings.insert(binding);
+            } else if x.bindings.remove(&binding) && x.bindings.is_empty() && x.auto_delete {
+                emptied = Some(x.name.clone());
             }
         }
         if let Some(x) = emptied {
@@ -407,6 +401,7 @@ impl BrokerMachine {
             from.now,
         );
         vh.queues.insert(name.clone(), q);
+        self.schedule(&from.vhost, name);
         Ok(Some((0, 0)))
     }
 
@@ -447,8 +442,10 @@ impl BrokerMachine {
             .get(vhost)
             .and_then(|v| v.exchanges.get(&m.exchange))
             .is_some_and(|x| {
-                x.bindings.iter().any(|b| {
-                    b.destination == Destination::Queue(queue.clone()) && b.key == key && b.arguments == m.arguments
+                x.bindings.contains(&Binding {
+                    destination: Destination::Queue(queue.clone()),
+                    key: key.clone(),
+                    arguments: m.arguments.clone(),
                 })
             });
         if bound {

@@ -23,7 +23,8 @@ mod queue;
 mod reply_to;
 mod stream;
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,7 +37,7 @@ use bytes::BytesMut;
 
 pub(crate) use args::QueueKind;
 use exchange::{Destination, Exchange, ExchangeKind};
-pub(crate) use fast_hash::FastMap;
+pub(crate) use fast_hash::{FastMap, NameMap};
 pub(crate) use message::Header;
 
 use message::{Message, Outgoing};
@@ -165,6 +166,14 @@ pub(crate) struct Conn {
     pub fault: Option<Fault>,
     /// Torn down by a restart: input is no longer processed.
     pub dead: bool,
+    /// Whether the peer connected from a loopback address (or in process).
+    pub loopback: bool,
+    /// Bytes taken by the driver with [`BrokerMachine::take_output`] and not
+    /// yet reported written.
+    pub writing: usize,
+    /// A delivery waited for room in the output: the connection's queues
+    /// are dispatched again once it has some.
+    pub starved: bool,
     wake_pending: bool,
 }
 
@@ -176,12 +185,27 @@ impl Conn {
     pub fn channel_mut(&mut self, ch: u16) -> Option<&mut Channel> {
         self.channels.get_mut(usize::from(ch)).and_then(Option::as_mut)
     }
+
+    /// The bytes waiting to be written to the client, and being written.
+    pub fn buffered(&self) -> usize {
+        self.out.len() + self.writing
+    }
+
+    /// Whether a delivery may be written now (the output is under `limit`);
+    /// if not, the connection is marked starved.
+    pub fn room_for_delivery(&mut self, limit: usize) -> bool {
+        let room = self.buffered() < limit;
+        if !room {
+            self.starved = true;
+        }
+        room
+    }
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct VHost {
-    pub exchanges: FastMap<ShortString, Exchange>,
-    pub queues: FastMap<ShortString, Queue>,
+    pub exchanges: NameMap<ShortString, Exchange>,
+    pub queues: NameMap<ShortString, Queue>,
 }
 
 impl VHost {
@@ -238,7 +262,7 @@ pub struct QueueInfo {
 #[derive(Debug)]
 pub struct BrokerMachine {
     pub(crate) config: Arc<BrokerConfig>,
-    pub(crate) vhosts: FastMap<String, VHost>,
+    pub(crate) vhosts: NameMap<String, VHost>,
     pub(crate) conns: FastMap<ConnId, Conn>,
     next_conn: ConnId,
     pub(crate) alarm: bool,
@@ -246,6 +270,37 @@ pub struct BrokerMachine {
     epoch_wall_ms: u64,
     woken: Vec<ConnId>,
     pub(crate) dead_letters: VecDeque<DeadLetter>,
+    /// Queue deadlines, earliest first; a queue's own `scheduled` tells
+    /// which of its timers is current.
+    timers: BinaryHeap<Reverse<Timer>>,
+}
+
+/// A queue's deadline in the timer heap (ordered by `at` alone).
+#[derive(Debug)]
+struct Timer {
+    at: Instant,
+    vhost: Arc<str>,
+    queue: ShortString,
+}
+
+impl PartialEq for Timer {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Timer {}
+
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Timer {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at.cmp(&other.at)
+    }
 }
 
 impl BrokerMachine {
@@ -271,6 +326,7 @@ impl BrokerMachine {
             epoch_wall_ms,
             woken: Vec::new(),
             dead_letters: VecDeque::new(),
+            timers: BinaryHeap::new(),
         }
     }
 
@@ -305,21 +361,68 @@ impl BrokerMachine {
                 open_channels: 0,
                 fault: None,
                 dead: false,
+                loopback: true,
+                writing: 0,
+                starved: false,
                 wake_pending: false,
             },
         );
         id
     }
 
-    /// Takes the bytes waiting to be written to connection `id`.
+    /// Takes the bytes waiting to be written to connection `id`. They count
+    /// against its output limit until [`BrokerMachine::output_written`].
     pub fn take_output(&mut self, id: ConnId) -> BytesMut {
         match self.conns.get_mut(&id) {
             Some(conn) => {
                 conn.wake_pending = false;
-                conn.out.split()
+                let out = conn.out.split();
+                conn.writing += out.len();
+                out
             }
             None => BytesMut::new(),
         }
+    }
+
+    /// The driver wrote `bytes` of what it took for connection `id`: if a
+    /// delivery waited for room, its queues are dispatched again.
+    pub fn output_written(&mut self, id: ConnId, bytes: usize, now: Instant) {
+        let limit = self.output_limit();
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        conn.writing = conn.writing.saturating_sub(bytes);
+        if !conn.starved || conn.buffered() >= limit {
+            return;
+        }
+        conn.starved = false;
+        let vhost = conn.vhost.clone();
+        let mut queues: Vec<ShortString> = Vec::new();
+        for channel in conn.channels.iter().flatten() {
+            for consumer in &channel.consumers {
+                if !queues.contains(&consumer.queue) {
+                    queues.push(consumer.queue.clone());
+                }
+            }
+        }
+        for q in queues {
+            self.dispatch(&vhost, &q, now);
+        }
+        self.process_dead_letters(now);
+    }
+
+    /// Whether connection `id` has room in its output, so that its input
+    /// may be read (a client that does not read what it is sent is not
+    /// read either).
+    pub fn output_has_room(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_none_or(|c| c.buffered() < self.output_limit())
+    }
+
+    /// The bytes waiting to be written to every connection, and being written.
+    pub fn buffered_output(&self) -> usize {
+        self.conns.values().map(Conn::buffered).sum()
+    }
+
+    pub(crate) fn output_limit(&self) -> usize {
+        self.config.output_limit.max(4096)
     }
 
     /// Connections that got output or a fault from someone else's input
@@ -441,6 +544,7 @@ impl BrokerMachine {
             self.delete_queue_internal(vhost, queue);
             return false;
         }
+        self.schedule(vhost, queue);
         handed_over
     }
 
@@ -506,30 +610,38 @@ impl BrokerMachine {
 
     // ---- timers ---------------------------------------------------------
 
-    /// The earliest instant at which [`BrokerMachine::handle_timeout`] has
-    /// work: a queue head expiring, or a queue's `x-expires`.
+    /// The earliest instant at which [`BrokerMachine::handle_timeout`] may
+    /// have work: a queue head expiring, or a queue's `x-expires` (from the
+    /// timer heap: a timer that went stale only wakes the driver early).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.vhosts
-            .values()
-            .flat_map(|v| v.queues.values())
-            .filter_map(Queue::deadline)
-            .min()
+        self.timers.peek().map(|Reverse(timer)| timer.at)
     }
 
     /// Expires messages and unused queues that are due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut due = Vec::new();
-        for (vname, vhost) in &self.vhosts {
-            for (qname, q) in &vhost.queues {
-                if q.deadline().is_some_and(|d| d <= now) {
-                    due.push((Arc::<str>::from(vname.as_str()), qname.clone()));
-                }
+        while let Some(Reverse(timer)) = self.timers.peek() {
+            if timer.at > now {
+                break;
+            }
+            if let Some(Reverse(timer)) = self.timers.pop() {
+                due.push(timer);
             }
         }
-        for (vhost, qname) in due {
+        for Timer {
+            at,
+            vhost,
+            queue: qname,
+        } in due
+        {
             let Some(q) = self.vhosts.get_mut(&*vhost).and_then(|v| v.queues.get_mut(&qname)) else {
                 continue;
             };
+            // A later timer of a queue whose deadline came earlier since.
+            if q.scheduled != Some(at) {
+                continue;
+            }
+            q.scheduled = None;
             if q.unused_expired(now) {
                 self.delete_queue_internal(&vhost, &qname);
                 continue;
@@ -540,6 +652,26 @@ impl BrokerMachine {
             self.dispatch(&vhost, &qname, now);
         }
         self.process_dead_letters(now);
+    }
+
+    /// Puts a queue's deadline in the timer heap if it is earlier than the
+    /// one there. Called wherever a queue's deadline may come earlier: a
+    /// message enqueued or requeued, the head taken, the last consumer
+    /// gone, the queue declared.
+    pub(crate) fn schedule(&mut self, vhost: &str, qname: &ShortString) {
+        let Some(q) = self.vhosts.get_mut(vhost).and_then(|v| v.queues.get_mut(qname)) else {
+            return;
+        };
+        let Some(at) = q.deadline() else { return };
+        if q.scheduled.is_some_and(|s| s <= at) {
+            return;
+        }
+        q.scheduled = Some(at);
+        self.timers.push(Reverse(Timer {
+            at,
+            vhost: Arc::from(vhost),
+            queue: qname.clone(),
+        }));
     }
 
     // ---- faults ---------------------------------------------------------
@@ -593,6 +725,7 @@ impl BrokerMachine {
             self.wake(*id);
         }
         self.dead_letters.clear();
+        self.timers.clear();
         for vhost in self.vhosts.values_mut() {
             vhost.exchanges.retain(|_, x| x.durable);
             vhost.queues.retain(|_, q| q.durable && q.exclusive_owner.is_none());
@@ -600,6 +733,7 @@ impl BrokerMachine {
                 q.clear_consumers();
                 q.unacked = 0;
                 q.last_used = now;
+                q.scheduled = None;
                 if q.settings.kind == QueueKind::Classic {
                     let kept: VecDeque<Queued> = q.ready.drain(..).filter(|m| m.msg.persistent()).collect();
                     q.ready_bytes = kept.iter().map(|m| m.msg.body.len() as u64).sum();
@@ -608,12 +742,22 @@ impl BrokerMachine {
             }
             let queues: Vec<ShortString> = vhost.queues.keys().cloned().collect();
             let exchanges: Vec<ShortString> = vhost.exchanges.keys().cloned().collect();
+            let queues: std::collections::HashSet<ShortString> = queues.into_iter().collect();
+            let exchanges: std::collections::HashSet<ShortString> = exchanges.into_iter().collect();
             for x in vhost.exchanges.values_mut() {
-                x.bindings.retain(|b| match &b.destination {
+                x.bindings.retain_destinations(|d| match d {
                     Destination::Queue(q) => queues.contains(q),
                     Destination::Exchange(e) => exchanges.contains(e),
                 });
             }
+        }
+        let all: Vec<(String, ShortString)> = self
+            .vhosts
+            .iter()
+            .flat_map(|(v, vh)| vh.queues.keys().map(move |q| (v.clone(), q.clone())))
+            .collect();
+        for (vhost, queue) in all {
+            self.schedule(&vhost, &queue);
         }
     }
 
@@ -646,11 +790,9 @@ impl BrokerMachine {
         let vh = self.vhosts.get_mut(vhost)?;
         let q = vh.queues.remove(queue)?;
         let mut emptied = Vec::new();
+        let destination = Destination::Queue(queue.clone());
         for x in vh.exchanges.values_mut() {
-            let before = x.bindings.len();
-            x.bindings
-                .retain(|b| !matches!(&b.destination, Destination::Queue(name) if name == queue));
-            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+            if x.bindings.remove_destination(&destination) > 0 && x.bindings.is_empty() && x.auto_delete {
                 emptied.push(x.name.clone());
             }
         }
@@ -694,11 +836,9 @@ impl BrokerMachine {
             return;
         }
         let mut emptied = Vec::new();
+        let destination = Destination::Exchange(exchange.clone());
         for x in vh.exchanges.values_mut() {
-            let before = x.bindings.len();
-            x.bindings
-                .retain(|b| !matches!(&b.destination, Destination::Exchange(name) if name == exchange));
-            if before > 0 && x.bindings.is_empty() && x.auto_delete {
+            if x.bindings.remove_destination(&destination) > 0 && x.bindings.is_empty() && x.auto_delete {
                 emptied.push(x.name.clone());
             }
         }

@@ -103,6 +103,8 @@ pub(crate) struct Queue {
     pub last_used: Instant,
     pub had_consumers: bool,
     pub log: StreamLog,
+    /// The deadline of its current timer in the broker's timer heap.
+    pub scheduled: Option<Instant>,
 }
 
 impl Queue {
@@ -134,6 +136,7 @@ impl Queue {
             last_used: now,
             had_consumers: false,
             log: StreamLog::new(&settings),
+            scheduled: None,
             settings,
         }
     }

@@ -78,3 +78,26 @@ fn the_corpus_replays_without_panics() {
 fn the_regressions_replay_without_panics() {
     replay(&inputs(&dir("regressions")));
 }
+
+/// The `served` target takes the same input as `broker` (a mode byte, then
+/// the client's bytes): every seed goes through it too, read in each of
+/// the three ways.
+#[test]
+fn the_corpus_replays_through_the_served_connection() {
+    let files = inputs(&dir("corpus"));
+    assert!(!files.is_empty(), "the corpus {} is empty", dir("corpus").display());
+    let mut failed = Vec::new();
+    for path in &files {
+        let data = std::fs::read(path).expect("a readable input");
+        for reading in [0u8, 1, 2] {
+            let mut input = data.clone();
+            if let Some(mode) = input.first_mut() {
+                *mode = (*mode & !(3 << 3)) | (reading << 3);
+            }
+            if catch_unwind(AssertUnwindSafe(|| fuzzing::served_connection(&input))).is_err() {
+                failed.push(format!("{} (reading {reading})", path.display()));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "inputs that panicked:\n{}", failed.join("\n"));
+}
