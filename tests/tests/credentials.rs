@@ -504,6 +504,58 @@ fn url_around(shape: u8, pw: &str, raw: bool) -> String {
     }
 }
 
+/// What acemq shows of `url`: the parse error's text and `Debug`, or the
+/// parsed URL's `Display` and `Debug` and those of the error a dial with
+/// TLS settings gives it as `amqp://` (refused before the network).
+fn shown(url: &str) -> Vec<String> {
+    match url.parse::<AmqpUrl>() {
+        Err(err) => vec![err.to_string(), format!("{err:?}")],
+        Ok(parsed) => {
+            let mut config = amqp::Config::default();
+            config.tls = amqp::TlsConfig::new().with_server_name("broker.example");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let plain = parsed.to_string().replacen("amqps://", "amqp://", 1);
+            let mut plain: AmqpUrl = plain.parse().unwrap();
+            plain.password = parsed.password.clone();
+            let err = runtime
+                .block_on(amqp::Connection::open_url(&plain, config))
+                .unwrap_err();
+            assert!(matches!(err, amqp::Error::NotTls { .. }), "{err:?}");
+            vec![
+                parsed.to_string(),
+                format!("{parsed:?}"),
+                err.to_string(),
+                format!("{err:?}"),
+            ]
+        }
+    }
+}
+
+/// Everything acemq says about URLs whatever their password: the texts
+/// [`shown`] gives for every shape, escaped and raw, around passwords of
+/// none of the characters [`password`] draws from. A piece of a password
+/// found in one of these is a word of the messages, not a leak.
+fn vocabulary() -> &'static str {
+    static VOCABULARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VOCABULARY.get_or_init(|| {
+        let mut all = String::new();
+        for reference in ["QXQXQXQX", "QX%QX/QX@Q", "QX%zQX?Q#X"] {
+            for shape in 0..12 {
+                for raw in [false, true] {
+                    for text in shown(&url_around(shape, reference, raw)) {
+                        all.push_str(&text);
+                        all.push('\n');
+                    }
+                }
+            }
+        }
+        all
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -512,6 +564,8 @@ proptest! {
     /// and `Debug` hold no part of it as long as four characters; the
     /// parsed URL's `Display` and `Debug` hold none either, nor does a dial
     /// that refuses it before the network (TLS settings with `amqp://`).
+    /// (A piece that is also elsewhere in the URL, or a word of acemq's
+    /// messages about URLs, tells nothing and is not looked for.)
     #[test]
     fn no_error_or_debug_shows_a_password(pw in password(), shape in 0u8..12, raw in any::<bool>()) {
         let url = url_around(shape, &pw, raw);
@@ -524,34 +578,17 @@ proptest! {
             let chars: Vec<char> = pw.chars().collect();
             (0..chars.len().saturating_sub(3))
                 .map(|i| chars[i..i + 4].iter().collect::<String>())
-                .filter(|piece| !rest.contains(piece.as_str()))
+                .filter(|piece| !rest.contains(piece.as_str()) && !vocabulary().contains(piece.as_str()))
                 .collect()
         };
-        let leaks = |text: &str| pieces.iter().find(|piece| text.contains(piece.as_str())).cloned();
-        match url.parse::<AmqpUrl>() {
-            Err(err) => {
-                prop_assert!(leaks(&err.to_string()).is_none(), "{url:?}: {err}");
-                prop_assert!(leaks(&format!("{err:?}")).is_none(), "{url:?}: {err:?}");
-            }
-            Ok(parsed) => {
-                // Escaped, the password comes back whole; unescaped, a `%`
-                // and two hex digits in it are an escape.
-                if !raw {
-                    prop_assert_eq!(parsed.password.expose(), pw.as_str(), "{:?}", url);
-                }
-                prop_assert!(leaks(&parsed.to_string()).is_none(), "{url:?}: {parsed}");
-                prop_assert!(leaks(&format!("{parsed:?}")).is_none(), "{url:?}: {parsed:?}");
-                let mut config = amqp::Config::default();
-                config.tls = amqp::TlsConfig::new().with_server_name("broker.example");
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                let plain = parsed.to_string().replacen("amqps://", "amqp://", 1);
-                let mut plain: AmqpUrl = plain.parse().unwrap();
-                plain.password = parsed.password.clone();
-                let err = runtime.block_on(amqp::Connection::open_url(&plain, config)).unwrap_err();
-                prop_assert!(matches!(err, amqp::Error::NotTls { .. }), "{err:?}");
-                let shown = format!("{err} {err:?}");
-                prop_assert!(leaks(&shown).is_none(), "{}", shown);
-            }
+        for text in shown(&url) {
+            let leak = pieces.iter().find(|piece| text.contains(piece.as_str()));
+            prop_assert!(leak.is_none(), "{url:?} shows {leak:?}: {text}");
+        }
+        // Escaped, the password comes back whole; unescaped, a `%` and two
+        // hex digits in it are an escape.
+        if let (Ok(parsed), false) = (url.parse::<AmqpUrl>(), raw) {
+            prop_assert_eq!(parsed.password.expose(), pw.as_str(), "{:?}", url);
         }
     }
 }
