@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use acemq_codec::{BasicConsume, BasicProperties, BasicPublish, FieldTable, FieldValue, ShortString};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -524,7 +526,7 @@ fn is_reply_suffix(suffix: &str) -> bool {
     if !base64(key) {
         return false;
     }
-    let Some(bytes) = unbase64(pid) else { return false };
+    let Ok(bytes) = STANDARD.decode(pid) else { return false };
     // 131 (term), 88 (new pid), 118 (atom), its length, the node, then
     // id, serial and creation (4 bytes each).
     let Some(([131, 88, 118, hi, lo], rest)) = bytes.split_first_chunk::<5>() else {
@@ -538,32 +540,6 @@ fn is_reply_suffix(suffix: &str) -> bool {
         Some(hash) => !hash.is_empty() && hash.len() <= 10 && hash.iter().all(u8::is_ascii_digit),
         None => false,
     }
-}
-
-/// Strict base64 (standard alphabet, padded).
-fn unbase64(text: &str) -> Option<Vec<u8>> {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(4) {
-        return None;
-    }
-    let padding = text.iter().rev().take_while(|&&c| c == b'=').count();
-    if padding > 2 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut buf, mut bits) = (0u32, 0);
-    for &c in &text[..text.len() - padding] {
-        let v = ALPHABET.iter().position(|&a| a == c)? as u32;
-        buf = (buf << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-            buf &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
 }
 
 /// Publishes a handler's reply to `request` (a library publish: confirmed),

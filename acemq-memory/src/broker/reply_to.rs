@@ -16,6 +16,9 @@
 //! than the one whose name it carries, or refuse a reply whose channel is
 //! gone (RabbitMQ drops it silently).
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
 use acemq_codec::{BasicConsume, BasicConsumeOk, DeliverRef, QueueDeclare, QueueDeclareOk, ReplyCode, ShortString};
 
 use super::{wake_conn, write_delivery, BrokerMachine, ConnId, Outgoing};
@@ -44,46 +47,13 @@ pub(crate) fn is_reply_key(routing_key: &[u8]) -> bool {
 /// `reply@<hash>`); one node, one hash.
 const NODE_HASH: u32 = 71_236_805;
 
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
 fn base64(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    STANDARD.encode(bytes)
 }
 
 /// Strict base64 (padded, standard alphabet); `None` if it is not.
 fn unbase64(text: &[u8]) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(4) {
-        return None;
-    }
-    let padding = text.iter().rev().take_while(|&&c| c == b'=').count();
-    if padding > 2 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut buf, mut bits) = (0u32, 0);
-    for &c in &text[..text.len() - padding] {
-        let v = BASE64.iter().position(|&a| a == c)? as u32;
-        buf = (buf << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-            buf &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
+    STANDARD.decode(text).ok()
 }
 
 /// A process id as RabbitMQ encodes one into a reply name (the external
