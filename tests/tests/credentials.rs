@@ -93,19 +93,33 @@ impl TestUser {
         }
     }
 
-    /// Closes every connection of this user from the broker's side (320).
+    /// Closes every connection of this user from the broker's side (320):
+    /// both of a `Conn`'s. RabbitMQ lists a connection a moment after it is
+    /// open, so this waits (at most 15 s) until both are listed, lest one
+    /// stay open and never need recovering.
     async fn force_close(&self) {
         match (&self.memory, self.rabbit) {
             (Some(memory), _) => memory.faults().close_all("closed by the acemq credentials suite"),
             (None, Some(version)) => {
-                let listing = chaos::ctl(version, &["list_connections", "pid", "user"]).await;
-                let pids: Vec<&str> = listing
-                    .lines()
-                    .filter(|l| l.split_whitespace().nth(1) == Some(self.name.as_str()))
-                    .filter_map(|l| l.split_whitespace().next())
-                    .collect();
-                assert!(!pids.is_empty(), "no connection of {} in:\n{listing}", self.name);
-                for pid in pids {
+                let until = Instant::now() + Duration::from_secs(15);
+                let pids = loop {
+                    let listing = chaos::ctl(version, &["list_connections", "pid", "user"]).await;
+                    let pids: Vec<String> = listing
+                        .lines()
+                        .filter(|l| l.split_whitespace().nth(1) == Some(self.name.as_str()))
+                        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                        .collect();
+                    if pids.len() >= 2 {
+                        break pids;
+                    }
+                    assert!(
+                        Instant::now() < until,
+                        "fewer than two connections of {} after 15 s:\n{listing}",
+                        self.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                for pid in &pids {
                     chaos::ctl(
                         version,
                         &["close_connection", pid, "closed by the acemq credentials suite"],
