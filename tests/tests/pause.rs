@@ -169,7 +169,12 @@ async fn a_paused_consumer_starts_no_handler_lets_running_ones_finish_and_the_br
                 .await
                 .unwrap();
             send_all(&conn, &queue, 0..3).await;
-            until("the handler of 0", Duration::from_secs(10), || payloads(&seen) == [0]).await;
+            // 30 s: a node just started, under the suite's other tests, has
+            // been seen slower than 10 s to make its first delivery.
+            until(&format!("{kind:?}: the handler of 0"), Duration::from_secs(30), || {
+                payloads(&seen) == [0]
+            })
+            .await;
             // The broker has sent 1 and 2 on.
             until_ready(&b, &queue, 0).await;
             pause(&consumer).await;
