@@ -885,3 +885,40 @@ async fn recovery_gives_up_after_recovery_give_up_and_fails_consumers_and_sends(
     })
     .await;
 }
+
+/// A broker that closes both of a `Conn`'s connections the moment
+/// `Conn::open` returns, before the recovery supervisors have run once: both
+/// losses are seen and both connections come back. (The supervisors once
+/// subscribed to the connection's events in their first poll, and missed a
+/// close that came before it: that connection stayed dead, not recovering.)
+/// A race, so tried many times on a private acemq-memory broker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_close_right_after_open_is_recovered_on_both_connections() {
+    deadline(async {
+        let name = unique("close-at-open");
+        let memory = acemq_memory::Broker::named(&name);
+        for round in 0..100 {
+            let events = Events::default();
+            let conn = Conn::open(&format!("memory://{name}/"), events.config(Config::default()))
+                .await
+                .unwrap();
+            memory.faults().close_all("closed as soon as it opened");
+            events
+                .wait(
+                    &format!("round {round}: both connections recovered"),
+                    Duration::from_secs(10),
+                    |e| {
+                        ["publish", "consume"].iter().all(|which| {
+                            e.iter()
+                                .any(|e| matches!(e, RecoveryEvent::Recovered { which: w, .. } if w == which))
+                        })
+                    },
+                )
+                .await;
+            assert!(conn.is_connected(), "round {round}");
+            conn.close().await.unwrap();
+        }
+        acemq_memory::Broker::forget_named(&name);
+    })
+    .await
+}

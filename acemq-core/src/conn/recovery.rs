@@ -57,7 +57,18 @@ impl Backoff {
 pub(crate) fn supervise(state: &Arc<ConnState>, link: &'static str) {
     let weak = Arc::downgrade(state);
     let closing = state.closing.subscribe();
-    tokio::spawn(supervisor(weak, link, closing));
+    // Subscribed here, not in the task: what the connection reports between
+    // now and the task's first poll is not lost.
+    let first = watched(state, link);
+    tokio::spawn(supervisor(weak, link, closing, first));
+}
+
+/// What `which`'s current connection reports, and its closed flag.
+type Watched = (broadcast::Receiver<ConnectionEvent>, watch::Receiver<bool>);
+
+fn watched(state: &ConnState, which: &'static str) -> Watched {
+    let conn = state.link(which).current();
+    (conn.events(), conn.state.closed.subscribe())
 }
 
 /// The connection and what it reports, until it ends; `None` if the `Conn`
@@ -66,12 +77,8 @@ async fn watch_until_lost(
     weak: &Weak<ConnState>,
     which: &'static str,
     closing: &mut watch::Receiver<bool>,
+    (mut events, mut closed): Watched,
 ) -> Option<CloseReason> {
-    let (mut events, mut closed) = {
-        let state = weak.upgrade()?;
-        let conn = state.link(which).current();
-        (conn.events(), conn.state.closed.subscribe())
-    };
     loop {
         tokio::select! {
             event = events.recv() => match event {
@@ -87,18 +94,36 @@ async fn watch_until_lost(
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => {
                     until_set(&mut closed).await;
-                    let state = weak.upgrade()?;
-                    return Some(state.link(which).current().close_reason().unwrap_or(CloseReason::ConnectionLost));
+                    return close_reason(weak, which);
                 }
             },
+            // The connection may have ended before this task subscribed to
+            // its events (a broker closing it just after the dial): the
+            // flag, unlike the broadcast, holds that for late subscribers.
+            _ = until_set(&mut closed) => return close_reason(weak, which),
             _ = until_set(closing) => return None,
         }
     }
 }
 
-async fn supervisor(weak: Weak<ConnState>, which: &'static str, mut closing: watch::Receiver<bool>) {
+/// Why `which`'s current connection ended (set before its closed flag).
+fn close_reason(weak: &Weak<ConnState>, which: &'static str) -> Option<CloseReason> {
+    let state = weak.upgrade()?;
+    let reason = state.link(which).current().close_reason();
+    Some(reason.unwrap_or(CloseReason::ConnectionLost))
+}
+
+async fn supervisor(weak: Weak<ConnState>, which: &'static str, mut closing: watch::Receiver<bool>, first: Watched) {
+    let mut next = Some(first);
     loop {
-        let Some(reason) = watch_until_lost(&weak, which, &mut closing).await else {
+        let current = match next.take() {
+            Some(first) => first,
+            None => {
+                let Some(state) = weak.upgrade() else { return };
+                watched(&state, which)
+            }
+        };
+        let Some(reason) = watch_until_lost(&weak, which, &mut closing, current).await else {
             return;
         };
         let Some(state) = weak.upgrade() else { return };
