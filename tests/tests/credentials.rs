@@ -809,6 +809,32 @@ async fn the_refresh_sends_each_fresh_secret_on_both_connections() {
     .await
 }
 
+/// A call the broker's close fails says the connection is closed, and
+/// `is_closed` agrees the moment the call returns (the failure was once
+/// routed before the connection was marked closed). A race, so tried many
+/// times.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_failed_by_the_brokers_close_finds_the_connection_closed() {
+    deadline(async {
+        let config = amqp::Config::default().with_credentials(Provider::new("first-token").arc());
+        for round in 0..200 {
+            let (url, _seen) = token_broker("good-token", false).await;
+            let conn = amqp::Connection::open(&url, config.clone()).await.unwrap();
+            let err = conn
+                .update_secret(Secret::new("expired-token"), "refresh")
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, amqp::Error::ConnectionClosed(_)),
+                "round {round}: {err:?}"
+            );
+            assert!(conn.is_closed(), "round {round}: {err} yet not closed");
+            assert!(conn.close_reason().is_some(), "round {round}");
+        }
+    })
+    .await
+}
+
 /// The old password stopped working and a recovery is already redialling
 /// with it, refused each time: `update_secret` in the middle of it gives the
 /// redials the new one, waits for both connections to be back, and then

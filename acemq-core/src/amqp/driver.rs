@@ -896,7 +896,32 @@ impl Driver {
     }
 
     fn drain_events(&mut self) {
+        if self.machine.is_closed() && !*self.state.closed.borrow() {
+            return self.drain_final_events();
+        }
         while let Some(event) = self.machine.poll_event() {
+            self.on_event(event);
+        }
+    }
+
+    /// The machine has ended the connection: its last events fail every
+    /// waiting call, then say it closed. The connection is marked closed
+    /// (reason first, then the flag) before any of them is routed, so a
+    /// caller woken by its failure finds `Connection::is_closed` true.
+    #[cold]
+    fn drain_final_events(&mut self) {
+        let events: Vec<Event> = std::iter::from_fn(|| self.machine.poll_event()).collect();
+        let reason = events.iter().find_map(|event| match event {
+            Event::Closed(reason) => Some(reason.clone()),
+            _ => None,
+        });
+        if let Some(reason) = reason {
+            if let Ok(mut slot) = self.state.close_reason.lock() {
+                slot.get_or_insert(reason);
+            }
+            self.state.closed.send_replace(true);
+        }
+        for event in events {
             self.on_event(event);
         }
     }
