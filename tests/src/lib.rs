@@ -32,6 +32,10 @@ pub mod deadline;
 // closes, and an in-test TCP proxy that cuts or blackholes connections.
 pub mod chaos;
 
+/// Recording a `Conn`'s recovery events, to wait on in tests.
+mod events;
+pub use events::RecoveryLog;
+
 /// The databases of the outbox scenarios: the private PostgreSQL cluster
 /// and SQLite files.
 pub mod db;

@@ -6,50 +6,13 @@
 //! reason in `Consumer::closed()` when built with `.on_cancel(OnCancel::End)`.
 //! Deliveries from the closed channel are never settled on the new one.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_codec::QueueDelete;
 use acemq_core::{consume, Ack, Config, Error, Message, OnCancel, RecoveryEvent, Topology};
-use acemq_tests::{brokers, deadline, forward, next, unique, Broker};
+use acemq_tests::{brokers, deadline, forward, next, unique, Broker, RecoveryLog};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-/// Every [`RecoveryEvent`] a `Conn` reported, in order.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<RecoveryEvent>>>);
-
-impl Events {
-    /// `config` reporting here, with quick retries for tests.
-    fn config(&self) -> Config {
-        let seen = self.0.clone();
-        Config::default()
-            .with_on_recovery(move |event| seen.lock().unwrap().push(event))
-            .with_recovery_delay(Duration::from_millis(50))
-            .with_recovery_delay_max(Duration::from_millis(400))
-    }
-
-    fn all(&self) -> Vec<RecoveryEvent> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// The first event `pick` accepts, waiting at most `within`.
-    async fn first<T>(&self, what: &str, within: Duration, pick: impl Fn(&RecoveryEvent) -> Option<T>) -> T {
-        let _label = acemq_tests::waiting_for(format!("recovery event: {what}"));
-        let until = Instant::now() + within;
-        loop {
-            if let Some(found) = self.all().iter().find_map(&pick) {
-                return found;
-            }
-            assert!(
-                Instant::now() < until,
-                "no {what} within {within:?}; events: {:#?}",
-                self.all()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
 
 /// Deletes `queue` behind the consumer's back, from a connection of its own.
 async fn delete_behind_its_back(b: &Broker, queue: &str) {
@@ -84,9 +47,9 @@ fn a_consumer_whose_queue_is_deleted_and_declared_again_resubscribes_and_handles
         let runtime = tokio::runtime::Runtime::new().unwrap();
         for b in runtime.block_on(brokers()) {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
-                let conn = b.conn_with(events.config()).await;
+                let conn = b.conn_with(events.config(Config::default())).await;
                 let queue = unique("cancel-resub");
                 Topology::new().queue(&queue).declare(&conn).await.unwrap();
                 let (tx, mut rx) = mpsc::unbounded_channel();
@@ -147,8 +110,8 @@ async fn with_on_cancel_end_a_consumer_whose_queue_is_deleted_ends_with_the_brok
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
-            let conn = b.conn_with(events.config()).await;
+            let events = RecoveryLog::default();
+            let conn = b.conn_with(events.config(Config::default())).await;
             let queue = unique("cancel-end");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
             let (tx, _rx) = mpsc::unbounded_channel();
@@ -224,9 +187,9 @@ fn past_the_consumer_timeout(version: acemq_tests::RabbitVersion) {
                 b.rabbitmqctl(&["eval", "application:set_env(rabbit, consumer_timeout, 1000)."]);
                 b.rabbitmqctl(&["eval", "application:set_env(rabbit, channel_tick_interval, 500)."]);
             }
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
-                let conn = b.conn_with(events.config()).await;
+                let conn = b.conn_with(events.config(Config::default())).await;
                 let queue = unique("cancel-406");
                 let mut arguments = acemq_codec::FieldTable::new();
                 if !v3 {

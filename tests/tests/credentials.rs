@@ -18,7 +18,7 @@ use acemq_codec::QueueDeclare;
 use acemq_core::amqp::{self, AmqpUrl, Credentials, CredentialsError, CredentialsProvider, Secret};
 use acemq_core::{Config, Conn, Error, RecoveryEvent};
 use acemq_tests::chaos;
-use acemq_tests::{brokers, deadline, unique, Broker, RabbitVersion};
+use acemq_tests::{brokers, deadline, unique, Broker, RabbitVersion, RecoveryLog};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
@@ -181,43 +181,15 @@ impl Provider {
     }
 }
 
-/// Every recovery event, for waiting on.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<RecoveryEvent>>>);
+/// How long a recovery may take here.
+const MINUTE: Duration = Duration::from_secs(60);
 
-impl Events {
-    fn config(&self, mut config: Config) -> Config {
-        let seen = self.0.clone();
-        config.on_recovery = Some(Arc::new(move |event| seen.lock().unwrap().push(event)));
-        config.recovery_delay = Duration::from_millis(50);
-        config.recovery_delay_max = Duration::from_millis(200);
-        config.engine.connection_timeout = Duration::from_secs(10);
-        config
-    }
-
-    fn all(&self) -> Vec<RecoveryEvent> {
-        self.0.lock().unwrap().clone()
-    }
-
-    async fn wait(&self, what: &str, done: impl Fn(&[RecoveryEvent]) -> bool) {
-        let _label = acemq_tests::waiting_for(format!("recovery events: {what}"));
-        let until = Instant::now() + Duration::from_secs(60);
-        while !done(&self.all()) {
-            assert!(
-                Instant::now() < until,
-                "no {what} within 60 s; events: {:#?}",
-                self.all()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    fn recovered(&self, which: &str) -> usize {
-        self.all()
-            .iter()
-            .filter(|e| matches!(e, RecoveryEvent::Recovered { which: w, .. } if *w == which))
-            .count()
-    }
+/// `config` reporting to `events`, redialling quickly.
+fn quick(events: &RecoveryLog, config: Config) -> Config {
+    let mut config = events.config(config);
+    config.recovery_delay_max = Duration::from_millis(200);
+    config.engine.connection_timeout = Duration::from_secs(10);
+    config
 }
 
 /// A confirmed publish into a queue of its own works on `conn`.
@@ -304,9 +276,9 @@ async fn recovery_after_a_password_change_dials_with_the_providers_current_secre
         for b in brokers().await {
             let user = TestUser::create(&b, "first-password").await;
             let provider = Provider::new("first-password");
-            let events = Events::default();
+            let events = RecoveryLog::default();
             // The URL's password is wrong: only the provider's is used.
-            let config = events.config(Config::default().with_credentials(provider.arc()));
+            let config = quick(&events, Config::default().with_credentials(provider.arc()));
             let conn = Conn::open(&user.url("not-used"), config)
                 .await
                 .unwrap_or_else(|e| panic!("{:?}: {e}", b.kind));
@@ -325,8 +297,8 @@ async fn recovery_after_a_password_change_dials_with_the_providers_current_secre
             let asked_before = provider.calls();
             user.force_close().await;
             events
-                .wait(&format!("{:?}: both connections recovered", b.kind), |_| {
-                    events.recovered("publish") >= 1 && events.recovered("consume") >= 1
+                .wait(&format!("{:?}: both connections recovered", b.kind), MINUTE, |_| {
+                    events.recovered_on("publish") >= 1 && events.recovered_on("consume") >= 1
                 })
                 .await;
             assert!(
@@ -348,16 +320,16 @@ async fn recovery_redials_with_the_secret_last_given_to_update_secret() {
     deadline(async {
         for b in brokers().await {
             let user = TestUser::create(&b, "old-password").await;
-            let events = Events::default();
-            let conn = Conn::open(&user.url("old-password"), events.config(Config::default()))
+            let events = RecoveryLog::default();
+            let conn = Conn::open(&user.url("old-password"), quick(&events, Config::default()))
                 .await
                 .unwrap_or_else(|e| panic!("{:?}: {e}", b.kind));
             user.change_password("new-password").await;
             conn.update_secret("new-password").await.unwrap();
             user.force_close().await;
             events
-                .wait("both connections recovered", |_| {
-                    events.recovered("publish") >= 1 && events.recovered("consume") >= 1
+                .wait("both connections recovered", MINUTE, |_| {
+                    events.recovered_on("publish") >= 1 && events.recovered_on("consume") >= 1
                 })
                 .await;
             publishes(&conn, &format!("{:?} after the recovery", b.kind)).await;
@@ -376,8 +348,8 @@ async fn a_failing_provider_fails_the_dial_and_recovery_retries_until_it_answers
             let user = TestUser::create(&b, "pw-one").await;
             let provider = Provider::new("pw-one");
             provider.set(Err("the identity provider is down"));
-            let events = Events::default();
-            let config = events.config(Config::default().with_credentials(provider.arc()));
+            let events = RecoveryLog::default();
+            let config = quick(&events, Config::default().with_credentials(provider.arc()));
             let err = Conn::open(&user.url("x"), config.clone()).await.unwrap_err();
             assert!(
                 matches!(&err, Error::Engine(amqp::Error::Credentials(CredentialsError(why))) if why == "the identity provider is down"),
@@ -390,15 +362,15 @@ async fn a_failing_provider_fails_the_dial_and_recovery_retries_until_it_answers
             provider.set(Err("the identity provider is down"));
             user.force_close().await;
             events
-                .wait("a retry after the provider failed", |e| {
+                .wait("a retry after the provider failed", MINUTE, |e| {
                     e.iter().any(|e| matches!(e, RecoveryEvent::Retrying { error, attempt, .. } if *attempt >= 2 && error.contains("identity provider is down")))
                 })
                 .await;
             assert!(!conn.is_connected());
             provider.set(Ok("pw-one"));
             events
-                .wait("both connections recovered", |_| {
-                    events.recovered("publish") >= 1 && events.recovered("consume") >= 1
+                .wait("both connections recovered", MINUTE, |_| {
+                    events.recovered_on("publish") >= 1 && events.recovered_on("consume") >= 1
                 })
                 .await;
             publishes(&conn, &format!("{:?} after the provider came back", b.kind)).await;
@@ -844,8 +816,8 @@ async fn update_secret_in_the_middle_of_a_recovery_unblocks_it() {
     deadline(async {
         for b in brokers().await {
             let user = TestUser::create(&b, "before-pw").await;
-            let events = Events::default();
-            let mut config = events.config(Config::default());
+            let events = RecoveryLog::default();
+            let mut config = quick(&events, Config::default());
             config.publish_timeout = Duration::from_secs(60);
             let conn = Conn::open(&user.url("before-pw"), config)
                 .await
@@ -853,7 +825,7 @@ async fn update_secret_in_the_middle_of_a_recovery_unblocks_it() {
             user.change_password("after-pw").await;
             user.force_close().await;
             events
-                .wait(&format!("{:?}: redials refused with the old password", b.kind), |e| {
+                .wait(&format!("{:?}: redials refused with the old password", b.kind), MINUTE, |e| {
                     ["publish", "consume"].iter().all(|which| {
                         e.iter().any(|e| matches!(e, RecoveryEvent::Retrying { which: w, attempt, .. } if w == which && *attempt >= 3))
                     })
@@ -866,8 +838,8 @@ async fn update_secret_in_the_middle_of_a_recovery_unblocks_it() {
             assert!(conn.is_connected(), "{:?}: update_secret returns once both are back", b.kind);
             // The event follows the link's change.
             events
-                .wait(&format!("{:?}: both connections recovered", b.kind), |_| {
-                    events.recovered("publish") >= 1 && events.recovered("consume") >= 1
+                .wait(&format!("{:?}: both connections recovered", b.kind), MINUTE, |_| {
+                    events.recovered_on("publish") >= 1 && events.recovered_on("consume") >= 1
                 })
                 .await;
             let refusals = events

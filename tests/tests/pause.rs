@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use acemq_codec::{ChannelFlow, Method, QueueDelete};
 use acemq_core::topology::QueueOptions;
-use acemq_core::{consume, Ack, Config, Conn, Consumer, Error, Message, OnCancel, RecoveryEvent, Topology};
-use acemq_tests::{brokers, deadline, depth, step, unique, Broker};
+use acemq_core::{consume, Ack, Config, Conn, Consumer, Error, Message, OnCancel, Topology};
+use acemq_tests::{brokers, deadline, depth, step, unique, Broker, RecoveryLog};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -65,24 +65,10 @@ async fn until(what: &str, within: Duration, done: impl Fn() -> bool) {
     }
 }
 
-/// Every [`RecoveryEvent`] a `Conn` reported.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<RecoveryEvent>>>);
-
-impl Events {
-    fn count(&self, label: &str) -> usize {
-        self.0.lock().unwrap().iter().filter(|e| e.label() == label).count()
-    }
-}
-
 /// A `Conn` named `name` (its consuming connection `{name}-consume`),
 /// reporting to `events`, with quick redials.
-async fn conn_named(b: &Broker, name: &str, events: &Events) -> Conn {
-    let seen = events.0.clone();
-    let mut config = Config::default()
-        .with_on_recovery(move |event| seen.lock().unwrap().push(event))
-        .with_recovery_delay(Duration::from_millis(50))
-        .with_recovery_delay_max(Duration::from_millis(400));
+async fn conn_named(b: &Broker, name: &str, events: &RecoveryLog) -> Conn {
+    let mut config = events.config(Config::default());
     config.engine.connection_name = Some(name.to_string());
     b.conn_with(config).await
 }
@@ -383,7 +369,7 @@ async fn a_pause_while_a_cancelled_consumer_resubscribes_keeps_it_unsubscribed_u
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = conn_named(&b, &unique("pause.resub"), &events).await;
             let queue = unique("pause.resub");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -423,7 +409,7 @@ async fn a_paused_consumer_stays_paused_through_a_recovery_and_resumes_after_it(
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let name = unique("pause.recovery");
             let conn = conn_named(&b, &name, &events).await;
             let queue = unique("pause.recovery");
@@ -492,7 +478,7 @@ async fn a_resume_after_a_recovery_of_a_running_consumer_and_a_pause_during_the_
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let name = unique("pause.during");
             let conn = conn_named(&b, &name, &events).await;
             let queue = unique("pause.during");
@@ -528,7 +514,7 @@ async fn a_paused_stream_consumer_resumes_at_its_place_after_a_pause_and_after_a
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let name = unique("pause.stream");
             let conn = conn_named(&b, &name, &events).await;
             let stream = unique("pause.stream");
@@ -630,7 +616,7 @@ async fn a_queue_deleted_while_paused_is_a_broker_cancel_at_resume() {
     deadline(async {
         for b in brokers().await {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = conn_named(&b, &unique("pause.cancel"), &events).await;
             let queue = unique("pause.cancel");
             let ended_queue = unique("pause.cancel.end");

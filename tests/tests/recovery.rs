@@ -11,56 +11,17 @@ use std::time::Duration;
 use acemq_codec::{FieldTable, FieldValue, QueueDeclare, QueueDelete};
 use acemq_core::{consume, Ack, Config, Conn, Error, Message, RecoveryEvent, Topology};
 use acemq_tests::chaos::{self, Proxy};
-use acemq_tests::{brokers, brokers_with_tls, deadline, depth, forward, next, unique, Broker};
+use acemq_tests::{brokers, brokers_with_tls, deadline, depth, forward, next, unique, Broker, RecoveryLog};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
-/// Every [`RecoveryEvent`] a `Conn` reported, in order.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<RecoveryEvent>>>);
-
-impl Events {
-    /// `config` reporting here, with quick redials for tests.
-    fn config(&self, mut config: Config) -> Config {
-        let seen = self.0.clone();
-        config.on_recovery = Some(Arc::new(move |event| seen.lock().unwrap().push(event)));
-        config.recovery_delay = Duration::from_millis(50);
-        config.recovery_delay_max = Duration::from_millis(400);
-        config
-    }
-
-    fn all(&self) -> Vec<RecoveryEvent> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn count(&self, label: &str) -> usize {
-        self.all().iter().filter(|e| e.label() == label).count()
-    }
-
-    /// Waits until `done` holds for the events, at most `within`.
-    async fn wait(&self, what: &str, within: Duration, done: impl Fn(&[RecoveryEvent]) -> bool) {
-        let _label = acemq_tests::waiting_for(format!("recovery events: {what}"));
-        let until = Instant::now() + within;
-        loop {
-            if done(&self.all()) {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "no {what} within {within:?}; events: {:#?}",
-                self.all()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Waits for `n` `Recovered` events in all.
-    async fn recovered(&self, n: usize) {
-        self.wait(&format!("{n} recovered"), Duration::from_secs(90), |e| {
+/// Waits (at most 90 s) for `n` `Recovered` events in all.
+async fn recovered(events: &RecoveryLog, n: usize) {
+    events
+        .wait(&format!("{n} recovered"), Duration::from_secs(90), |e| {
             e.iter().filter(|e| e.label() == "recovered").count() >= n
         })
         .await;
-    }
 }
 
 /// Forces every connection of the broker closed with 320.
@@ -113,7 +74,7 @@ async fn statement_17_a_lost_connection_is_redialled_its_topology_redeclared_and
     deadline(async {
         let _serial = chaos::serial().await;
         for b in brokers_with_tls().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let queue = unique("rec17");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -124,7 +85,7 @@ async fn statement_17_a_lost_connection_is_redialled_its_topology_redeclared_and
             assert_eq!(next(&mut rx, "the first message").await.payload, 1);
 
             force_close_all(&b).await;
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             assert!(conn.is_connected(), "{:?}", b.kind);
             // Both connections: lost, then retrying, then recovered.
             for which in ["publish", "consume"] {
@@ -170,12 +131,12 @@ fn statement_17_on_recovery_and_acemq_recovery_total_see_lost_retrying_and_recov
         let all = runtime.block_on(async { breakable().await });
         for b in all {
             let kind = b.kind;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let counts = acemq_tests::counted_by(acemq_core::metrics_names::RECOVERY_TOTAL, "event", async {
                 let _serial = chaos::serial().await;
                 let conn = b.conn_with(events.config(Config::default())).await;
                 force_close_all(&b).await;
-                events.recovered(2).await;
+                recovered(&events, 2).await;
                 conn.close().await.unwrap();
             });
             assert_eq!(counts.get("lost"), Some(&2), "{kind:?}: {counts:?}");
@@ -195,7 +156,7 @@ async fn statement_17_recovers_from_a_broker_restart() {
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let queue = unique("rec17-restart");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -216,13 +177,13 @@ async fn statement_17_recovers_from_a_broker_restart() {
                     chaos::restart(b.rabbit()).await;
                 }
             }
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             publisher.send(&2).await.unwrap();
             next_with(&mut rx, 2, "a message after the restart").await;
             if let Some(memory) = &b.memory {
                 // And with every socket severed (no close frame at all).
                 memory.faults().sever_all();
-                events.recovered(4).await;
+                recovered(&events, 4).await;
                 publisher.send(&3).await.unwrap();
                 next_with(&mut rx, 3, "a message after the sockets were severed").await;
             }
@@ -230,7 +191,7 @@ async fn statement_17_recovers_from_a_broker_restart() {
                 // The same, with the application stopped and started.
                 chaos::stop_app(b.rabbit()).await;
                 chaos::start_app(b.rabbit()).await;
-                events.recovered(4).await;
+                recovered(&events, 4).await;
                 publisher.send(&3).await.unwrap();
                 next_with(&mut rx, 3, "a message after start_app").await;
             }
@@ -245,7 +206,7 @@ async fn statement_17_without_recovery_a_consumer_whose_connection_died_ends_wit
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let config = events.config(Config::default()).with_without_recovery(true);
             let conn = b.conn_with(config).await;
             let queue = unique("rec17-off");
@@ -276,7 +237,7 @@ async fn basic_qos_is_restored_before_the_consumers_come_back() {
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let queue = unique("rec-qos");
             Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -301,7 +262,7 @@ async fn basic_qos_is_restored_before_the_consumers_come_back() {
                 .await
                 .unwrap();
             force_close_all(&b).await;
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             let publisher = conn.publisher::<u32>("", &queue).mandatory();
             for n in 0..6 {
                 publisher.send(&n).await.unwrap();
@@ -331,7 +292,7 @@ async fn a_server_named_queue_is_declared_anew_and_its_new_name_goes_to_its_bind
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let old = conn.declare_server_named_queue(FieldTable::new()).await.unwrap();
             let key = unique("rec-named");
@@ -347,7 +308,7 @@ async fn a_server_named_queue_is_declared_anew_and_its_new_name_goes_to_its_bind
             next(&mut rx, "a message before the loss").await;
 
             force_close_all(&b).await;
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             let renamed = events.all().into_iter().find_map(|e| match e {
                 RecoveryEvent::QueueRenamed { from, to } => Some((from, to)),
                 _ => None,
@@ -377,7 +338,7 @@ async fn a_consumer_that_could_not_be_reattached_is_reported_and_never_counted_a
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let config = events
                 .config(Config::default())
                 // Time to delete its queue while the connection is down.
@@ -413,7 +374,7 @@ async fn a_consumer_that_could_not_be_reattached_is_reported_and_never_counted_a
             })
             .await
             .unwrap();
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             let recovered = events.all().into_iter().find_map(|e| match e {
                 RecoveryEvent::Recovered {
                     which: "consume",
@@ -465,7 +426,7 @@ fn statement_18_a_settlement_of_a_delivery_from_the_dead_connection_is_never_sen
 
 async fn settlement_scenario(b: &Broker) {
     let _serial = chaos::serial().await;
-    let events = Events::default();
+    let events = RecoveryLog::default();
     let conn = b.conn_with(events.config(Config::default())).await;
     let queue = unique("rec18");
     Topology::new().queue(&queue).declare(&conn).await.unwrap();
@@ -492,7 +453,7 @@ async fn settlement_scenario(b: &Broker) {
     publisher.send(&1).await.unwrap();
     held_rx.recv().await.expect("the first delivery reaches the handler");
     force_close_all(b).await;
-    events.recovered(2).await;
+    recovered(&events, 2).await;
     // The held handler accepts now: its ack belongs to the dead connection.
     release.add_permits(1);
     // The held one, and the broker's redelivery of it (either may come first).
@@ -521,7 +482,7 @@ async fn statement_21_sends_in_flight_and_made_during_a_recovery_complete_after_
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let (proxy, url) = proxied(&b).await;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let mut config = events.config(Config::default());
             config.engine.connection_timeout = Duration::from_secs(1);
             let conn = Conn::open(&url, config).await.unwrap();
@@ -563,7 +524,7 @@ async fn statement_21_sends_in_flight_and_made_during_a_recovery_complete_after_
                     .unwrap_or_else(|e| panic!("{:?}: a send during recovery: {e}", b.kind));
             }
             // Every one arrived, the in-flight ones under their first ids.
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             let ch = conn.consuming_connection().channel().await.unwrap();
             let mut seen = std::collections::BTreeSet::new();
             let mut payloads = std::collections::BTreeSet::new();
@@ -588,7 +549,7 @@ async fn statement_21_a_send_fails_after_publish_timeout_saying_whether_it_may_h
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let (proxy, url) = proxied(&b).await;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let mut config = events.config(Config::default());
             config.engine.connection_timeout = Duration::from_millis(500);
             config.publish_timeout = Duration::from_secs(1);
@@ -636,7 +597,7 @@ async fn statement_19_a_stream_consumer_resumes_at_its_oldest_unsettled_offset_n
     deadline(async {
         let _serial = chaos::serial().await;
         for b in breakable().await {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = b.conn_with(events.config(Config::default())).await;
             let stream = unique("rec19");
             let ch = conn.consuming_connection().channel().await.unwrap();
@@ -681,7 +642,7 @@ async fn statement_19_a_stream_consumer_resumes_at_its_oldest_unsettled_offset_n
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             force_close_all(&b).await;
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             let until = Instant::now() + Duration::from_secs(20);
             while seen.lock().unwrap().len() < 15 {
                 assert!(Instant::now() < until, "{:?}: {:?}", b.kind, seen.lock().unwrap());
@@ -710,7 +671,7 @@ async fn statement_22_a_broker_that_goes_silent_is_detected_within_two_heartbeat
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let heartbeat = Duration::from_secs(1);
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let mut config = events.config(Config::default());
             config.engine.tune.heartbeat = 1;
             config.engine.connection_timeout = Duration::from_secs(2);
@@ -753,7 +714,7 @@ async fn statement_22_a_broker_that_goes_silent_is_detected_within_two_heartbeat
             for event in &lost {
                 assert!(event.to_string().contains("heartbeat"), "{:?}: {event}", b.kind);
             }
-            events.recovered(2).await;
+            recovered(&events, 2).await;
             conn.publisher::<u32>("", "").send(&1).await.unwrap();
             conn.close().await.unwrap();
         }
@@ -815,7 +776,7 @@ async fn statement_20_conn_close_stops_a_recovery_in_progress() {
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let (proxy, url) = proxied(&b).await;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let mut config = events.config(Config::default());
             config.engine.connection_timeout = Duration::from_millis(300);
             let conn = Conn::open(&url, config).await.unwrap();
@@ -850,7 +811,7 @@ async fn recovery_gives_up_after_recovery_give_up_and_fails_consumers_and_sends(
         let _serial = chaos::serial().await;
         for b in breakable().await {
             let (proxy, url) = proxied(&b).await;
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let mut config = events.config(Config::default());
             config.engine.connection_timeout = Duration::from_millis(300);
             config.recovery_give_up = Some(Duration::from_secs(1));
@@ -898,7 +859,7 @@ async fn a_close_right_after_open_is_recovered_on_both_connections() {
         let name = unique("close-at-open");
         let memory = acemq_memory::Broker::named(&name);
         for round in 0..100 {
-            let events = Events::default();
+            let events = RecoveryLog::default();
             let conn = Conn::open(&format!("memory://{name}/"), events.config(Config::default()))
                 .await
                 .unwrap();
