@@ -77,6 +77,8 @@
 #   ACEMQ_RABBITMQ_START_TIMEOUT  seconds to wait for boot (default 120)
 #   ACEMQ_RABBITMQ_KEEP_DATA=1 keep mnesia (queues, messages) across a fresh start
 #   ACEMQ_RABBITMQ_EPMD_PORT   use a private epmd on this port
+#   ACEMQ_RABBITMQ_INSTANCE    1..9: a second set of nodes (names and dirs suffixed -N,
+#                              ports + 10×N; both versions)
 #   ACEMQ_RABBITMQ_CLUSTER_PORTS  the cluster's three AMQP ports (default "5701 5702 5703")
 #   ACEMQ_RABBITMQ_CLUSTER_DIR    the cluster's directory (default $ROOT/target/rabbitmq-cluster)
 # and for the 4.0 node (the 3.10 node's variables above do not apply to it):
@@ -121,29 +123,40 @@ case "$VERSION" in
     *) die "ACEMQ_RABBITMQ_VERSION must be 3.10 or 4.0, not '$VERSION'" ;;
 esac
 
+# A second set of nodes beside the first (ACEMQ_RABBITMQ_INSTANCE=N, N in
+# 1..9): every default below gets the suffix -N (node names, directories)
+# and the ports move up by 10×N, so the suites that break a node on purpose
+# can have nodes of their own while the others run (scripts/test.sh).
+INSTANCE="${ACEMQ_RABBITMQ_INSTANCE:-}"
+case "$INSTANCE" in
+    "") SUFFIX="" OFFSET=0 ;;
+    [1-9]) SUFFIX="-$INSTANCE" OFFSET=$((10 * INSTANCE)) ;;
+    *) die "ACEMQ_RABBITMQ_INSTANCE must be a digit 1..9 (or unset), not '$INSTANCE'" ;;
+esac
+
 START_TIMEOUT="${ACEMQ_RABBITMQ_START_TIMEOUT:-120}"
 RMQ_BIN=/usr/lib/rabbitmq/bin
 if [ "$VERSION" = 4.0 ]; then
     # R4: the trixie root (absolute). DIR is the node's directory as this
     # script sees it, NODE_DIR the same directory as the node sees it.
     R4="$(realpath -m "${ACEMQ_RABBITMQ4_ROOT:-$ROOT/target/trixie-root}")"
-    NODE_DIR="${ACEMQ_RABBITMQ4_DIR:-/srv/acemq}"
+    NODE_DIR="${ACEMQ_RABBITMQ4_DIR:-/srv/acemq$SUFFIX}"
     case "$NODE_DIR" in /?*) ;; *) die "ACEMQ_RABBITMQ4_DIR must be an absolute path inside the root, not '$NODE_DIR'" ;; esac
     NODE_DIR="${NODE_DIR%/}"
     DIR="$R4$NODE_DIR"
-    PORT="${ACEMQ_RABBITMQ4_PORT:-5674}"
-    TLS_PORT="${ACEMQ_RABBITMQ4_TLS_PORT:-5675}"
-    NODENAME="${ACEMQ_RABBITMQ4_NODENAME:-acemq4-test@localhost}"
+    PORT="${ACEMQ_RABBITMQ4_PORT:-$((5674 + OFFSET))}"
+    TLS_PORT="${ACEMQ_RABBITMQ4_TLS_PORT:-$((5675 + OFFSET))}"
+    NODENAME="${ACEMQ_RABBITMQ4_NODENAME:-acemq4-test$SUFFIX@localhost}"
     WANT_DIST_PORT="${ACEMQ_RABBITMQ4_DIST_PORT:-}"
     # The 3.10 node's certificates, copied when they are there.
-    TLS_FROM="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq}/tls"
+    TLS_FROM="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq$SUFFIX}/tls"
 else
     R4=""
-    DIR="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq}"
+    DIR="${ACEMQ_RABBITMQ_DIR:-$BASE/rabbitmq$SUFFIX}"
     NODE_DIR="$DIR"
-    PORT="${ACEMQ_RABBITMQ_PORT:-5672}"
-    TLS_PORT="${ACEMQ_RABBITMQ_TLS_PORT:-5671}"
-    NODENAME="${ACEMQ_RABBITMQ_NODENAME:-acemq-test@localhost}"
+    PORT="${ACEMQ_RABBITMQ_PORT:-$((5672 + OFFSET))}"
+    TLS_PORT="${ACEMQ_RABBITMQ_TLS_PORT:-$((5671 + OFFSET))}"
+    NODENAME="${ACEMQ_RABBITMQ_NODENAME:-acemq-test$SUFFIX@localhost}"
     WANT_DIST_PORT="${ACEMQ_RABBITMQ_DIST_PORT:-}"
 fi
 
@@ -354,7 +367,7 @@ pick_dist_port() {
         echo "$WANT_DIST_PORT"; return
     fi
     local p
-    if [ "$VERSION" = 4.0 ] && ! port_in_use 25674 && ! port_in_use 35674; then echo 25674; return; fi
+    if [ "$VERSION" = 4.0 ] && [ -z "$SUFFIX" ] && ! port_in_use 25674 && ! port_in_use 35674; then echo 25674; return; fi
     for p in $(seq 25682 25781); do
         case " $* " in *" $p "*) continue ;; esac
         if ! port_in_use "$p" && ! port_in_use "$((p + 10000))"; then echo "$p"; return; fi
@@ -788,6 +801,7 @@ cmd_env() {
         echo "ACEMQ_RABBITMQ4_NODENAME=$NODENAME"
         echo "ACEMQ_RABBITMQ4_ROOT=$R4"
         echo "ACEMQ_RABBITMQ4_DIR=$NODE_DIR"
+        if [ -n "$INSTANCE" ]; then echo "ACEMQ_RABBITMQ_INSTANCE=$INSTANCE"; fi
         return 0
     fi
     echo "ACEMQ_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$PORT/"
@@ -795,6 +809,7 @@ cmd_env() {
     echo "ACEMQ_RABBITMQ_CA=$TLS_DIR/ca.pem"
     echo "ACEMQ_RABBITMQ_CLIENT_CERT=$TLS_DIR/client.pem"
     echo "ACEMQ_RABBITMQ_CLIENT_KEY=$TLS_DIR/client.key"
+    if [ -n "$INSTANCE" ]; then echo "ACEMQ_RABBITMQ_INSTANCE=$INSTANCE"; fi
 }
 
 # kill: kill -9 every process of the node, then wait until they are gone, the

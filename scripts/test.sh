@@ -24,16 +24,35 @@
 # Suites pick fewer where they say so: the failover test runs on the 3.10
 # cluster only, the outbox load test against 3.10 over TCP only, and the
 # recovery and hops suites' broker-breaking tests over TCP only.
+#
+# Two lanes. The suites that break a node on purpose (kill, restart, pause,
+# a memory alarm, forced closes of every connection, a node-wide consumer
+# timeout), and a few long ones to even the lanes out, run on a second pair
+# of nodes of their own (scripts/rabbitmq.sh with ACEMQ_RABBITMQ_INSTANCE=1:
+# ports 5682/5681 and 5684/5685), beside everything else on the first pair.
+# Each lane runs its suites one binary after another, as `cargo test` does.
+# In one lane the suites took about 15 minutes of CI's 25 on a 2-core
+# machine, after a cold build of about 10; in two, about 9 each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The second lane's suites (tests/tests/NAME.rs).
+LANE2="blocked cancelled chaos_harness differential failover hops model recovery recovery_load scheduler stalled"
+
 started_here=0
 started4_here=0
+lane2_here=0
 cluster_here=0
 postgres_here=0
+lane2_pid=""
 stop_node() {
+    if [ -n "$lane2_pid" ]; then kill "$lane2_pid" 2>/dev/null || true; fi
     if [ "$postgres_here" = 1 ]; then scripts/postgres.sh stop || true; fi
     if [ "$cluster_here" = 1 ]; then scripts/rabbitmq.sh cluster stop || true; fi
+    if [ "$lane2_here" = 1 ]; then
+        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 stop || true
+        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh stop || true
+    fi
     if [ "$started4_here" = 1 ]; then scripts/rabbitmq.sh 4.0 stop || true; fi
     if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
 }
@@ -52,6 +71,13 @@ fi
 if ! scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
     scripts/rabbitmq.sh 4.0 start
     started4_here=1
+fi
+# The second lane's pair of nodes, the same two versions.
+if ! ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh status >/dev/null 2>&1 \
+    || ! ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
+    lane2_here=1
+    ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh start
+    ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 start
 fi
 # A private three-node cluster for the failover test (tests/tests/failover.rs).
 if ! scripts/rabbitmq.sh cluster status >/dev/null 2>&1; then
@@ -73,9 +99,73 @@ eval "$(scripts/rabbitmq.sh cluster env | sed 's/^/export /')"
 # ACEMQ_POSTGRES_URL
 eval "$(scripts/postgres.sh env | sed 's/^/export /')"
 
+# The second lane's environment: its nodes (and the cluster).
+lane2_env="$(
+    {
+        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh env
+        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 env
+    } | sed 's/^/export /'
+)"
+
 wait "$build"
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc
+# Every integration test target of the workspace is in exactly one lane.
+# Each cargo command below selects from the whole workspace (--workspace)
+# so that features unify as in the build above and nothing is rebuilt.
+lane1=()
+lane2=()
+while read -r name; do
+    case " $LANE2 " in
+        *" $name "*) lane2+=(--test "$name") ;;
+        *) lane1+=(--test "$name") ;;
+    esac
+done < <(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]}
+print("\n".join(sorted(names)))')
+[ "${#lane2[@]}" = $((2 * $(wc -w <<<"$LANE2"))) ] || {
+    echo "test.sh: a suite of the second lane ($LANE2) is not a test target" >&2
+    exit 1
+}
+# The second lane runs its test binaries itself (cargo holds its lock on
+# the target directory while its tests run), from the tests crate's
+# folder as cargo would.
+mapfile -t lane2_bins < <(
+    cargo test --workspace "${lane2[@]}" --no-run --message-format=json "$@" \
+        | grep -o '"executable":"[^"]*"' | cut -d'"' -f4
+)
+[ "${#lane2_bins[@]}" = $((${#lane2[@]} / 2)) ] || {
+    echo "test.sh: expected $((${#lane2[@]} / 2)) test binaries for the second lane, found ${#lane2_bins[@]}" >&2
+    exit 1
+}
+lane2_log="$(mktemp)"
+(
+    eval "$lane2_env"
+    cd tests
+    status=0
+    for bin in "${lane2_bins[@]}"; do
+        echo "     Running $bin (second lane)"
+        "$bin" || status=1
+    done
+    exit "$status"
+) >"$lane2_log" 2>&1 &
+lane2_pid=$!
+
+lane1_status=0
+{
+    cargo test --workspace --no-fail-fast --lib --bins --examples --benches "${lane1[@]}" "$@" \
+        && cargo test --workspace --doc
+} || lane1_status=1
+
+lane2_status=0
+wait "$lane2_pid" || lane2_status=1
+lane2_pid=""
+echo "test.sh: the second lane's output:"
+cat "$lane2_log"
+rm -f "$lane2_log"
+if [ "$lane1_status" != 0 ] || [ "$lane2_status" != 0 ]; then
+    echo "test.sh: tests failed (first lane: $lane1_status, second lane: $lane2_status)" >&2
+    exit 1
+fi
 # Another client's own integration suites (py-amqp's and kombu's, fetched
 # from PyPI into target/client-suite) against the acemq-memory server,
 # with both RabbitMQ nodes above as the control (scripts/client-suite.sh).

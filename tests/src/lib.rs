@@ -312,12 +312,22 @@ async fn reachable(url: &str) -> bool {
         return false;
     };
     let (host, port) = &parsed.hosts[0];
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect((host.as_str(), *port)),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok())
+    // Under CI a node must be there, but one may be booting again after a
+    // suite restarted it: it gets 30 s before the suite fails for it.
+    let until = tokio::time::Instant::now() + if in_ci() { Duration::from_secs(30) } else { Duration::ZERO };
+    loop {
+        let connect = tokio::net::TcpStream::connect((host.as_str(), *port));
+        if tokio::time::timeout(Duration::from_secs(2), connect)
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 impl Broker {
