@@ -314,7 +314,12 @@ async fn reachable(url: &str) -> bool {
     let (host, port) = &parsed.hosts[0];
     // Under CI a node must be there, but one may be booting again after a
     // suite restarted it: it gets 30 s before the suite fails for it.
-    let until = tokio::time::Instant::now() + if in_ci() { Duration::from_secs(30) } else { Duration::ZERO };
+    let patience = if in_ci() {
+        Duration::from_secs(30)
+    } else {
+        Duration::ZERO
+    };
+    let until = tokio::time::Instant::now() + patience;
     loop {
         let connect = tokio::net::TcpStream::connect((host.as_str(), *port));
         if tokio::time::timeout(Duration::from_secs(2), connect)
