@@ -524,7 +524,15 @@ fn confirm_mode(wire: &mut Wire, queue: &str, props: &BasicProperties, body: usi
         ..Default::default()
     };
     let mut one = BytesMut::new();
-    encode_content(1, &publish.into(), props, &vec![b'x'; body], DEFAULT_FRAME_MAX, &mut one).map_err(io::Error::other)?;
+    encode_content(
+        1,
+        &publish.into(),
+        props,
+        &vec![b'x'; body],
+        DEFAULT_FRAME_MAX,
+        &mut one,
+    )
+    .map_err(io::Error::other)?;
     Ok(one)
 }
 

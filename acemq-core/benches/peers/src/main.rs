@@ -93,8 +93,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
 use acemq_codec::{BasicProperties, FieldValue, QueueDeclare, QueueDelete, QueuePurge};
+use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
 use bytes::Bytes;
 
 /// The wire floor, its CPU accounting and [`floor::Figures`], shared with
@@ -146,7 +146,9 @@ struct Args {
 }
 
 /// The groups `--only` can pick.
-const GROUPS: [&str; 8] = ["publish", "consume", "latency", "large", "queues", "tasks", "memory", "setup"];
+const GROUPS: [&str; 8] = [
+    "publish", "consume", "latency", "large", "queues", "tasks", "memory", "setup",
+];
 
 impl Args {
     fn parse() -> Args {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use acemq_core::amqp::AmqpUrl;
 use acemq_codec::{BasicProperties, FieldValue};
+use acemq_core::amqp::AmqpUrl;
 
 use super::floor::{cpu_time, Figures};
 use super::{header_values, Latency, Props, Sampler, BODY, WINDOW};
@@ -777,7 +777,11 @@ pub async fn amqprs_close_consumers(
 
 /// lapin holding `n` deliveries of `queue` unacked (prefetch `n`); the
 /// channel and the deliveries, to release with [`lapin_release`].
-pub async fn lapin_hold(conn: &lapin::Connection, queue: &str, n: usize) -> (lapin::Channel, Vec<lapin::message::Delivery>) {
+pub async fn lapin_hold(
+    conn: &lapin::Connection,
+    queue: &str,
+    n: usize,
+) -> (lapin::Channel, Vec<lapin::message::Delivery>) {
     use futures_lite::StreamExt;
     use lapin::options::{BasicConsumeOptions, BasicQosOptions};
     let ch = conn.create_channel().await.expect("lapin channel");

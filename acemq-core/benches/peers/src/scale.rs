@@ -293,8 +293,12 @@ async fn large_group(clients: &Clients, args: &Args, round: usize, group: Group,
             (Group::Consume(_), Who::Engine) => {
                 within(&what, engine_consume(&clients.engine, queue, messages, window as u16)).await
             }
-            (Group::Publish(_), Who::Api) => within(&what, api_publish_raw(&clients.api, queue, messages, size, window)).await,
-            (Group::Consume(_), Who::Api) => within(&what, api_consume_raw(&clients.api, queue, messages, window)).await,
+            (Group::Publish(_), Who::Api) => {
+                within(&what, api_publish_raw(&clients.api, queue, messages, size, window)).await
+            }
+            (Group::Consume(_), Who::Api) => {
+                within(&what, api_consume_raw(&clients.api, queue, messages, window)).await
+            }
             (Group::Publish(_), Who::Lapin) => {
                 within(
                     &what,
@@ -303,7 +307,11 @@ async fn large_group(clients: &Clients, args: &Args, round: usize, group: Group,
                 .await
             }
             (Group::Consume(_), Who::Lapin) => {
-                within(&what, peers::lapin_consume(&clients.lapin, queue, messages, window as u16)).await
+                within(
+                    &what,
+                    peers::lapin_consume(&clients.lapin, queue, messages, window as u16),
+                )
+                .await
             }
             (Group::Publish(_), Who::Amqprs) => {
                 within(
@@ -313,7 +321,11 @@ async fn large_group(clients: &Clients, args: &Args, round: usize, group: Group,
                 .await
             }
             (Group::Consume(_), Who::Amqprs) => {
-                within(&what, peers::amqprs_consume(&clients.amqprs, queue, messages, window as u16)).await
+                within(
+                    &what,
+                    peers::amqprs_consume(&clients.amqprs, queue, messages, window as u16),
+                )
+                .await
             }
             _ => unreachable!(),
         };
@@ -797,7 +809,9 @@ async fn tasks_group(clients: &Clients, args: &Args, round: usize, figures: &mut
         let row = async move {
             match who {
                 Who::Engine => {
-                    let conn = Connection::open(&url, Config::default()).await.expect("the engine connects");
+                    let conn = Connection::open(&url, Config::default())
+                        .await
+                        .expect("the engine connects");
                     let f = engine_tasks(&conn, &queue, messages, tasks).await;
                     conn.close().await.expect("engine closes");
                     f
@@ -894,7 +908,11 @@ where
 async fn engine_connections(url: &str, n: usize) -> Vec<Connection> {
     let mut all = Vec::with_capacity(n);
     for _ in 0..n {
-        all.push(Connection::open(url, Config::default()).await.expect("the engine connects"));
+        all.push(
+            Connection::open(url, Config::default())
+                .await
+                .expect("the engine connects"),
+        );
     }
     all
 }
@@ -1006,7 +1024,16 @@ where
     C: Future<Output = ()>,
 {
     let queue = clients.queue.as_str();
-    let fill = || engine_publish(&clients.engine, queue, IN_FLIGHT as u64, minimal_properties(), super::BODY, WINDOW);
+    let fill = || {
+        engine_publish(
+            &clients.engine,
+            queue,
+            IN_FLIGHT as u64,
+            minimal_properties(),
+            super::BODY,
+            WINDOW,
+        )
+    };
     fill().await;
     release(hold().await).await;
     fill().await;
@@ -1032,10 +1059,19 @@ async fn memory_group(clients: &Clients, args: &Args, round: usize, figures: &mu
             match who {
                 Who::Engine => Memory {
                     connection: per_item(n, |k| engine_connections(url, k), engine_close_all).await,
-                    consumer: per_item(n, |k| engine_consumers(&clients.engine, queue, k), engine_close_consumers)
-                        .await,
+                    consumer: per_item(
+                        n,
+                        |k| engine_consumers(&clients.engine, queue, k),
+                        engine_close_consumers,
+                    )
+                    .await,
                     in_flight: Some(
-                        per_in_flight(clients, || engine_hold(&clients.engine, queue, IN_FLIGHT), engine_release).await,
+                        per_in_flight(
+                            clients,
+                            || engine_hold(&clients.engine, queue, IN_FLIGHT),
+                            engine_release,
+                        )
+                        .await,
                     ),
                 },
                 Who::Api => Memory {
@@ -1102,7 +1138,9 @@ async fn memory_group(clients: &Clients, args: &Args, round: usize, figures: &mu
 
 async fn engine_setup(url: &str) -> Duration {
     let t0 = Instant::now();
-    let conn = Connection::open(url, Config::default()).await.expect("the engine connects");
+    let conn = Connection::open(url, Config::default())
+        .await
+        .expect("the engine connects");
     let ch = conn.channel().await.expect("engine channel");
     ch.confirm_select().await.expect("confirm.select");
     let took = t0.elapsed();
@@ -1375,7 +1413,10 @@ pub fn targets(rounds: &[&Round], args: &Args) -> Vec<(String, Vec<f64>, usize)>
                 })
                 .collect()
         };
-        for (who, label) in [(Who::Engine, "engine Connection"), (Who::Api, "API Conn (two connections)")] {
+        for (who, label) in [
+            (Who::Engine, "engine Connection"),
+            (Who::Api, "API Conn (two connections)"),
+        ] {
             target(
                 format!("memory: {label} RSS per idle connection ≤ the smaller peer's"),
                 vs_peers(who, |m| m.connection.rss),
