@@ -446,6 +446,7 @@ pub async fn amqprs_latency(
 pub async fn lapin_many_queues(conn: &lapin::Connection, queues: &[String], counts: &[u64], prefetch: u16) -> Figures {
     use futures_lite::StreamExt;
     use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    let (t0, c0) = (Instant::now(), cpu_time());
     let mut channels = Vec::with_capacity(queues.len());
     for _ in queues {
         let ch = conn.create_channel().await.expect("lapin channel");
@@ -454,7 +455,6 @@ pub async fn lapin_many_queues(conn: &lapin::Connection, queues: &[String], coun
             .expect("lapin basic.qos");
         channels.push(ch);
     }
-    let (t0, c0) = (Instant::now(), cpu_time());
     let mut tasks = tokio::task::JoinSet::new();
     for (i, (ch, queue)) in channels.iter().zip(queues).enumerate() {
         let mut consumer = ch
@@ -498,6 +498,7 @@ pub async fn amqprs_many_queues(
     prefetch: u16,
 ) -> Figures {
     use amqprs::channel::{BasicAckArguments, BasicConsumeArguments, BasicQosArguments};
+    let (t0, c0) = (Instant::now(), cpu_time());
     let mut channels = Vec::with_capacity(queues.len());
     for _ in queues {
         let ch = conn.open_channel(None).await.expect("amqprs channel");
@@ -506,7 +507,6 @@ pub async fn amqprs_many_queues(
             .expect("amqprs basic.qos");
         channels.push(ch);
     }
-    let (t0, c0) = (Instant::now(), cpu_time());
     let mut tasks = tokio::task::JoinSet::new();
     for (i, (ch, queue)) in channels.iter().zip(queues).enumerate() {
         let args = BasicConsumeArguments::new(queue, &format!("peers-amqprs-{i}"))

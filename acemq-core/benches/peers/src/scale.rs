@@ -682,13 +682,13 @@ async fn queues_group(clients: &Clients, args: &Args, round: usize, figures: &mu
 /// each at prefetch [`QUEUE_PREFETCH`], each in a task of its own acking
 /// every delivery.
 async fn engine_many_queues(conn: &Connection, queues: &[String], counts: &[u64]) -> Figures {
+    let (t0, c0) = (Instant::now(), cpu_time());
     let mut channels = Vec::with_capacity(queues.len());
     for _ in queues {
         let ch = conn.channel().await.expect("engine channel");
         ch.qos(QUEUE_PREFETCH).await.expect("basic.qos");
         channels.push(ch);
     }
-    let (t0, c0) = (Instant::now(), cpu_time());
     let mut tasks = tokio::task::JoinSet::new();
     for (i, (ch, queue)) in channels.iter().zip(queues).enumerate() {
         let mut consumer = ch.consume(queue).await.expect("basic.consume");
