@@ -1257,6 +1257,7 @@ fn groups(args: &Args) -> Vec<Group> {
     groups
 }
 
+#[allow(clippy::type_complexity)] // the closures over (row, floor, engine) of a round
 pub fn print(rounds: &[&Round], args: &Args) {
     for group in groups(args) {
         println!();
