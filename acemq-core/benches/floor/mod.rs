@@ -1,5 +1,6 @@
 //! The wire floor: the engine's two scenarios (confirmed publish with a
-//! window of 1000, consume with acks at prefetch 1000, 256-byte bodies)
+//! window of 1000, consume with acks at prefetch 1000, 256-byte bodies;
+//! other windows and body sizes for the peers comparison's large bodies)
 //! driven by the least client there can be. One thread, a blocking socket,
 //! the publish frames encoded once and copied, frames found by their
 //! envelope and only the few bytes that matter read (the ack's tag, the
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use acemq_codec::{
     decode_frame, encode_content, encode_method, BasicConsume, BasicProperties, BasicPublish, BasicQos, ChannelOpen,
     ConfirmSelect, ConnectionClose, ConnectionOpen, ConnectionStartOk, ConnectionTuneOk, FieldTable, Frame, Method,
-    DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_METHOD, PROTOCOL_HEADER,
+    DEFAULT_FRAME_MAX, FRAME_BODY, FRAME_HEADER, FRAME_METHOD, PROTOCOL_HEADER,
 };
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,15 +33,25 @@ use acemq_core::amqp::AmqpUrl;
 
 /// CPU time of this process so far: the total from the scheduler (exact,
 /// nanoseconds, every thread) and the user/system split from the tick-based
-/// accounting (an estimate, in 10 ms ticks), and how many times a thread
-/// was put on a CPU (each one a wakeup and a context switch).
+/// accounting (an estimate, in 10 ms ticks), how many times a thread
+/// was put on a CPU (each one a wakeup and a context switch), and, in a
+/// binary that counts them (see [`ALLOCATIONS`]), the heap allocations
+/// made and their bytes.
 #[derive(Clone, Copy)]
 pub struct Cpu {
     pub total: Duration,
     pub user_ticks: u64,
     pub system_ticks: u64,
     pub runs: u64,
+    pub allocations: u64,
+    pub allocated: u64,
 }
+
+/// Where [`cpu_time`] reads the heap allocations so far (count, bytes):
+/// set by a binary with a counting global allocator (the peers
+/// comparison); unset, both read 0.
+#[allow(dead_code)]
+pub static ALLOCATIONS: std::sync::OnceLock<fn() -> (u64, u64)> = std::sync::OnceLock::new();
 
 impl std::ops::Sub for Cpu {
     type Output = Cpu;
@@ -50,6 +61,8 @@ impl std::ops::Sub for Cpu {
             user_ticks: self.user_ticks.saturating_sub(earlier.user_ticks),
             system_ticks: self.system_ticks.saturating_sub(earlier.system_ticks),
             runs: self.runs.saturating_sub(earlier.runs),
+            allocations: self.allocations.saturating_sub(earlier.allocations),
+            allocated: self.allocated.saturating_sub(earlier.allocated),
         }
     }
 }
@@ -62,6 +75,8 @@ impl std::ops::Add for Cpu {
             user_ticks: self.user_ticks + other.user_ticks,
             system_ticks: self.system_ticks + other.system_ticks,
             runs: self.runs + other.runs,
+            allocations: self.allocations + other.allocations,
+            allocated: self.allocated + other.allocated,
         }
     }
 }
@@ -84,11 +99,14 @@ pub fn cpu_time() -> Cpu {
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let (allocations, allocated) = ALLOCATIONS.get().map_or((0, 0), |read| read());
     Cpu {
         total: Duration::from_nanos(total_ns),
         user_ticks: ticks(11),
         system_ticks: ticks(12),
         runs,
+        allocations,
+        allocated,
     }
 }
 
@@ -212,18 +230,20 @@ impl Wire {
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
-        let mut at = 0;
-        while at < self.out.len() {
-            match self.sock.write(&self.out[at..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => at += n,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => return Err(err),
-            }
-        }
+        write_all(&mut self.sock, &self.out)?;
         self.out.clear();
         Ok(())
+    }
+
+    /// Writes `bytes` from where they are, [`Wire::out`] left alone (on
+    /// the blocking socket, or through `stream`; see [`Wire::waits`]).
+    pub async fn write_by(&mut self, bytes: &[u8], stream: &mut Option<tokio::net::TcpStream>) -> io::Result<()> {
+        let Some(stream) = stream else {
+            return write_all(&mut self.sock, bytes);
+        };
+        tokio::time::timeout(READ_TIMEOUT, stream.write_all(bytes))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
     }
 
     /// Reads from now on retry a non-blocking socket until bytes come
@@ -371,6 +391,22 @@ impl Wire {
     }
 }
 
+/// Writes all of `bytes` to `sock` (spinning while a non-blocking one is
+/// full).
+fn write_all(sock: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < bytes.len() {
+        match sock.write(&bytes[at..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
 /// `ACEMQ_FLOOR_PAUSE_US=N` waits N µs before every read, so that each
 /// read finds more: how far the floor falls when a client trades that
 /// much latency for fewer, larger system calls.
@@ -432,14 +468,44 @@ pub async fn publish(
     name: &'static str,
     waiting: Waiting,
 ) -> io::Result<Figures> {
+    publish_body(addr, queue, messages, window, props, 256, name, waiting).await
+}
+
+/// Bodies from this size up are written from the bytes prepared once, a
+/// message a write, rather than copied into the write buffer to go out
+/// together with others: copying them would cost more than the system
+/// call it saves.
+const WRITE_IN_PLACE: usize = 16 * 1024;
+
+/// [`publish`] with bodies of `body` bytes (split at the frame size the
+/// floor negotiates, [`DEFAULT_FRAME_MAX`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn publish_body(
+    addr: &AmqpUrl,
+    queue: &str,
+    messages: u64,
+    window: u64,
+    props: BasicProperties,
+    body: usize,
+    name: &'static str,
+    waiting: Waiting,
+) -> io::Result<Figures> {
     let mut wire = Wire::open(addr)?;
-    let one = confirm_mode(&mut wire, queue, &props)?;
+    let one = confirm_mode(&mut wire, queue, &props, body)?;
     let mut stream = wire.waits(waiting)?;
     let (mut published, mut confirmed) = (0u64, 0u64);
     let (t0, c0) = (Instant::now(), cpu_time());
     while confirmed < messages {
-        published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
-        wire.flush_by(&mut stream).await?;
+        if body >= WRITE_IN_PLACE {
+            let room = (window - (published - confirmed)).min(messages - published);
+            for _ in 0..room {
+                wire.write_by(&one, &mut stream).await?;
+            }
+            published += room;
+        } else {
+            published += queue_publishes(&mut wire, &one, window, messages, published, confirmed);
+            wire.flush_by(&mut stream).await?;
+        }
         wire.read_by(&mut stream).await?;
         confirmed = take_confirms(&mut wire, confirmed)?;
     }
@@ -450,7 +516,7 @@ pub async fn publish(
 
 /// Puts channel 1 in confirm mode and encodes the one message both
 /// publishes copy.
-fn confirm_mode(wire: &mut Wire, queue: &str, props: &BasicProperties) -> io::Result<BytesMut> {
+fn confirm_mode(wire: &mut Wire, queue: &str, props: &BasicProperties, body: usize) -> io::Result<BytesMut> {
     wire.send(1, ConfirmSelect::default())?;
     wire.expect(|m| matches!(m, Method::ConfirmSelectOk(_)))?;
     let publish = BasicPublish {
@@ -458,7 +524,15 @@ fn confirm_mode(wire: &mut Wire, queue: &str, props: &BasicProperties) -> io::Re
         ..Default::default()
     };
     let mut one = BytesMut::new();
-    encode_content(1, &publish.into(), props, &[b'x'; 256], DEFAULT_FRAME_MAX, &mut one).map_err(io::Error::other)?;
+    encode_content(
+        1,
+        &publish.into(),
+        props,
+        &vec![b'x'; body],
+        DEFAULT_FRAME_MAX,
+        &mut one,
+    )
+    .map_err(io::Error::other)?;
     Ok(one)
 }
 
@@ -487,7 +561,8 @@ fn take_confirms(wire: &mut Wire, mut confirmed: u64) -> io::Result<u64> {
     Ok(confirmed)
 }
 
-/// Consumes `messages` from `queue` at prefetch `prefetch`, answering
+/// Consumes `messages` from `queue` at prefetch `prefetch` (bodies of
+/// any size, in one frame or several), answering
 /// each read with one `basic.ack` with `multiple` for all it brought
 /// (or for more; see [`ack_every`]). Blocking, as [`publish`].
 pub async fn consume(
@@ -540,7 +615,10 @@ fn start_consuming(wire: &mut Wire, queue: &str, prefetch: u16) -> io::Result<()
 /// What a consume has taken and acked so far.
 #[derive(Default)]
 struct Taken {
+    /// Messages whose body has come whole.
     received: u64,
+    /// Bytes of the current message's body still to come.
+    body_left: u64,
     last_tag: u64,
     acked_tag: u64,
 }
@@ -555,8 +633,15 @@ impl Taken {
                 // class, method, then the consumer tag as a shortstr.
                 let tag_len = usize::from(payload[4]);
                 self.last_tag = tag_at(payload, 5 + tag_len);
+            } else if kind == FRAME_HEADER {
+                // class, weight, then the body size.
+                self.body_left = tag_at(payload, 4);
+                self.received += u64::from(self.body_left == 0);
             } else if kind == FRAME_BODY {
-                self.received += 1;
+                // A body may come in several frames: the message is in
+                // when the last of its bytes is.
+                self.body_left = self.body_left.saturating_sub(payload.len() as u64);
+                self.received += u64::from(self.body_left == 0);
             }
         }
         let due = self.last_tag > self.acked_tag + ack_every()

@@ -12,10 +12,15 @@
 //! slice by slice and each client's slices added up (so that the machine's
 //! drift over a group falls on every client alike), `--samples N` (default
 //! 10000, after a warm-up of a tenth as many) per latency row, `--tasks N`
-//! (default 256) for `Publisher::send`, `--only publish|consume|latency`
-//! for one group, `--runtime current|multi` (default `current`).
+//! (default 256) for `Publisher::send`, `--only
+//! publish|consume|latency|large|queues|tasks|memory|setup` for one group,
+//! `--runtime current|multi` (default `current`); for the groups at scale
+//! (`scale.rs`), `--large-mib N` (default 256) MiB of bodies a large-body
+//! row, `--queues N` (default 100), `--publishing-tasks N` (default 1000),
+//! `--idle N` (default 500) idle connections and consumers, `--setups N`
+//! (default 200) connections a set-up row.
 //!
-//! Every body is 256 bytes. All clients run in this one process, one after
+//! Every body but the large ones is 256 bytes. All clients run in this one process, one after
 //! another, on one current-thread tokio runtime (lapin adds its own I/O
 //! thread; its CPU is counted like any other thread's); `--runtime multi`
 //! gives the runtime a worker thread per core instead, for every client.
@@ -54,6 +59,13 @@
 //!    (prefetch 1000, manual acks): publish one message (minimal
 //!    properties), wait until the consumer has it, note the time, ack it,
 //!    repeat. Wire floor, engine, lapin, amqprs.
+//! 4. **At size and scale** (`scale.rs`): large bodies (64 KiB and 1 MiB,
+//!    confirmed publish and consume with ack, 16 MiB in flight; the
+//!    allocations of every row counted by this binary's global allocator,
+//!    `counting.rs`), many queues (a consumer each on one connection), many
+//!    publishing tasks (on a runtime of two workers), memory per idle
+//!    connection, idle consumer and unacked delivery, and connection
+//!    set-up. BENCHMARKS.md describes each.
 //!
 //! # Reading the table
 //!
@@ -81,8 +93,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
 use acemq_codec::{BasicProperties, FieldValue, QueueDeclare, QueueDelete, QueuePurge};
+use acemq_core::amqp::{AmqpUrl, Config, Confirmation, Connection};
 use bytes::Bytes;
 
 /// The wire floor, its CPU accounting and [`floor::Figures`], shared with
@@ -91,9 +103,16 @@ use bytes::Bytes;
 #[path = "../../floor/mod.rs"]
 mod floor;
 
+mod counting;
 mod peers;
+mod scale;
 
 use floor::{cpu_time, Figures};
+
+/// Counts allocations while the large-body and memory groups run (see
+/// `counting.rs`).
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 /// How long one row may take before the run fails.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -114,7 +133,22 @@ struct Args {
     only: Option<String>,
     /// Whether the tokio runtime has worker threads (`--runtime multi`).
     multi_thread: bool,
+    /// MiB of bodies a large-body row moves (`--large-mib`).
+    large_mib: u64,
+    /// Queues of the many-queues group (`--queues`).
+    queues: usize,
+    /// Tasks of the many-publishing-tasks group (`--publishing-tasks`).
+    publishing_tasks: u64,
+    /// Idle connections and idle consumers the memory group opens (`--idle`).
+    idle: usize,
+    /// Connections the set-up group opens per row (`--setups`).
+    setups: usize,
 }
+
+/// The groups `--only` can pick.
+const GROUPS: [&str; 8] = [
+    "publish", "consume", "latency", "large", "queues", "tasks", "memory", "setup",
+];
 
 impl Args {
     fn parse() -> Args {
@@ -126,6 +160,11 @@ impl Args {
             tasks: 256,
             only: None,
             multi_thread: false,
+            large_mib: 256,
+            queues: 100,
+            publishing_tasks: 1000,
+            idle: 500,
+            setups: 200,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -136,10 +175,15 @@ impl Args {
                 "--slices" => args.slices = number(&value()),
                 "--samples" => args.samples = number(&value()),
                 "--tasks" => args.tasks = number(&value()),
+                "--large-mib" => args.large_mib = number(&value()),
+                "--queues" => args.queues = number(&value()),
+                "--publishing-tasks" => args.publishing_tasks = number(&value()),
+                "--idle" => args.idle = number(&value()),
+                "--setups" => args.setups = number(&value()),
                 "--only" => {
                     let group = value();
-                    if !["publish", "consume", "latency"].contains(&group.as_str()) {
-                        usage(&format!("--only {group}: publish, consume or latency"));
+                    if !GROUPS.contains(&group.as_str()) {
+                        usage(&format!("--only {group}: one of {}", GROUPS.join(", ")));
                     }
                     args.only = Some(group);
                 }
@@ -154,6 +198,12 @@ impl Args {
         }
         if args.rounds == 0 || args.messages == 0 || args.samples == 0 || args.tasks == 0 || args.slices == 0 {
             usage("--rounds, --messages, --slices, --samples and --tasks must be positive");
+        }
+        if args.large_mib == 0 || args.queues == 0 || args.publishing_tasks == 0 || args.idle == 0 || args.setups == 0 {
+            usage("--large-mib, --queues, --publishing-tasks, --idle and --setups must be positive");
+        }
+        if args.messages < args.queues as u64 * args.slices {
+            usage("--messages must give every queue of --queues a message in every slice");
         }
         if !args.messages.is_multiple_of(args.slices) {
             usage("--messages must be a multiple of --slices");
@@ -176,7 +226,8 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: acemq-peers [--rounds N] [--messages N] [--samples N] [--tasks N] \
-         [--slices N] [--only publish|consume|latency] [--runtime current|multi]"
+         [--slices N] [--only publish|consume|latency|large|queues|tasks|memory|setup] \
+         [--runtime current|multi] [--large-mib N] [--queues N] [--publishing-tasks N] [--idle N] [--setups N]"
     );
     std::process::exit(2)
 }
@@ -480,20 +531,23 @@ impl Clients {
 /// The engine's confirmed publish: `Channel::publish`, futures of the
 /// confirms kept in a queue of at most [`WINDOW`]. The properties are
 /// cloned for every publish, or shared when given as a `&Arc`; the body
-/// is borrowed, as lapin takes it.
+/// (`body` bytes, made once) is lent as a `&Bytes`. At most `window`
+/// unconfirmed.
 async fn engine_publish(
     conn: &Connection,
     queue: &str,
     messages: u64,
     props: impl acemq_core::amqp::PublishProperties + Clone,
+    body: usize,
+    window: usize,
 ) -> Figures {
     let ch = conn.channel().await.expect("engine channel");
     ch.confirm_select().await.expect("confirm.select");
-    let body = Bytes::from(vec![b'x'; BODY]);
-    let mut in_flight = VecDeque::with_capacity(WINDOW);
+    let body = Bytes::from(vec![b'x'; body]);
+    let mut in_flight = VecDeque::with_capacity(window);
     let (t0, c0) = (Instant::now(), cpu_time());
     for _ in 0..messages {
-        if in_flight.len() == WINDOW {
+        if in_flight.len() == window {
             let confirm: acemq_core::amqp::PublishConfirm = in_flight.pop_front().unwrap();
             assert_eq!(confirm.await.expect("engine confirm"), Confirmation::Ack);
         }
@@ -551,10 +605,11 @@ async fn publisher_send(conn: &acemq_core::Conn, queue: &str, messages: u64, tas
     Figures::since("Publisher::send", messages, t0, c0)
 }
 
-/// The engine's consumer, acking every delivery on its own.
-async fn engine_consume(conn: &Connection, queue: &str, messages: u64) -> Figures {
+/// The engine's consumer at prefetch `prefetch`, acking every delivery
+/// on its own.
+async fn engine_consume(conn: &Connection, queue: &str, messages: u64, prefetch: u16) -> Figures {
     let ch = conn.channel().await.expect("engine channel");
-    ch.qos(WINDOW as u16).await.expect("basic.qos");
+    ch.qos(prefetch).await.expect("basic.qos");
     let (t0, c0) = (Instant::now(), cpu_time());
     let mut consumer = ch.consume(queue).await.expect("basic.consume");
     for _ in 0..messages {
@@ -757,6 +812,8 @@ struct Round {
     /// (group, client, figures)
     rows: Vec<(&'static str, Client, Figures)>,
     latency: Vec<(Client, Latency)>,
+    /// The groups at scale (`scale.rs`).
+    scale: scale::Round,
 }
 
 impl Round {
@@ -827,7 +884,7 @@ const LATENCY_ROWS: [Client; 7] = [
 
 /// `rows` turned by `by`: each round starts with another client, so that no
 /// client always runs first (or last) in a group.
-fn rotated(rows: &[Client], by: usize) -> Vec<Client> {
+fn rotated<C: Copy>(rows: &[C], by: usize) -> Vec<C> {
     let mut rows = rows.to_vec();
     let n = rows.len();
     rows.rotate_left(by % n);
@@ -837,7 +894,7 @@ fn rotated(rows: &[Client], by: usize) -> Vec<Client> {
 /// The order a group's rows run in: `slices` turns, each of every client
 /// once, the order turned from round to round and from slice to slice (with
 /// one slice, [`rotated`] by the round). Each item is (slice, client).
-fn slices(rows: &[Client], round: usize, slices: u64) -> Vec<(u64, Client)> {
+fn slices<C: Copy>(rows: &[C], round: usize, slices: u64) -> Vec<(u64, C)> {
     (0..slices)
         .flat_map(|slice| {
             rotated(rows, round + slice as usize)
@@ -849,11 +906,16 @@ fn slices(rows: &[Client], round: usize, slices: u64) -> Vec<(u64, Client)> {
 
 /// Each client's slices of a group added up, in the order the clients
 /// first ran.
-#[derive(Default)]
-struct Sums(Vec<(Client, Figures)>);
+struct Sums<C>(Vec<(C, Figures)>);
 
-impl Sums {
-    fn add(&mut self, client: Client, f: Figures) {
+impl<C> Default for Sums<C> {
+    fn default() -> Self {
+        Sums(Vec::new())
+    }
+}
+
+impl<C: PartialEq> Sums<C> {
+    fn add(&mut self, client: C, f: Figures) {
         match self.0.iter_mut().find(|(c, _)| *c == client) {
             Some((_, sum)) => {
                 sum.messages += f.messages;
@@ -889,18 +951,26 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                     Client::Engine | Client::EngineReadInterval => {
                         within(
                             &what,
-                            engine_publish(clients.engine(client), queue, messages, properties),
+                            engine_publish(clients.engine(client), queue, messages, properties, BODY, WINDOW),
                         )
                         .await
                     }
                     Client::EngineShared => {
                         // Borrowed: the publish neither clones nor drops the `Arc`.
                         let shared = std::sync::Arc::new(properties);
-                        within(&what, engine_publish(&clients.engine, queue, messages, &shared)).await
+                        within(
+                            &what,
+                            engine_publish(&clients.engine, queue, messages, &shared, BODY, WINDOW),
+                        )
+                        .await
                     }
-                    Client::Lapin => within(&what, peers::lapin_publish(&clients.lapin, queue, messages, props)).await,
+                    Client::Lapin => {
+                        let publish = peers::lapin_publish(&clients.lapin, queue, messages, props, BODY, WINDOW);
+                        within(&what, publish).await
+                    }
                     Client::Amqprs => {
-                        within(&what, peers::amqprs_publish(&clients.amqprs, queue, messages, props)).await
+                        let publish = peers::amqprs_publish(&clients.amqprs, queue, messages, props, BODY, WINDOW);
+                        within(&what, publish).await
                     }
                     Client::BeginSend => within(&what, publisher_window(&clients.api, queue, messages)).await,
                     Client::Send => within(&what, publisher_send(&clients.api, queue, messages, args.tasks)).await,
@@ -932,10 +1002,23 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
                         .unwrap_or_else(|err| panic!("{what}: {err}"))
                 }
                 Client::Engine | Client::EngineReadInterval => {
-                    within(&what, engine_consume(clients.engine(client), queue, messages)).await
+                    let consume = engine_consume(clients.engine(client), queue, messages, WINDOW as u16);
+                    within(&what, consume).await
                 }
-                Client::Lapin => within(&what, peers::lapin_consume(&clients.lapin, queue, messages)).await,
-                Client::Amqprs => within(&what, peers::amqprs_consume(&clients.amqprs, queue, messages)).await,
+                Client::Lapin => {
+                    within(
+                        &what,
+                        peers::lapin_consume(&clients.lapin, queue, messages, WINDOW as u16),
+                    )
+                    .await
+                }
+                Client::Amqprs => {
+                    within(
+                        &what,
+                        peers::amqprs_consume(&clients.amqprs, queue, messages, WINDOW as u16),
+                    )
+                    .await
+                }
                 Client::ApiConsume => within(&what, api_consume(&clients.api, queue, messages)).await,
                 _ => unreachable!(),
             };
@@ -949,7 +1032,13 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
     }
     if args.runs("latency") {
         let (warmup, samples) = (args.samples.div_ceil(10), args.samples);
+        // `ACEMQ_PEERS_LATENCY_ROW=Engine` (a row's name as `Client`
+        // spells it) runs that row alone, for profiling.
+        let only = std::env::var("ACEMQ_PEERS_LATENCY_ROW").ok();
         for client in rotated(&LATENCY_ROWS, round) {
+            if only.as_ref().is_some_and(|only| *only != format!("{client:?}")) {
+                continue;
+            }
             let what = format!("{} (latency)", client.name(args.tasks));
             let latency = match client {
                 Client::Floor | Client::FloorSpinning => {
@@ -966,16 +1055,19 @@ async fn run_round(clients: &Clients, args: &Args, round: usize) -> Round {
             };
             clients.purge().await;
             eprintln!(
-                "round {} | latency | {:<36} p50 {:>7.1} µs  p99 {:>7.1} µs  max {:>8.1} µs",
+                "round {} | latency | {:<36} p50 {:>7.1} µs  p90 {:>7.1} µs  p99 {:>7.1} µs  p99.9 {:>7.1} µs  max {:>8.1} µs",
                 round + 1,
                 client.name(args.tasks),
                 micros(latency.percentile(50)),
+                micros(latency.percentile(90)),
                 micros(latency.percentile(99)),
+                micros(latency.samples[(latency.samples.len() * 999 / 1000).min(latency.samples.len() - 1)]),
                 micros(*latency.samples.last().unwrap()),
             );
             figures.latency.push((client, latency));
         }
     }
+    figures.scale = scale::run_round(clients, args, round).await;
     figures
 }
 
@@ -1025,11 +1117,12 @@ fn print_table(rounds: &[Round], args: &Args) {
     println!();
     println!(
         "{} round(s), {} messages per row ({} slice(s), the clients taking turns), {}-byte bodies, \
-         window/prefetch {WINDOW}, {} tokio runtime; min–max over rounds",
+         window/prefetch {WINDOW} (large bodies: {} MiB a row, 16 MiB in flight), {} tokio runtime; min–max over rounds",
         rounds.len(),
         args.messages,
         args.slices,
         BODY,
+        args.large_mib,
         if args.multi_thread {
             "multi-thread"
         } else {
@@ -1108,6 +1201,8 @@ fn print_table(rounds: &[Round], args: &Args) {
             );
         }
     }
+    let scale: Vec<&scale::Round> = rounds.iter().map(|r| &r.scale).collect();
+    scale::print(&scale, args);
     print_targets(rounds, args);
 }
 
@@ -1218,6 +1313,8 @@ fn print_targets(rounds: &[Round], args: &Args) {
             }
         }
     }
+    let scale: Vec<&scale::Round> = rounds.iter().map(|r| &r.scale).collect();
+    lines.extend(scale::targets(&scale, args));
     println!();
     println!("targets (each a ratio against a reference measured in the same run): per-round ratios, median (min–max), rounds that met the target");
     for (what, values, ok) in lines {
@@ -1276,6 +1373,9 @@ fn median(values: &[f64]) -> f64 {
 
 fn main() {
     let args = Args::parse();
+    floor::ALLOCATIONS
+        .set(counting::read)
+        .expect("the allocation counter is set once");
     let url = std::env::var("ACEMQ_RABBITMQ_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into());
     let runtime = if args.multi_thread {
         tokio::runtime::Builder::new_multi_thread()
