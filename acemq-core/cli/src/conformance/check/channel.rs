@@ -155,9 +155,12 @@ pub(crate) fn checks() -> Vec<Check> {
             confirm_after_tx
         ),
         check!(
-            "channel.exchange.unknown-type-503",
-            "exchange.declare of an unknown type closes the connection with 503",
-            Expect::Both("connection.close 503 COMMAND_INVALID"),
+            "channel.exchange.unknown-type",
+            "exchange.declare of an unknown type: 3.10 closes the connection with 503, 4.0 the channel with 406",
+            Expect::Each {
+                v3_10: Some("connection.close 503 COMMAND_INVALID"),
+                v4_0: Some(PRECONDITION),
+            },
             unknown_exchange_type
         ),
         check!(

@@ -38,6 +38,12 @@ pub(crate) fn checks() -> Vec<Check> {
             max_priority
         ),
         check!(
+            "quorum.global-qos-540",
+            "basic.consume from a quorum queue under a global basic.qos closes the connection with 540",
+            Expect::Both("connection.close 540 NOT_IMPLEMENTED"),
+            global_qos
+        ),
+        check!(
             "quorum.delivery-count-first-get",
             "x-delivery-count on a message's first basic.get: 0 on 3.10, absent on 4.0",
             Expect::Each {
@@ -120,6 +126,26 @@ async fn max_priority(cx: Ctx) -> Step<Obs> {
         q
     })
     .await
+}
+
+async fn global_qos(cx: Ctx) -> Step<Obs> {
+    let mut w = with_quorum(&cx).await?;
+    let q = cx.queue("q");
+    w.call(1, quorum(&q)).await?;
+    w.call(
+        1,
+        acemq_codec::BasicQos {
+            prefetch_count: 10,
+            global: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let consume = acemq_codec::BasicConsume {
+        queue: q.as_str().into(),
+        ..Default::default()
+    };
+    answer(w.call(1, consume).await)
 }
 
 fn delivery_count(m: &super::wire::In) -> String {

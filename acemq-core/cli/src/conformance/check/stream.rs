@@ -13,6 +13,7 @@ use super::wire::{In, Wire};
 use super::{answer, args, check, Check, Ctx, Expect, Got, Obs, Step};
 
 const PRECONDITION: &str = "channel.close 406 PRECONDITION_FAILED";
+const NOT_IMPLEMENTED: &str = "connection.close 540 NOT_IMPLEMENTED";
 
 pub(crate) fn checks() -> Vec<Check> {
     vec![
@@ -29,16 +30,28 @@ pub(crate) fn checks() -> Vec<Check> {
             consume_without_prefetch
         ),
         check!(
-            "stream.consume-no-ack-406",
-            "basic.consume from a stream with no-ack is refused with 406",
-            Expect::Both(PRECONDITION),
+            "stream.consume-no-ack-540",
+            "basic.consume from a stream with no-ack closes the connection with 540",
+            Expect::Both(NOT_IMPLEMENTED),
             consume_no_ack
         ),
         check!(
-            "stream.get-refused",
-            "basic.get from a stream is refused",
-            Expect::Both("channel.close 540 NOT_IMPLEMENTED"),
+            "stream.get-540",
+            "basic.get from a stream closes the connection with 540",
+            Expect::Both(NOT_IMPLEMENTED),
             get_refused
+        ),
+        check!(
+            "stream.purge-540",
+            "queue.purge of a stream closes the connection with 540",
+            Expect::Both(NOT_IMPLEMENTED),
+            purge
+        ),
+        check!(
+            "stream.global-qos-540",
+            "basic.consume from a stream under a global basic.qos closes the connection with 540",
+            Expect::Both(NOT_IMPLEMENTED),
+            global_qos
         ),
         check!(
             "stream.offset-first",
@@ -190,6 +203,33 @@ async fn get_refused(cx: Ctx) -> Step<Obs> {
         ..Default::default()
     };
     answer(w.call(1, get).await)
+}
+
+async fn purge(cx: Ctx) -> Step<Obs> {
+    let (mut w, q) = with_stream(&cx).await?;
+    let purge = acemq_codec::QueuePurge {
+        queue: q.as_str().into(),
+        ..Default::default()
+    };
+    answer(w.call(1, purge).await)
+}
+
+async fn global_qos(cx: Ctx) -> Step<Obs> {
+    let (mut w, q) = with_stream(&cx).await?;
+    w.call(
+        1,
+        BasicQos {
+            prefetch_count: 10,
+            global: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let consume = BasicConsume {
+        queue: q.as_str().into(),
+        ..Default::default()
+    };
+    answer(w.call(1, consume).await)
 }
 
 async fn offset_first(cx: Ctx) -> Step<Obs> {

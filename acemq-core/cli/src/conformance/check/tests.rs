@@ -177,3 +177,23 @@ fn only_selects_by_substring() {
     let s = selected(&o);
     assert!(!s.is_empty() && s.iter().all(|c| c.id.contains("quorum.")));
 }
+
+#[test]
+fn the_readme_lists_every_check_and_no_other() {
+    let readme = include_str!("../../../README.md");
+    let start = readme.find("### The checks").expect("README.md has a list of the checks");
+    let list = &readme[start..];
+    let end = list.find("\n## ").unwrap_or(list.len());
+    let listed: Vec<(&str, &str)> = list[..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("- `"))
+        .filter_map(|l| l.split_once("`: "))
+        .collect();
+    let all = catalogue();
+    let ids: Vec<&str> = all.iter().map(|c| c.id).collect();
+    let in_readme: Vec<&str> = listed.iter().map(|(id, _)| *id).collect();
+    assert_eq!(in_readme, ids, "README.md's list of checks is not the catalogue, in order");
+    for (c, (_, description)) in all.iter().zip(&listed) {
+        assert_eq!(*description, c.description, "README.md describes {} otherwise", c.id);
+    }
+}
