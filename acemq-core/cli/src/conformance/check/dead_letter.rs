@@ -44,7 +44,7 @@ pub(crate) fn checks() -> Vec<Check> {
             "a message past its expiration is dead-lettered with reason expired and original-expiration, its expiration removed",
             Expect::Both(
                 "x-death [reason=expired count=1 queue=<source> exchange=\"\" routing-keys=[<source>] \
-                 original-expiration=\"10\"]; x-first-death reason=expired queue=<source> exchange=\"\"; \
+                 original-expiration=10]; x-first-death reason=expired queue=<source> exchange=\"\"; \
                  expiration property absent"
             ),
             expired_message_ttl
@@ -63,7 +63,7 @@ pub(crate) fn checks() -> Vec<Check> {
             "a message rejected around a cycle A→B→A→B: one x-death entry per queue and reason, A's count 2, newest first",
             Expect::Both(
                 "x-death [reason=rejected count=2 queue=<a> exchange=\"\" routing-keys=[<a>]] \
-                 [reason=rejected count=1 queue=<b> exchange=\"\" routing-keys=[<a>]]; \
+                 [reason=rejected count=1 queue=<b> exchange=\"\" routing-keys=[<b>]]; \
                  x-first-death reason=rejected queue=<a> exchange=\"\""
             ),
             cycle_count
@@ -129,7 +129,10 @@ fn text(v: Option<&FieldValue>, names: &[(&str, &str)]) -> String {
             names
                 .iter()
                 .find(|(real, _)| *real == s)
-                .map_or_else(|| format!("{s:?}"), |(_, shown)| shown.to_string())
+                .map_or_else(
+                    || if s.is_empty() { "\"\"".to_string() } else { s.into_owned() },
+                    |(_, shown)| shown.to_string(),
+                )
         }
         Some(FieldValue::Array(a)) => list(a, names),
         Some(other) => other.as_i64().map_or_else(|| format!("{other:?}"), |n| n.to_string()),

@@ -20,8 +20,11 @@ pub(crate) fn checks() -> Vec<Check> {
         ),
         check!(
             "handshake.protocol-header.not-amqp",
-            "bytes that are not an AMQP header are answered with AMQP 0-9-1's, then the socket closes",
-            Expect::Both("protocol header AMQP 0-9-1, then socket closed"),
+            "bytes that are not an AMQP header are answered with a protocol header (3.10: 0-9-1's, 4.0: AMQP 1.0 SASL's), then the socket closes",
+            Expect::Each {
+                v3_10: Some("protocol header AMQP 0-9-1, then socket closed"),
+                v4_0: Some("protocol header AMQP 1.0 SASL, then socket closed"),
+            },
             not_amqp
         ),
         check!(
@@ -130,6 +133,8 @@ async fn header_answer(cx: &Ctx, header: &[u8]) -> Step<Obs> {
     let got = w.read_bytes(8).await;
     let first = if got == PROTOCOL_HEADER {
         "protocol header AMQP 0-9-1".to_string()
+    } else if got == b"AMQP\x03\x01\x00\x00" {
+        "protocol header AMQP 1.0 SASL".to_string()
     } else if got.is_empty() {
         "nothing".to_string()
     } else {

@@ -153,7 +153,8 @@ impl Expect {
     }
 }
 
-type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Step<Obs>> + Send>>;
+/// What a check's body is: a boxed future of its observation.
+pub(crate) type CheckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step<Obs>> + Send>>;
 
 /// One named check of the catalogue.
 #[derive(Clone, Copy)]
@@ -166,7 +167,7 @@ pub struct Check {
     pub description: &'static str,
     /// The reply expected of each version.
     pub expect: Expect,
-    run: fn(Ctx) -> Future,
+    run: fn(Ctx) -> CheckFuture,
 }
 
 impl std::fmt::Debug for Check {
@@ -178,14 +179,17 @@ impl std::fmt::Debug for Check {
 /// Declares a check: `check!(id, description, expect, async fn)`.
 macro_rules! check {
     ($id:literal, $desc:literal, $expect:expr, $run:path) => {
-        $crate::conformance::check::Check::new($id, $desc, $expect, |cx| Box::pin($run(cx)))
+        $crate::conformance::check::Check::new($id, $desc, $expect, |cx| {
+            let run: $crate::conformance::check::CheckFuture = Box::pin($run(cx));
+            run
+        })
     };
 }
 pub(crate) use check;
 
 impl Check {
     /// A check; its section is the id's first word.
-    pub(crate) fn new(id: &'static str, description: &'static str, expect: Expect, run: fn(Ctx) -> Future) -> Check {
+    pub(crate) fn new(id: &'static str, description: &'static str, expect: Expect, run: fn(Ctx) -> CheckFuture) -> Check {
         let section = id.split('.').next().unwrap_or(id);
         Check {
             id,
@@ -249,7 +253,6 @@ pub(crate) struct Ctx(Arc<CtxInner>);
 
 struct CtxInner {
     target: Target,
-    version: Version,
     id: &'static str,
     run_id: String,
     queues: Mutex<Vec<String>>,
@@ -257,10 +260,9 @@ struct CtxInner {
 }
 
 impl Ctx {
-    fn new(target: Target, version: Version, id: &'static str, run_id: String) -> Ctx {
+    fn new(target: Target, id: &'static str, run_id: String) -> Ctx {
         Ctx(Arc::new(CtxInner {
             target,
-            version,
             id,
             run_id,
             queues: Mutex::new(Vec::new()),
@@ -270,10 +272,6 @@ impl Ctx {
 
     pub fn target(&self) -> &Target {
         &self.0.target
-    }
-
-    pub fn version(&self) -> Version {
-        self.0.version
     }
 
     /// A name of this check's own (not recorded for deletion).
@@ -482,7 +480,10 @@ fn other(version: Version) -> Version {
 
 /// Why the broker could not be checked at all.
 #[derive(Debug, Clone)]
-pub struct Unreachable(pub String);
+pub struct Unreachable(
+    /// What happened.
+    pub String,
+);
 
 /// Opens one connection to see that the broker is there and lets us in;
 /// returns its `product` and `version` server properties.
@@ -529,7 +530,7 @@ pub async fn run(target: &Target, broker: String, options: &Options) -> Report {
     let mut tasks = tokio::task::JoinSet::new();
     for (index, check) in checks.iter().copied().enumerate() {
         let permits = permits.clone();
-        let cx = Ctx::new(target.clone(), options.version, check.id, run_id.clone());
+        let cx = Ctx::new(target.clone(), check.id, run_id.clone());
         let (version, deadline) = (options.version, options.deadline);
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;

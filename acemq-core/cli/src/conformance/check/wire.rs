@@ -89,8 +89,6 @@ pub(crate) struct Wire {
     pub start: Option<acemq_codec::ConnectionStart>,
     /// `connection.tune` as the broker sent it.
     pub tune: Option<acemq_codec::ConnectionTune>,
-    /// Heartbeat frames seen.
-    pub heartbeats: usize,
     /// Set once the broker closed the connection (or it went away).
     pub closed: Option<Obs>,
 }
@@ -116,7 +114,6 @@ impl Wire {
             channel_max: 0,
             start: None,
             tune: None,
-            heartbeats: 0,
             closed: None,
         })
     }
@@ -204,13 +201,41 @@ impl Wire {
         }
     }
 
-    /// Writes `bytes` as they are.
+    /// Writes `bytes` as they are. A write the broker refuses (it closed
+    /// the socket) is what the broker said before it closed, if anything.
     pub async fn send_bytes(&mut self, bytes: &[u8]) -> Step<()> {
-        self.stream
-            .write_all(bytes)
-            .await
-            .map_err(|e| self.closed.clone().unwrap_or_else(|| Obs::new(format!("write failed: {e}"))))
-            .map_err(Got::Saw)
+        let written = self.stream.write_all(bytes).await;
+        match written {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Some(obs) = self.closed.clone() {
+                    return Err(Got::Saw(obs));
+                }
+                let said = self.why_closed().await;
+                Err(Got::Saw(
+                    said.unwrap_or_else(|| Obs::with_text(CLOSED_SILENTLY, &format!("write failed: {e}"))),
+                ))
+            }
+        }
+    }
+
+    /// The `connection.close` the broker sent before the socket ended, if
+    /// it did (read for at most a second).
+    async fn why_closed(&mut self) -> Option<Obs> {
+        let read = async {
+            loop {
+                match self.read_frame().await {
+                    Ok(Frame::Method(0, Method::ConnectionClose(c))) => {
+                        let obs = close_obs("connection.close", c.reply_code, &c.reply_text.to_string_lossy());
+                        self.closed = Some(obs.clone());
+                        return Some(obs);
+                    }
+                    Ok(_) => {}
+                    Err(_) => return None,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(1), read).await.ok().flatten()
     }
 
     /// Writes one method frame.
@@ -261,7 +286,9 @@ impl Wire {
     /// error); methods on other channels stay in the inbox.
     pub async fn next_on(&mut self, ch: u16) -> Step<In> {
         loop {
-            if let Some(i) = self.inbox.iter().position(|m| m.ch == ch) {
+            // A connection.close ends every wait, whatever the channel.
+            let wanted = |m: &In| m.ch == ch || matches!(m.method, Method::ConnectionClose(_));
+            if let Some(i) = self.inbox.iter().position(wanted) {
                 let m = self.inbox.remove(i).expect("a position in the inbox");
                 return self.screen(m).await;
             }
@@ -337,10 +364,7 @@ impl Wire {
     async fn read_one(&mut self) -> Step<()> {
         let frame = self.read_frame().await?;
         let (ch, method) = match frame {
-            Frame::Heartbeat => {
-                self.heartbeats += 1;
-                return Ok(());
-            }
+            Frame::Heartbeat => return Ok(()),
             Frame::Method(ch, method) => (ch, method),
             other => {
                 return Err(Got::saw(format!(
@@ -362,7 +386,7 @@ impl Wire {
                     other => return Err(Got::saw(format!("a {} frame inside a body", kind(&other)))),
                 }
             }
-            Some((BasicProperties::clone(&header.properties), body))
+            Some((header.properties.into_basic(), body))
         } else {
             None
         };
