@@ -223,7 +223,11 @@ impl Session {
                         // after `AMQP`, and anything on 3.10, with 0-9-1's.
                         let amqp_1_0 = machine.config().rabbitmq_version.is_4() && !buf.starts_with(b"AMQP");
                         if let Some(conn) = machine.conns.get_mut(&self.id) {
-                            conn.out.put_slice(if amqp_1_0 { b"AMQP\x03\x01\x00\x00" } else { &PROTOCOL_HEADER });
+                            conn.out.put_slice(if amqp_1_0 {
+                                b"AMQP\x03\x01\x00\x00"
+                            } else {
+                                &PROTOCOL_HEADER
+                            });
                         }
                         self.fate = Fate::Close;
                     }

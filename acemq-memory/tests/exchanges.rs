@@ -334,7 +334,12 @@ async fn an_unknown_exchange_type_closes_the_connection_with_503_on_3_10_and_the
                 assert!(matches!(reply, Method::ChannelClose(_)), "{reply:?}");
                 assert_eq!(
                     close_of(&reply),
-                    (406, "PRECONDITION_FAILED - unknown exchange type 'x-odd'".into(), 40, 10)
+                    (
+                        406,
+                        "PRECONDITION_FAILED - unknown exchange type 'x-odd'".into(),
+                        40,
+                        10
+                    )
                 );
             } else {
                 assert!(matches!(reply, Method::ConnectionClose(_)), "{reply:?}");

@@ -185,7 +185,12 @@ fn failures(report: &Value) -> Vec<String> {
         .expect("checks")
         .iter()
         .filter(|c| c["verdict"] == "fail")
-        .map(|c| format!("{}: expected {}, got {} ({})", c["id"], c["expected"], c["got"], c["text"]))
+        .map(|c| {
+            format!(
+                "{}: expected {}, got {} ({})",
+                c["id"], c["expected"], c["got"], c["text"]
+            )
+        })
         .collect()
 }
 
@@ -448,7 +453,12 @@ fn an_unreachable_or_refusing_broker_is_exit_code_3_and_a_bad_command_line_2() {
 
             let broker = Broker::new(BrokerConfig::for_version(RabbitMqVersion::V4_0));
             let addr = broker.listen_tcp("127.0.0.1:0").await.unwrap();
-            let run = acemq(&["conformance", "check", &format!("amqp://guest:not-the-password@{addr}/")]).await;
+            let run = acemq(&[
+                "conformance",
+                "check",
+                &format!("amqp://guest:not-the-password@{addr}/"),
+            ])
+            .await;
             assert_eq!(run.code, Some(3), "{run:?}");
             assert!(!run.stderr.contains("not-the-password"), "{run:?}");
 

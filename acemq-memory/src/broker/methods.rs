@@ -589,9 +589,8 @@ impl BrokerMachine {
         // A global prefetch (RabbitMQ's channel limiter) is classic queues'
         // only: a quorum queue refuses the consumer at once, a stream after
         // its own checks below.
-        let global_qos_refused = || {
-            AmqpError::not_implemented(format!("{} does not support global qos", rs_queue(&queue, vhost)))
-        };
+        let global_qos_refused =
+            || AmqpError::not_implemented(format!("{} does not support global qos", rs_queue(&queue, vhost)));
         if global_prefetch > 0 && q.settings.kind == QueueKind::Quorum {
             return Err(global_qos_refused());
         }

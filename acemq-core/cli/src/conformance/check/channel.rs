@@ -314,8 +314,15 @@ async fn ack_unknown_tag(cx: Ctx) -> Step<Obs> {
 /// until a passive declare counts them (the publishes are asynchronous).
 pub(crate) async fn fill(w: &mut Wire, ch: u16, q: &str, n: u32) -> Step<()> {
     for i in 0..n {
-        w.publish(ch, "", q, false, BasicProperties::default(), format!("m{}", i + 1).as_bytes())
-            .await?;
+        w.publish(
+            ch,
+            "",
+            q,
+            false,
+            BasicProperties::default(),
+            format!("m{}", i + 1).as_bytes(),
+        )
+        .await?;
     }
     for _ in 0..100 {
         let probe = QueueDeclare {

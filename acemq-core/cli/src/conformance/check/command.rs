@@ -74,7 +74,8 @@ pub async fn command(args: &CheckArgs, url: &AmqpUrl) -> Output {
     if url.tls {
         return Output::stop(
             2,
-            "conformance check speaks plain amqp:// only (its raw frames go over TCP); amqps:// is not supported".into(),
+            "conformance check speaks plain amqp:// only (its raw frames go over TCP); amqps:// is not supported"
+                .into(),
         );
     }
     let Some((host, port)) = url.hosts.first().cloned() else {
@@ -101,7 +102,11 @@ pub async fn command(args: &CheckArgs, url: &AmqpUrl) -> Output {
     let broker = format!("{product} {release}").trim().to_string();
     let report = run(&target, broker, &options).await;
     Output {
-        stdout: if args.json { json(&report) + "\n" } else { table(&report) },
+        stdout: if args.json {
+            json(&report) + "\n"
+        } else {
+            table(&report)
+        },
         stderr: None,
         code: exit_code(&report),
     }

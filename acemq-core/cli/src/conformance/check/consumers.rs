@@ -133,7 +133,9 @@ async fn server_named_tag(cx: Ctx) -> Step<Obs> {
         Ok(Method::BasicConsumeOk(ok)) if ok.consumer_tag.as_bytes().starts_with(b"amq.ctag-") => {
             Obs::new("consume-ok with an amq.ctag- tag")
         }
-        Ok(Method::BasicConsumeOk(ok)) => Obs::new(format!("consume-ok with tag {:?}", ok.consumer_tag.to_string_lossy())),
+        Ok(Method::BasicConsumeOk(ok)) => {
+            Obs::new(format!("consume-ok with tag {:?}", ok.consumer_tag.to_string_lossy()))
+        }
         other => answer(other)?,
     })
 }
@@ -213,7 +215,11 @@ async fn redelivered_after_close(cx: Ctx) -> Step<Obs> {
     Ok(Obs::new(format!(
         "{} {}",
         body(&m),
-        if redelivered(&m) { "redelivered" } else { "not redelivered" }
+        if redelivered(&m) {
+            "redelivered"
+        } else {
+            "not redelivered"
+        }
     )))
 }
 
@@ -231,6 +237,10 @@ async fn recover_requeue(cx: Ctx) -> Step<Obs> {
     Ok(Obs::new(format!(
         "basic.recover-ok, then {} {}",
         body(&m),
-        if redelivered(&m) { "redelivered" } else { "not redelivered" }
+        if redelivered(&m) {
+            "redelivered"
+        } else {
+            "not redelivered"
+        }
     )))
 }

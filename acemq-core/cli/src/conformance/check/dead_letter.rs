@@ -118,7 +118,9 @@ pub(crate) async fn arrival(w: &mut Wire, ch: u16, q: &str) -> Step<In> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Err(Got::saw(format!("nothing dead-lettered within 3 s (queue {q} stayed empty)")))
+    Err(Got::saw(format!(
+        "nothing dead-lettered within 3 s (queue {q} stayed empty)"
+    )))
 }
 
 fn text(v: Option<&FieldValue>, names: &[(&str, &str)]) -> String {
@@ -126,13 +128,16 @@ fn text(v: Option<&FieldValue>, names: &[(&str, &str)]) -> String {
         None => "absent".into(),
         Some(FieldValue::LongString(s)) => {
             let s = s.to_string_lossy();
-            names
-                .iter()
-                .find(|(real, _)| *real == s)
-                .map_or_else(
-                    || if s.is_empty() { "\"\"".to_string() } else { s.into_owned() },
-                    |(_, shown)| shown.to_string(),
-                )
+            names.iter().find(|(real, _)| *real == s).map_or_else(
+                || {
+                    if s.is_empty() {
+                        "\"\"".to_string()
+                    } else {
+                        s.into_owned()
+                    }
+                },
+                |(_, shown)| shown.to_string(),
+            )
         }
         Some(FieldValue::Array(a)) => list(a, names),
         Some(other) => other.as_i64().map_or_else(|| format!("{other:?}"), |n| n.to_string()),

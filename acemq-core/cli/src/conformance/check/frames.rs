@@ -183,7 +183,11 @@ async fn payload_over_limit(cx: Ctx) -> Step<Obs> {
 
 async fn bad_frame_end(cx: Ctx) -> Step<Obs> {
     let mut w = cx.open().await?;
-    then(&mut w, &raw_frame(FRAME_METHOD, 1, &method_payload(ChannelOpen::default()), 0)).await
+    then(
+        &mut w,
+        &raw_frame(FRAME_METHOD, 1, &method_payload(ChannelOpen::default()), 0),
+    )
+    .await
 }
 
 async fn unknown_frame_type(cx: Ctx) -> Step<Obs> {
@@ -289,7 +293,12 @@ async fn body_overrun(cx: Ctx) -> Step<Obs> {
     let mut w = small(&cx, true).await?;
     let mut bytes = publish_head(&cx, 10);
     bytes.extend_from_slice(&body_frame(1, 20));
-    bytes.extend_from_slice(&raw_frame(FRAME_METHOD, 1, &method_payload(acemq_codec::BasicQos::default()), FRAME_END));
+    bytes.extend_from_slice(&raw_frame(
+        FRAME_METHOD,
+        1,
+        &method_payload(acemq_codec::BasicQos::default()),
+        FRAME_END,
+    ));
     then(&mut w, &bytes).await
 }
 

@@ -74,7 +74,9 @@ impl std::str::FromStr for Version {
         match s.trim() {
             "3.10" => Ok(Version::V3_10),
             "4.0" => Ok(Version::V4_0),
-            other => Err(format!("{other:?} is not a RabbitMQ version this catalogue knows (3.10 or 4.0)")),
+            other => Err(format!(
+                "{other:?} is not a RabbitMQ version this catalogue knows (3.10 or 4.0)"
+            )),
         }
     }
 }
@@ -189,7 +191,12 @@ pub(crate) use check;
 
 impl Check {
     /// A check; its section is the id's first word.
-    pub(crate) fn new(id: &'static str, description: &'static str, expect: Expect, run: fn(Ctx) -> CheckFuture) -> Check {
+    pub(crate) fn new(
+        id: &'static str,
+        description: &'static str,
+        expect: Expect,
+        run: fn(Ctx) -> CheckFuture,
+    ) -> Check {
         let section = id.split('.').next().unwrap_or(id);
         Check {
             id,
@@ -443,7 +450,11 @@ impl Report {
     /// Checks passed, failed, not applicable.
     pub fn totals(&self) -> (usize, usize, usize) {
         let count = |v| self.outcomes.iter().filter(|o| o.verdict == v).count();
-        (count(Verdict::Pass), count(Verdict::Fail), count(Verdict::NotApplicable))
+        (
+            count(Verdict::Pass),
+            count(Verdict::Fail),
+            count(Verdict::NotApplicable),
+        )
     }
 }
 
@@ -490,7 +501,12 @@ pub struct Unreachable(
 pub async fn probe(target: &Target, deadline: Duration) -> Result<(String, String), Unreachable> {
     let opened = tokio::time::timeout(deadline, Wire::open(target, &Hello::default())).await;
     let w = match opened {
-        Err(_) => return Err(Unreachable(format!("{target}: no handshake within {}s", deadline.as_secs()))),
+        Err(_) => {
+            return Err(Unreachable(format!(
+                "{target}: no handshake within {}s",
+                deadline.as_secs()
+            )))
+        }
         Ok(Err(Got::Saw(obs))) => {
             let text = obs.text.map(|t| format!(" ({t})")).unwrap_or_default();
             return Err(Unreachable(format!("{target}: {}{text}", obs.summary)));
@@ -498,7 +514,11 @@ pub async fn probe(target: &Target, deadline: Duration) -> Result<(String, Strin
         Ok(Err(Got::NotApplicable(why))) => return Err(Unreachable(why)),
         Ok(Ok(w)) => w,
     };
-    let props = w.start.as_ref().map(|s| s.server_properties.clone()).unwrap_or_default();
+    let props = w
+        .start
+        .as_ref()
+        .map(|s| s.server_properties.clone())
+        .unwrap_or_default();
     let text = |k: &str| props.get(k).and_then(FieldValue::as_str).unwrap_or("").to_string();
     w.close().await;
     Ok((text("product"), text("version")))

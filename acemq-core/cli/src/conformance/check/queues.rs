@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use acemq_codec::{BasicCancel, BasicConsume, BasicProperties, FieldValue, Method, QueueDeclare, QueueDelete, QueuePurge};
+use acemq_codec::{
+    BasicCancel, BasicConsume, BasicProperties, FieldValue, Method, QueueDeclare, QueueDelete, QueuePurge,
+};
 
 use super::channel::{fill, get, queue};
 use super::wire::In;
@@ -133,7 +135,9 @@ async fn exclusive_deleted(cx: Ctx) -> Step<Obs> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(Obs::new("queue.declare-ok (still there 2 s after its connection closed)"))
+    Ok(Obs::new(
+        "queue.declare-ok (still there 2 s after its connection closed)",
+    ))
 }
 
 async fn auto_delete(cx: Ctx) -> Step<Obs> {
@@ -169,7 +173,9 @@ async fn auto_delete(cx: Ctx) -> Step<Obs> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(Obs::new("queue.declare-ok (still there 2 s after its last consumer went)"))
+    Ok(Obs::new(
+        "queue.declare-ok (still there 2 s after its last consumer went)",
+    ))
 }
 
 async fn x_expires(cx: Ctx) -> Step<Obs> {
@@ -233,7 +239,11 @@ async fn max_length(cx: Ctx) -> Step<Obs> {
     w.call(1, passive(&q)).await?;
     let mut bodies = Vec::new();
     while let Some(m) = get(&mut w, 1, &q).await? {
-        bodies.push(m.content.map(|(_, b)| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default());
+        bodies.push(
+            m.content
+                .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default(),
+        );
         if bodies.len() > 3 {
             break;
         }

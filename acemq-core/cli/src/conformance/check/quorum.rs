@@ -151,7 +151,10 @@ async fn global_qos(cx: Ctx) -> Step<Obs> {
 fn delivery_count(m: &super::wire::In) -> String {
     match m.headers().and_then(|h| h.get("x-delivery-count")) {
         None => "no x-delivery-count".into(),
-        Some(v) => format!("x-delivery-count {}", v.as_i64().map_or_else(|| format!("{v:?}"), |n| n.to_string())),
+        Some(v) => format!(
+            "x-delivery-count {}",
+            v.as_i64().map_or_else(|| format!("{v:?}"), |n| n.to_string())
+        ),
     }
 }
 

@@ -312,10 +312,8 @@ async fn delivery_mode(cx: Ctx) -> Step<Obs> {
     publish_confirmed(&mut w, &q, &["m1"], BasicProperties::default()).await?;
     subscribe(&mut w, &q, "first").await?;
     let m = delivery(&mut w).await?;
-    Ok(Obs::new(
-        match m.content.as_ref().and_then(|(p, _)| p.delivery_mode) {
-            None => "delivery_mode absent".to_string(),
-            Some(d) => format!("delivery_mode {d}"),
-        },
-    ))
+    Ok(Obs::new(match m.content.as_ref().and_then(|(p, _)| p.delivery_mode) {
+        None => "delivery_mode absent".to_string(),
+        Some(d) => format!("delivery_mode {d}"),
+    }))
 }

@@ -28,7 +28,12 @@ fn the_catalogue_has_at_least_60_checks_with_unique_ids_in_their_sections() {
     let mut ids = HashSet::new();
     for c in &all {
         assert!(ids.insert(c.id), "{} twice", c.id);
-        assert!(c.id.starts_with(&format!("{}.", c.section)), "{} not in {}", c.id, c.section);
+        assert!(
+            c.id.starts_with(&format!("{}.", c.section)),
+            "{} not in {}",
+            c.id,
+            c.section
+        );
         assert!(!c.description.is_empty() && !c.description.contains('\n'));
         assert!(
             versions().iter().any(|v| c.expect.of(*v).is_some()),
@@ -92,7 +97,11 @@ fn a_check_for_one_version_is_not_applicable_on_the_other() {
         for v in versions() {
             let expected = c.expect.of(v);
             let o = judge(&c, v, Got::Saw(Obs::new(expected.unwrap_or("x"))));
-            let want = if expected.is_some() { Verdict::Pass } else { Verdict::NotApplicable };
+            let want = if expected.is_some() {
+                Verdict::Pass
+            } else {
+                Verdict::NotApplicable
+            };
             assert_eq!(o.verdict, want, "{} on {v:?}", c.id);
         }
     }
@@ -124,13 +133,20 @@ fn the_table_escapes_what_the_broker_wrote_and_never_shows_the_password() {
     let o = judge(
         &c,
         Version::V4_0,
-        Got::Saw(Obs::with_text(format!("channel.close 404 NOT_FOUND {hostile}"), hostile)),
+        Got::Saw(Obs::with_text(
+            format!("channel.close 404 NOT_FOUND {hostile}"),
+            hostile,
+        )),
     );
     let shown = table(&report(vec![o]));
     assert!(shown.chars().all(|ch| ch == '\n' || !ch.is_control()), "{shown:?}");
     assert!(shown.contains("\\x1b]52"), "{shown}");
     assert!(!shown.contains("secret-password"));
-    let json_text = json(&report(vec![judge(&c, Version::V4_0, Got::Saw(Obs::with_text("x", hostile)))]));
+    let json_text = json(&report(vec![judge(
+        &c,
+        Version::V4_0,
+        Got::Saw(Obs::with_text("x", hostile)),
+    )]));
     assert!(!json_text.contains("secret-password"));
     let parsed: serde_json::Value = serde_json::from_str(&json_text).unwrap();
     assert_eq!(parsed["checks"][0]["text"], hostile);
@@ -140,7 +156,11 @@ fn the_table_escapes_what_the_broker_wrote_and_never_shows_the_password() {
 fn json_totals_match_the_checks() {
     let all = catalogue();
     let outcomes = vec![
-        judge(&all[0], Version::V4_0, Got::Saw(Obs::new(all[0].expect.of(Version::V4_0).unwrap()))),
+        judge(
+            &all[0],
+            Version::V4_0,
+            Got::Saw(Obs::new(all[0].expect.of(Version::V4_0).unwrap())),
+        ),
         judge(&all[1], Version::V4_0, Got::saw("something else")),
         judge(&all[2], Version::V4_0, Got::NotApplicable("not here".into())),
     ];
@@ -181,7 +201,9 @@ fn only_selects_by_substring() {
 #[test]
 fn the_readme_lists_every_check_and_no_other() {
     let readme = include_str!("../../../README.md");
-    let start = readme.find("### The checks").expect("README.md has a list of the checks");
+    let start = readme
+        .find("### The checks")
+        .expect("README.md has a list of the checks");
     let list = &readme[start..];
     let end = list.find("\n## ").unwrap_or(list.len());
     let listed: Vec<(&str, &str)> = list[..end]
@@ -192,7 +214,10 @@ fn the_readme_lists_every_check_and_no_other() {
     let all = catalogue();
     let ids: Vec<&str> = all.iter().map(|c| c.id).collect();
     let in_readme: Vec<&str> = listed.iter().map(|(id, _)| *id).collect();
-    assert_eq!(in_readme, ids, "README.md's list of checks is not the catalogue, in order");
+    assert_eq!(
+        in_readme, ids,
+        "README.md's list of checks is not the catalogue, in order"
+    );
     for (c, (_, description)) in all.iter().zip(&listed) {
         assert_eq!(*description, c.description, "README.md describes {} otherwise", c.id);
     }

@@ -212,9 +212,9 @@ impl Wire {
                     return Err(Got::Saw(obs));
                 }
                 let said = self.why_closed().await;
-                Err(Got::Saw(
-                    said.unwrap_or_else(|| Obs::with_text(CLOSED_SILENTLY, &format!("write failed: {e}"))),
-                ))
+                Err(Got::Saw(said.unwrap_or_else(|| {
+                    Obs::with_text(CLOSED_SILENTLY, &format!("write failed: {e}"))
+                })))
             }
         }
     }
@@ -377,7 +377,12 @@ impl Wire {
         let content = if method.has_content() {
             let header = match self.read_frame().await? {
                 Frame::Header(_, h) => h,
-                other => return Err(Got::saw(format!("a {} frame instead of a content header", kind(&other)))),
+                other => {
+                    return Err(Got::saw(format!(
+                        "a {} frame instead of a content header",
+                        kind(&other)
+                    )))
+                }
             };
             let mut body = Vec::new();
             while (body.len() as u64) < header.body_size {
