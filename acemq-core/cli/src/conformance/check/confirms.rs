@@ -164,7 +164,7 @@ async fn every_tag_once(cx: Ctx) -> Step<Obs> {
     }
     let mut acked = vec![0u32; N as usize + 1];
     let mut problems = Vec::new();
-    while acked[1..].iter().any(|&n| n == 0) {
+    while acked[1..].contains(&0) {
         let m = w.next_on(1).await?;
         let (tag, multiple, nack) = match &m.method {
             Method::BasicAck(a) => (a.delivery_tag, a.multiple, false),

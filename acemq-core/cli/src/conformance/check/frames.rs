@@ -222,7 +222,7 @@ async fn channel_not_open(cx: Ctx) -> Step<Obs> {
         exclusive: true,
         ..Default::default()
     };
-    answer(w.call(7, declare).await.map(|m| m))
+    answer(w.call(7, declare).await)
 }
 
 async fn channel_open_twice(cx: Ctx) -> Step<Obs> {
