@@ -103,12 +103,27 @@
 //!   connection with 540 (at once, or at `tx.commit` in a transaction);
 //!   RabbitMQ 4.0 takes either as an ack (the credit comes back, nothing is
 //!   requeued).
+//! - **Dead-letter headers.** RabbitMQ 4.0 also writes `x-last-death-reason`,
+//!   `-queue` and `-exchange`, naming the latest death.
+//! - **An unknown exchange type** closes the connection with 503 on 3.10,
+//!   the channel with 406 on 4.0.
+//! - **Bytes that are not an AMQP header** are answered with AMQP 0-9-1's
+//!   header by 3.10 and with AMQP 1.0's SASL header (`AMQP 3 1 0 0`) by 4.0
+//!   (an `AMQP` header of another version gets 0-9-1's from both).
 //! - **`delivery_mode` of a stream delivery.** RabbitMQ 4.0 keeps a
 //!   stream's messages as AMQP 1.0, whose `durable` flag is all that is
 //!   left of it: 2 comes back as 2, anything else (none included) as 1.
 //!   RabbitMQ 3.10 gives back what was published.
 //!
-//! The same on both, and so here whatever the version: a frame is refused
+//! The same on both, and so here whatever the version (each checked by
+//! `acemq conformance check`): a handshake error before `tune-ok` (an
+//! unknown mechanism, a method out of order, a `connection.close`) is not
+//! answered, the socket closes after a few seconds; a method whose ids
+//! name no method drops the socket at once; a frame that does not decode
+//! is 501, a heartbeat on a channel 505, a connection method other than
+//! `close` once open 504; `channel_max` counts open channels (530 past
+//! it), not channel numbers; a consumer under a global `basic.qos` on a
+//! quorum queue or stream is refused with 540. A frame is refused
 //! only when its payload is larger than `frame_max` (8 bytes of slack over
 //! the whole-frame limit; 4096 before `tune-ok`), `tune-ok` takes a
 //! `frame_max` from 4096 up, and `channel.flow` with `active=false` closes

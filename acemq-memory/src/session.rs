@@ -218,8 +218,16 @@ impl Session {
                         self.send_start(machine);
                     }
                     Err(_) => {
+                        // RabbitMQ 4.0 answers bytes that do not start with
+                        // `AMQP` with AMQP 1.0's SASL header; a bad version
+                        // after `AMQP`, and anything on 3.10, with 0-9-1's.
+                        let amqp_1_0 = machine.config().rabbitmq_version.is_4() && !buf.starts_with(b"AMQP");
                         if let Some(conn) = machine.conns.get_mut(&self.id) {
-                            conn.out.put_slice(&PROTOCOL_HEADER);
+                            conn.out.put_slice(if amqp_1_0 {
+                                b"AMQP\x03\x01\x00\x00"
+                            } else {
+                                &PROTOCOL_HEADER
+                            });
                         }
                         self.fate = Fate::Close;
                     }
@@ -308,7 +316,29 @@ impl Session {
             );
             return self.undecodable(machine, buf, ReplyCode::FrameError, detail, now);
         }
-        self.undecodable(machine, buf, err.reply_code(), err, now);
+        match err {
+            // RabbitMQ's reader crashes on ids that name no method: the
+            // socket closes with no `connection.close`.
+            DecodeError::UnknownMethod { .. } => {
+                tracing::debug!(conn = self.id, %err, "unknown method, dropping the connection");
+                buf.clear();
+                machine.release_conn(self.id, now);
+                self.fate = Fate::Sever;
+            }
+            // A heartbeat frame on a channel is unexpected there (505; the
+            // rarer heartbeat on channel 0 with a payload gets the same here,
+            // 501 on RabbitMQ); any other frame that does not decode is a
+            // frame error (501).
+            DecodeError::Malformed { kind, .. } => {
+                let code = if kind == acemq_codec::DecodeErrorKind::BadHeartbeat {
+                    ReplyCode::UnexpectedFrame
+                } else {
+                    ReplyCode::FrameError
+                };
+                self.undecodable(machine, buf, code, err, now);
+            }
+            _ => self.undecodable(machine, buf, err.reply_code(), err, now),
+        }
     }
 
     /// The client sent bytes that do not decode: nothing after them can be
@@ -404,24 +434,23 @@ impl Session {
         if matches!(frame, Frame::Heartbeat) {
             return;
         }
-        let handshaking = matches!(
-            self.phase,
-            Phase::ExpectStartOk | Phase::ExpectTuneOk | Phase::ExpectOpen
-        );
-        if handshaking && matches!(frame, Frame::Method(0, Method::ConnectionClose(_))) {
+        if self.phase == Phase::ExpectOpen && matches!(frame, Frame::Method(0, Method::ConnectionClose(_))) {
             machine.send(self.id, 0, ConnectionCloseOk {});
             self.fate = Fate::Close;
             return;
         }
+        // Before `tune-ok` RabbitMQ answers nothing it did not expect (a
+        // `connection.close` included): it waits a few seconds and drops
+        // the socket, as for a refused `tune-ok`.
         match self.phase {
             Phase::ExpectProtocolHeader | Phase::Doomed => {}
             Phase::ExpectStartOk => match frame {
-                Frame::Method(0, Method::ConnectionStartOk(m)) => self.start_ok(machine, m),
-                other => self.handshake_error(machine, unexpected(&other, "connection.start_ok")),
+                Frame::Method(0, Method::ConnectionStartOk(m)) => self.start_ok(machine, m, now),
+                other => self.silent_close(machine, unexpected(&other, "connection.start_ok"), now),
             },
             Phase::ExpectTuneOk => match frame {
                 Frame::Method(0, Method::ConnectionTuneOk(m)) => self.tune_ok(machine, m, now),
-                other => self.handshake_error(machine, unexpected(&other, "connection.tune_ok")),
+                other => self.silent_close(machine, unexpected(&other, "connection.tune_ok"), now),
             },
             Phase::ExpectOpen => match frame {
                 Frame::Method(0, Method::ConnectionOpen(m)) => self.open(machine, m, now),
@@ -439,7 +468,7 @@ impl Session {
         }
     }
 
-    fn start_ok(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionStartOk) {
+    fn start_ok(&mut self, machine: &mut BrokerMachine, m: acemq_codec::ConnectionStartOk, now: Instant) {
         let caps = m.client_properties.get("capabilities").and_then(FieldValue::as_table);
         let flag = |name: &str| caps.and_then(|c| c.get(name)).and_then(FieldValue::as_bool) == Some(true);
         let capabilities = Capabilities {
@@ -453,7 +482,7 @@ impl Session {
             "AMQPLAIN" => amqplain_credentials(m.response.as_bytes()),
             _ => {
                 let error = AmqpError::command_invalid(format!("unknown authentication mechanism '{mechanism}'"));
-                return self.handshake_error(machine, error);
+                return self.silent_close(machine, error, now);
             }
         };
         self.mechanism = mechanism;
@@ -608,8 +637,7 @@ impl Session {
             }
             Frame::Method(_, Method::ConnectionCloseOk(_)) => return,
             Frame::Method(_, method) => {
-                AmqpError::command_invalid(format!("unexpected method on channel 0: {}", method.name()))
-                    .caused_by(&method)
+                AmqpError::channel_error("unexpected method in connection state running").caused_by(&method)
             }
             other => AmqpError::new(
                 ReplyCode::UnexpectedFrame,
@@ -632,15 +660,10 @@ impl Session {
         }
     }
 
-    /// `channel.open`, within the negotiated `channel_max`.
+    /// `channel.open`: the machine refuses one past the negotiated
+    /// `channel_max` open channels (530), as RabbitMQ counts them; the
+    /// channel's number itself is not checked.
     fn open_channel(&mut self, machine: &mut BrokerMachine, ch: u16, now: Instant) {
-        let channel_max = machine.conns.get(&self.id).map_or(0, |c| c.channel_max);
-        if ch > channel_max && channel_max != 0 {
-            let error = AmqpError::channel_error(format!(
-                "channel number {ch} exceeds the negotiated channel_max ({channel_max})"
-            ));
-            return self.connection_error(machine, error, now);
-        }
         match machine.open_channel(self.id, ch) {
             Ok(()) => machine.send(self.id, ch, ChannelOpenOk::default()),
             Err(error) => self.connection_error(machine, error, now),
@@ -811,6 +834,14 @@ impl Session {
     }
 
     /// An error before the connection is open: `connection.close`, then the socket goes.
+    /// A handshake error RabbitMQ does not answer: nothing more is read,
+    /// and the socket is dropped after `close_timeout`.
+    fn silent_close(&mut self, machine: &mut BrokerMachine, error: AmqpError, now: Instant) {
+        tracing::debug!(conn = self.id, text = %error.text, "handshake error, closing silently");
+        self.phase = Phase::Doomed;
+        self.deadline = now.checked_add(machine.config().close_timeout);
+    }
+
     fn handshake_error(&mut self, machine: &mut BrokerMachine, error: AmqpError) {
         tracing::debug!(conn = self.id, text = %error.text, "handshake error");
         machine.send(self.id, 0, error.close_method(0));

@@ -314,26 +314,41 @@ async fn redeclaring_an_exchange_with_another_type_is_406_with_rabbitmqs_text() 
 }
 
 #[tokio::test]
-async fn an_unknown_exchange_type_is_503_and_closes_the_connection() {
+async fn an_unknown_exchange_type_closes_the_connection_with_503_on_3_10_and_the_channel_with_406_on_4_0() {
     common::deadline::deadline(async {
-        let broker = Broker::default();
-        let mut c = Client::open(&broker).await;
-        c.open_channel(1).await;
-        let reply = c
-            .call(
-                1,
-                ExchangeDeclare {
-                    exchange: "odd".into(),
-                    kind: "x-odd".into(),
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert!(matches!(reply, Method::ConnectionClose(_)));
-        assert_eq!(
-            close_of(&reply),
-            (503, "COMMAND_INVALID - unknown exchange type 'x-odd'".into(), 40, 10)
-        );
+        for version in acemq_memory::RabbitMqVersion::ALL {
+            let broker = Broker::new(acemq_memory::BrokerConfig::for_version(version));
+            let mut c = Client::open(&broker).await;
+            c.open_channel(1).await;
+            let reply = c
+                .call(
+                    1,
+                    ExchangeDeclare {
+                        exchange: "odd".into(),
+                        kind: "x-odd".into(),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            if version.is_4() {
+                assert!(matches!(reply, Method::ChannelClose(_)), "{reply:?}");
+                assert_eq!(
+                    close_of(&reply),
+                    (
+                        406,
+                        "PRECONDITION_FAILED - unknown exchange type 'x-odd'".into(),
+                        40,
+                        10
+                    )
+                );
+            } else {
+                assert!(matches!(reply, Method::ConnectionClose(_)), "{reply:?}");
+                assert_eq!(
+                    close_of(&reply),
+                    (503, "COMMAND_INVALID - unknown exchange type 'x-odd'".into(), 40, 10)
+                );
+            }
+        }
     })
     .await
 }

@@ -399,7 +399,10 @@ async fn dead_lettered_message_carries_x_death_exactly_as_rabbitmq_writes_it() {
         }
         published.headers = Some(headers);
 
-        let broker = Broker::default();
+        let broker = Broker::new(acemq_memory::BrokerConfig::for_version(
+            acemq_memory::RabbitMqVersion::V3_10,
+        ));
+        // The capture is RabbitMQ 3.10's (4.0 adds x-last-death-*).
         let mut c = Client::open(&broker).await;
         c.open_channel(1).await;
         c.declare_queue(1, "acemq.kat.dlx.target", FieldTable::new()).await;

@@ -92,6 +92,18 @@ enum Command {
     /// A queue's topology: is it the wire contract? Declare it.
     #[command(subcommand)]
     Topology(topology::TopologyCommand),
+    /// Broker conformance: RabbitMQ's behaviours checked against any broker.
+    #[command(subcommand)]
+    Conformance(ConformanceCommand),
+}
+
+/// `acemq conformance ...`.
+#[derive(Debug, Subcommand)]
+enum ConformanceCommand {
+    /// Runs the catalogue of RabbitMQ behaviours against a broker and
+    /// prints pass, fail (expected and got) or n/a for each check.
+    #[command(after_help = acemq_cli::conformance::check::HELP)]
+    Check(acemq_cli::conformance::check::CheckArgs),
 }
 
 /// Which set-aside queue of a source queue.
@@ -162,7 +174,12 @@ pub(crate) type Outcome = Result<u8, Failure>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Some(raw_url) = cli.url.clone().filter(|u| !u.trim().is_empty()) else {
+    // `conformance check` takes the URL as its argument too.
+    let positional = match &cli.command {
+        Command::Conformance(ConformanceCommand::Check(args)) => args.url.clone(),
+        _ => None,
+    };
+    let Some(raw_url) = positional.or_else(|| cli.url.clone()).filter(|u| !u.trim().is_empty()) else {
         eprintln!("acemq: no broker URL: pass --url or set AMQP_URL (e.g. amqp://user:password@localhost:5672/%2f)");
         return ExitCode::from(USAGE);
     };
@@ -181,6 +198,23 @@ fn main() -> ExitCode {
             return ExitCode::from(FAILED);
         }
     };
+    if let Command::Conformance(ConformanceCommand::Check(args)) = &cli.command {
+        let deadline = tokio::time::Instant::now().checked_add(cli.timeout);
+        let output = runtime.block_on(async {
+            within(deadline, acemq_cli::conformance::check::command(args, &url))
+                .await
+                .unwrap_or_else(|| acemq_cli::conformance::check::Output {
+                    stdout: String::new(),
+                    stderr: Some(format!("gave up after {} (--timeout)", render::duration(cli.timeout))),
+                    code: FAILED,
+                })
+        });
+        print!("{}", output.stdout);
+        if let Some(message) = output.stderr {
+            eprintln!("acemq: {}", render::safe(&secrets.scrub(&message)));
+        }
+        return ExitCode::from(output.code);
+    }
     let outcome = runtime.block_on(run(cli, raw_url, &url));
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -228,6 +262,8 @@ async fn run(cli: Cli, raw_url: String, url: &AmqpUrl) -> Outcome {
         match cli.command {
             Command::Dlq(command) => dlq::run(&conn, command).await,
             Command::Topology(command) => topology::run(&conn, command).await,
+            // Handled in `main`, before any `Conn` is opened.
+            Command::Conformance(_) => Ok(OK),
         }
     };
     let outcome = within(deadline, command).await.unwrap_or_else(|| Err(gave_up(FAILED)));

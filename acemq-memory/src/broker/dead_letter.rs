@@ -1,7 +1,7 @@
 //! Dead-lettering: the message a dead-letter exchange receives, with the
 //! `x-death` and `x-first-death-*` headers written exactly as RabbitMQ 3.10
-//! writes them (see amqp-codec/tests/data/rabbitmq-3.10/README.md), and
-//! RabbitMQ's cycle detection. Must never change the body.
+//! writes them (see amqp-codec/tests/data/rabbitmq-3.10/README.md), with
+//! 4.0's `x-last-death-*` when imitating 4.0, and RabbitMQ's cycle detection. Must never change the body.
 
 use acemq_codec::{FieldArray, FieldTable, FieldValue, LongString, ShortString};
 
@@ -13,7 +13,9 @@ fn long(s: &ShortString) -> FieldValue {
     FieldValue::LongString(LongString::from(s.to_bytes()))
 }
 
-/// The message as the dead-letter exchange receives it.
+/// The message as the dead-letter exchange receives it; with
+/// `last_death` (RabbitMQ 4.0) also the `x-last-death-*` headers, which
+/// name this death.
 pub(crate) fn dead_lettered(
     old: &Message,
     queue: &ShortString,
@@ -21,6 +23,7 @@ pub(crate) fn dead_lettered(
     dlx: &ShortString,
     dlrk: Option<&ShortString>,
     time_secs: u64,
+    last_death: bool,
 ) -> Message {
     let routing_key = dlrk.cloned().unwrap_or_else(|| old.routing_key.clone());
     let header = match &old.header {
@@ -42,6 +45,11 @@ pub(crate) fn dead_lettered(
                 info.push("original-expiration", long(&expiration));
             }
             update_x_death(&mut headers, info, queue, reason, &old.exchange);
+            if last_death {
+                set_table_value(&mut headers, "x-last-death-reason", FieldValue::from(reason.as_str()));
+                set_table_value(&mut headers, "x-last-death-queue", long(queue));
+                set_table_value(&mut headers, "x-last-death-exchange", long(&old.exchange));
+            }
             if dlrk.is_some() && headers.contains_key("CC") {
                 headers.remove("CC");
             }

@@ -636,6 +636,7 @@ impl BrokerMachine {
                 &dl.exchange,
                 dl.routing_key.as_ref(),
                 time,
+                self.config.rabbitmq_version.is_4(),
             ));
             let Some(vh) = self.vhosts.get(&*dl.vhost) else {
                 continue;

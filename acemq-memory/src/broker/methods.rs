@@ -183,10 +183,13 @@ impl BrokerMachine {
                 )));
             }
             let Some(kind) = ExchangeKind::parse(m.kind.as_bytes()) else {
-                return Err(AmqpError::command_invalid(format!(
-                    "unknown exchange type '{}'",
-                    m.kind
-                )));
+                // RabbitMQ 3.10 closes the connection (503), 4.0 the channel (406).
+                let text = format!("unknown exchange type '{}'", m.kind);
+                return Err(if self.config.rabbitmq_version.is_4() {
+                    AmqpError::precondition(text)
+                } else {
+                    AmqpError::command_invalid(text)
+                });
             };
             match vh.exchanges.get(&m.exchange) {
                 Some(x) => {
@@ -564,6 +567,7 @@ impl BrokerMachine {
             return Ok(());
         };
         let prefetch = channel.prefetch;
+        let global_prefetch = channel.global_prefetch;
         if channel.consumers.iter().any(|c| c.tag == tag) {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
@@ -581,6 +585,14 @@ impl BrokerMachine {
                 "{} in exclusive use",
                 rs_queue(&queue, vhost)
             )));
+        }
+        // A global prefetch (RabbitMQ's channel limiter) is classic queues'
+        // only: a quorum queue refuses the consumer at once, a stream after
+        // its own checks below.
+        let global_qos_refused =
+            || AmqpError::not_implemented(format!("{} does not support global qos", rs_queue(&queue, vhost)));
+        if global_prefetch > 0 && q.settings.kind == QueueKind::Quorum {
+            return Err(global_qos_refused());
         }
         let mut stream_next = 0;
         if q.is_stream() {
@@ -601,6 +613,9 @@ impl BrokerMachine {
                     "automatic acknowledgement not supported by {streams} {}",
                     rs_queue(&queue, vhost)
                 )));
+            }
+            if global_prefetch > 0 {
+                return Err(global_qos_refused());
             }
             stream_next = stream_start(q, m.arguments.get("x-stream-offset"))?;
         }
