@@ -598,8 +598,8 @@ impl Connection {
     /// consumer and publish of the connection then fails with
     /// [`Error::Raw`] (publishes not yet confirmed included), as does
     /// everything tried on it later, and [`Connection::is_raw`] is true.
-    /// Heartbeats are no longer answered: negotiate `heartbeat=0` or send
-    /// them yourself. A `Conn`'s recovery never sees a raw connection (raw
+    /// Heartbeats are no longer answered: send them yourself within the
+    /// negotiated interval. A `Conn`'s recovery never sees a raw connection (raw
     /// is only for this low-level API).
     ///
     /// Fails with [`Error::Command`] on a connection that is closing, and

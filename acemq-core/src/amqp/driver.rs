@@ -27,11 +27,11 @@ use super::batch_queue;
 use super::error::Error;
 use super::message::{Confirmation, ConnectionEvent, ReturnedMessage};
 use super::pending_confirms::{wake_all, PendingConfirms};
-use super::transcript::Recorder;
 use super::state::{
     Acker, ChannelConfirms, Command, ConnectionState, Delivery, DeliveryQueue, Outgoing, Published, Reply1, SettleKind,
     SettleOp,
 };
+use super::transcript::Recorder;
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token};
 
 /// How many commands' room the driver's batch vector keeps between bursts.

@@ -156,7 +156,7 @@ enum Step {
     Eof(Option<std::io::Error>),
     /// A write found the socket closed or failed.
     WriteFailed(Option<std::io::Error>),
-    /// The caller hung up and everything it sent is written.
+    /// The caller hung up (what it sent is written on the way out).
     Close,
     /// The caller took input: reading may go on.
     Took,
@@ -213,7 +213,8 @@ where
                 // Written at the top, in this same poll.
                 continue;
             }
-            if closing && write_buf.is_empty() {
+            if closing {
+                // What is left is written by `hang_up`, within its bound.
                 return Poll::Ready(Step::Close);
             }
             if reading {
@@ -269,8 +270,8 @@ async fn hang_up<S: AsyncWrite>(mut stream: Pin<&mut S>, write_buf: &BytesMut) {
 /// A connection that has left the protocol's state machine (from
 /// [`super::Connection::raw`], feature `conformance`): send any frame or
 /// any bytes, read the peer's frames as they come. Nothing answers for you
-/// any more: not heartbeats (negotiate `heartbeat=0`, or send
-/// [`Frame::Heartbeat`] yourself), not `close-ok`.
+/// any more: not heartbeats (send [`Frame::Heartbeat`] yourself within the
+/// negotiated interval), not `close-ok`.
 ///
 /// Every call waits at most [`RawConnection::timeout`] (30 s unless set),
 /// and every wait is cancel-safe: a `recv` dropped before it returns loses
@@ -279,18 +280,21 @@ async fn hang_up<S: AsyncWrite>(mut stream: Pin<&mut S>, write_buf: &BytesMut) {
 /// ```no_run
 /// # async fn demo(conn: acemq_core::amqp::Connection) -> Result<(), Box<dyn std::error::Error>> {
 /// use acemq_codec::{Frame, Method};
-/// use acemq_core::amqp::RawConnection;
+/// use acemq_core::amqp::{RawConnection, RawError};
 ///
 /// let mut raw = conn.raw().await?;
 /// // class 999 names no method
 /// raw.send_bytes(RawConnection::method_bytes(1, 999, 10, &[])).await?;
 /// loop {
-///     match raw.recv().await? {
-///         Frame::Method(0, Method::ConnectionClose(close)) => {
+///     match raw.recv().await {
+///         Ok(Frame::Method(0, Method::ConnectionClose(close))) => {
 ///             println!("closed with {} {}", close.reply_code, close.reply_text);
 ///             break;
 ///         }
-///         _ => continue,
+///         Ok(_) => continue,
+///         // RabbitMQ hangs up without a word.
+///         Err(RawError::Ended { .. }) => break,
+///         Err(other) => return Err(other.into()),
 ///     }
 /// }
 /// # Ok(()) }
@@ -543,7 +547,13 @@ mod tests {
 
     /// A raw connection pumping over one end of a duplex; the other end is
     /// the peer.
-    fn raw_pair(frame_max: u32) -> (RawConnection, tokio::io::DuplexStream, tokio::task::JoinHandle<CloseReason>) {
+    fn raw_pair(
+        frame_max: u32,
+    ) -> (
+        RawConnection,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<CloseReason>,
+    ) {
         let (ours, peer) = tokio::io::duplex(64 * 1024);
         let (parts, ends) = pair(frame_max);
         let raw = RawConnection::new(parts, None);
@@ -578,7 +588,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let close = raw.recv_timeout(Duration::from_secs(5)).await.unwrap();
-        assert!(matches!(close, Frame::Method(0, Method::ConnectionClose(_))), "{close:?}");
+        assert!(
+            matches!(close, Frame::Method(0, Method::ConnectionClose(_))),
+            "{close:?}"
+        );
     }
 
     #[tokio::test]
@@ -586,7 +599,10 @@ mod tests {
         let (mut raw, mut peer, task) = raw_pair(4096);
         peer.write_all(b"HTTP/1.1 400 Bad Request\r\n").await.unwrap();
         match raw.recv_timeout(Duration::from_secs(5)).await {
-            Err(RawError::Unframed { error: Some(acemq_codec::Error::UnknownFrameType(b'H')), bytes }) => {
+            Err(RawError::Unframed {
+                error: Some(acemq_codec::Error::UnknownFrameType(b'H')),
+                bytes,
+            }) => {
                 assert!(bytes.starts_with(b"HTTP"));
             }
             other => panic!("{other:?}"),
@@ -661,7 +677,10 @@ mod tests {
         assert!(raw.flow.queued.load(Ordering::SeqCst) <= READ_AHEAD + 128 * 1024);
         // Reading resumes once taken.
         for _ in 0..10 {
-            assert_eq!(raw.recv_timeout(Duration::from_secs(5)).await.unwrap(), Frame::Heartbeat);
+            assert_eq!(
+                raw.recv_timeout(Duration::from_secs(5)).await.unwrap(),
+                Frame::Heartbeat
+            );
         }
         drop(raw);
     }

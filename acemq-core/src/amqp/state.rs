@@ -227,7 +227,9 @@ impl ConnectionState {
             busy_poll: settings.busy_poll,
             read_interval: settings.read_interval,
             raw: AtomicBool::new(false),
-            transcript: settings.transcript.map(|capacity| Arc::new(TranscriptLog::new(capacity))),
+            transcript: settings
+                .transcript
+                .map(|capacity| Arc::new(TranscriptLog::new(capacity))),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
             settles: Mutex::new(SettleQueue::default()),

@@ -237,7 +237,10 @@ impl TranscriptEntry {
             WireFrame::TooLarge { frame_type, size, .. } => {
                 write!(out, "frame type {frame_type} of {size} bytes, too large to decode")
             }
-            WireFrame::Unframed { size, error: Some(error) } => write!(out, "unframed {size} bytes: {error}"),
+            WireFrame::Unframed {
+                size,
+                error: Some(error),
+            } => write!(out, "unframed {size} bytes: {error}"),
             WireFrame::Unframed { size, error: None } => write!(out, "unframed {size} bytes"),
         }
     }
@@ -635,7 +638,15 @@ mod tests {
         let names: Vec<_> = whole.iter().map(WireFrame::name).collect();
         assert_eq!(
             names,
-            ["protocol-header", "basic.publish", "header", "body", "body", "body", "heartbeat"]
+            [
+                "protocol-header",
+                "basic.publish",
+                "header",
+                "body",
+                "body",
+                "body",
+                "heartbeat"
+            ]
         );
         assert_eq!(whole[3], WireFrame::Body { channel: 1, size: 4088 });
         // Byte by byte: the same frames.
@@ -650,10 +661,18 @@ mod tests {
         let mut wire = BytesMut::from(&[1u8, 0, 1, 0, 0, 0, 4, 0x03, 0xE7, 0, 10, 0xCE][..]);
         encode_method(0, &ConnectionClose::default().into(), &mut wire).unwrap();
         let frames = split(&[&wire[..]]);
-        assert!(matches!(
-            &frames[0],
-            WireFrame::Undecodable { frame_type: 1, channel: 1, size: 4, error: acemq_codec::Error::UnknownMethod { class: 999, method: 10 } }
-        ), "{frames:?}");
+        assert!(
+            matches!(
+                &frames[0],
+                WireFrame::Undecodable {
+                    frame_type: 1,
+                    channel: 1,
+                    size: 4,
+                    error: acemq_codec::Error::UnknownMethod { class: 999, method: 10 }
+                }
+            ),
+            "{frames:?}"
+        );
         assert_eq!(frames[1].name(), "connection.close");
     }
 
@@ -758,7 +777,10 @@ mod tests {
         };
         let line = entry.to_string();
         assert!(line.contains(">> ch0"), "{line}");
-        assert!(line.contains("connection.close { reply_code: 200, reply_text: \"Goodbye\""), "{line}");
+        assert!(
+            line.contains("connection.close { reply_code: 200, reply_text: \"Goodbye\""),
+            "{line}"
+        );
         assert!(line.ends_with('}'), "{line}");
     }
 }
