@@ -664,7 +664,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_does_not_read_pauses_reading_and_the_pump_stays_bounded() {
         let (mut raw, mut peer, _task) = raw_pair(0);
-        let chunk = vec![8u8, 0, 0, 0, 0, 0, 0, 0xCE].repeat(8192);
+        let chunk = [8u8, 0, 0, 0, 0, 0, 0, 0xCE].repeat(8192);
         // The pump takes READ_AHEAD and then stops: the peer's writes
         // stall rather than grow a buffer.
         let wrote: Result<(), _> = tokio::time::timeout(Duration::from_secs(2), async {
