@@ -33,6 +33,9 @@
 //! 11. [`operators`]: the `acemq` CLI (the acemq-cli package): dead letters
 //!     grouped by failure, filtered replays, deletes, moves, export and
 //!     import (and the export format), exit codes.
+//! 12. [`conformance`]: for broker authors and conformance suites: raw
+//!     frames (the `conformance` feature) and wire transcripts on the
+//!     low-level API.
 //!
 //! The queues, arguments and headers that services in other languages must
 //! use to share queues with an acemq service are listed in
@@ -77,3 +80,12 @@ pub mod lifecycle {}
 
 #[doc = include_str!("guide/request_reply.md")]
 pub mod request_reply {}
+
+// The chapter's example needs the `conformance` feature; without it the
+// chapter says so (and compiles no example).
+#[cfg_attr(feature = "conformance", doc = include_str!("guide/conformance.md"))]
+#[cfg_attr(
+    not(feature = "conformance"),
+    doc = "Writing a conformance test with raw frames and transcripts: build the docs with the `conformance` feature to read this chapter."
+)]
+pub mod conformance {}

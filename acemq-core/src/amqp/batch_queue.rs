@@ -259,8 +259,11 @@ impl<T, S> Receiver<T, S> {
     }
 }
 
-impl<T, S> Drop for Receiver<T, S> {
-    fn drop(&mut self) {
+impl<T, S> Receiver<T, S> {
+    /// Closes the queue as dropping the receiver does: later sends fail,
+    /// and what is queued is dropped (outside the lock).
+    #[cfg_attr(not(feature = "conformance"), allow(dead_code))]
+    pub(crate) fn close(&mut self) {
         let left = {
             let mut state = self.queue.lock();
             state.receiver_gone = true;
@@ -268,6 +271,12 @@ impl<T, S> Drop for Receiver<T, S> {
             std::mem::take(&mut state.items)
         };
         drop(left);
+    }
+}
+
+impl<T, S> Drop for Receiver<T, S> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

@@ -189,6 +189,15 @@ pub struct Config {
     /// 1.01× the wire floor's against the engine's 1.24× without it, and a
     /// reply with one message in flight 3.3 ms at p50 against 0.13–0.16 ms.
     pub read_interval: Duration,
+    /// Record a transcript of the connection: every frame in and out, with
+    /// its time and direction, read with [`Connection::transcript`]. `None`
+    /// (the default) records nothing and costs one branch per read and per
+    /// write batch; `Some(capacity)` keeps the last `capacity` frames (at
+    /// least one), dropping the oldest and counting them
+    /// ([`super::Transcript::dropped`]). For tests and debugging: it
+    /// copies and decodes every method and content header frame a second
+    /// time (bodies are counted, not kept).
+    pub transcript: Option<usize>,
 }
 
 impl Default for Config {
@@ -207,6 +216,7 @@ impl Default for Config {
             delivery_buffer: Settings::default().deliveries,
             busy_poll: Duration::ZERO,
             read_interval: Duration::ZERO,
+            transcript: None,
         }
     }
 }
@@ -290,12 +300,19 @@ impl Config {
         self
     }
 
+    /// Sets [`Config::transcript`]: record the last `capacity` frames.
+    pub fn with_transcript(mut self, capacity: usize) -> Self {
+        self.transcript = Some(capacity);
+        self
+    }
+
     pub(crate) fn settings(&self) -> Settings {
         Settings {
             publish: self.publish_buffer,
             deliveries: self.delivery_buffer,
             busy_poll: self.busy_poll,
             read_interval: self.read_interval,
+            transcript: self.transcript,
         }
     }
 }
@@ -328,6 +345,7 @@ impl std::fmt::Debug for Connection {
         f.debug_struct("Connection")
             .field("tuned", &self.state.tuned.get())
             .field("blocked", &self.is_blocked())
+            .field("raw", &self.is_raw())
             .finish()
     }
 }
@@ -470,10 +488,13 @@ impl Connection {
     /// `close-ok`, at most [`Config::close_timeout`]; a broker that does not
     /// answer in time is hung up on and the result is [`Error::NoReply`].
     /// Closing a closed connection succeeds.
+    ///
+    /// A raw connection (feature `conformance`) is not closed this way:
+    /// [`Error::Raw`] (drop its `RawConnection` to hang up).
     pub async fn close(&self) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
         if self.commands.send(Command::Close { reply }).is_err() {
-            return Ok(());
+            return if self.is_raw() { Err(Error::Raw) } else { Ok(()) };
         }
         rx.await.unwrap_or(Ok(()))
     }
@@ -552,6 +573,43 @@ impl Connection {
     /// Events about the connection as a whole, from now on.
     pub fn events(&self) -> broadcast::Receiver<ConnectionEvent> {
         self.state.events.subscribe()
+    }
+
+    /// Whether the connection has left the protocol's state machine for
+    /// raw frames (`Connection::raw`, feature `conformance`). Once raw,
+    /// channels, publishes and calls on it fail with [`Error::Raw`], and
+    /// [`Connection::is_closed`] turns true when the raw socket ends.
+    pub fn is_raw(&self) -> bool {
+        self.state.raw.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The transcript recorded so far: `None` unless [`Config::transcript`]
+    /// asked for one. A copy: later frames are in the next call's.
+    pub fn transcript(&self) -> Option<super::Transcript> {
+        self.state.transcript.as_ref().map(|log| log.snapshot())
+    }
+
+    /// Takes the connection off the protocol's rails: from now on nothing
+    /// runs the state machine for it, and the returned
+    /// [`super::RawConnection`] sends any frame or bytes and reads the
+    /// peer's frames as they come. For conformance tests of a broker.
+    ///
+    /// What was queued before is written first; every call, channel,
+    /// consumer and publish of the connection then fails with
+    /// [`Error::Raw`] (publishes not yet confirmed included), as does
+    /// everything tried on it later, and [`Connection::is_raw`] is true.
+    /// Heartbeats are no longer answered: send them yourself within the
+    /// negotiated interval. A `Conn`'s recovery never sees a raw connection (raw
+    /// is only for this low-level API).
+    ///
+    /// Fails with [`Error::Command`] on a connection that is closing, and
+    /// with [`Error::Raw`] on one that is raw already.
+    #[cfg(feature = "conformance")]
+    pub async fn raw(&self) -> Result<super::RawConnection, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Raw { reply })?;
+        let parts = rx.await.map_err(|_| self.state.closed_error())??;
+        Ok(super::RawConnection::new(parts, self.state.transcript.clone()))
     }
 
     /// How many bytes of publishes wait to be written to the socket (at

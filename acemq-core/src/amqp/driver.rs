@@ -31,6 +31,7 @@ use super::state::{
     Acker, ChannelConfirms, Command, ConnectionState, Delivery, DeliveryQueue, Outgoing, Published, Reply1, SettleKind,
     SettleOp,
 };
+use super::transcript::Recorder;
 use crate::proto::{self, CloseReason, CommandError, Event, Reply, Token};
 
 /// How many commands' room the driver's batch vector keeps between bursts.
@@ -238,6 +239,13 @@ struct Driver {
     active_at: Instant,
     /// The least time between two reads ([`super::Config::read_interval`]).
     read_interval: Duration,
+    /// The transcript's recorder, when the connection records one: shown
+    /// every read and every batch put in the write buffer.
+    transcript: Option<Box<Recorder>>,
+    /// A caller asked for the raw connection: the loop hands the socket
+    /// over after this batch.
+    #[cfg(feature = "conformance")]
+    raw: Option<Reply1<super::raw::RawParts>>,
     /// Dropped after everything above, however the task ends.
     end: EndGuard,
     /// Dropped last: commands queued after the end are dropped with it.
@@ -310,10 +318,17 @@ pub(crate) async fn run<S>(
         match std::future::poll_fn(|cx| driver.poll_turn(cx, &mut io, &mut waits)).await {
             Turn::Read(Ok(0) | Err(_)) => driver.machine.handle_eof(),
             Turn::Ended(err) => driver.drive_write_failed(err),
-            Turn::Read(Ok(_)) => driver.drive_read(io.rest.as_mut()),
+            Turn::Read(Ok(n)) => driver.drive_read(io.rest.as_mut(), n),
             // The loop's top hands the consumer more.
             Turn::ConsumerTook => {}
-            Turn::Commands { more: true } => driver.drive_commands(),
+            Turn::Commands { more: true } => {
+                driver.drive_commands();
+                #[cfg(feature = "conformance")]
+                if let Some(reply) = driver.raw.take() {
+                    driver.run_raw(reply, io.stream.as_mut()).await;
+                    break;
+                }
+            }
             Turn::Commands { more: false } => driver.drive_no_more_commands(),
             Turn::Deadline => driver.machine.handle_timeout(now()),
             // Nothing to do, and busy polling: the runtime polled the
@@ -406,6 +421,9 @@ impl Driver {
         opened: oneshot::Sender<Result<(), Error>>,
     ) -> Self {
         Driver {
+            transcript: state.transcript.clone().map(|log| Box::new(Recorder::new(log))),
+            #[cfg(feature = "conformance")]
+            raw: None,
             machine,
             busy_poll: state.busy_poll,
             read_interval: state.read_interval,
@@ -452,6 +470,9 @@ impl Driver {
         let before = self.write_buf.len();
         let turn_at = self.read_at.take().unwrap_or_else(now);
         self.machine.poll_transmit(&mut self.write_buf, turn_at);
+        if let Some(recorder) = &mut self.transcript {
+            recorder.sent(&self.write_buf[before..]);
+        }
         self.transmitted(self.write_buf.len() - before);
         turn_at
     }
@@ -565,11 +586,14 @@ impl Driver {
         Poll::Pending
     }
 
-    /// The socket's input: the machine parses it in place. With a read
-    /// interval the socket then rests.
-    fn drive_read(&mut self, rest: Pin<&mut Sleep>) {
+    /// The socket's input (its last `n` bytes new): the machine parses it
+    /// in place. With a read interval the socket then rests.
+    fn drive_read(&mut self, rest: Pin<&mut Sleep>, n: usize) {
         let at = now();
         self.read_at = Some(at);
+        if let Some(recorder) = &mut self.transcript {
+            recorder.received(&self.read_buf[self.read_buf.len() - n..]);
+        }
         self.machine.handle_input(&mut self.read_buf, at);
         if !self.read_interval.is_zero() {
             rest.reset(tokio::time::Instant::from_std(at + self.read_interval));
@@ -692,6 +716,79 @@ impl Driver {
             } => self.consume(channel, generation, method, reply),
             Command::Close { reply } => self.close(reply),
             Command::UpdateSecret { secret, reason, reply } => self.update_secret(&secret, &reason, reply),
+            #[cfg(feature = "conformance")]
+            Command::Raw { reply } => self.raw_requested(reply),
+        }
+    }
+
+    /// A caller asks for the raw connection: granted on an open connection
+    /// (the handshake done, no close begun). From here every handle's
+    /// error is [`Error::Raw`]; the loop hands the socket over once this
+    /// batch is done, and what the batch still holds is dropped.
+    #[cfg(feature = "conformance")]
+    fn raw_requested(&mut self, reply: Reply1<super::raw::RawParts>) {
+        if !self.machine.is_open() || self.raw.is_some() {
+            let _ = reply.send(Err(self.command_error(CommandError::ConnectionNotOpen)));
+            return;
+        }
+        self.state.raw.store(true, Ordering::SeqCst);
+        self.raw = Some(reply);
+    }
+
+    /// Runs the connection raw until the caller hangs up or the socket
+    /// ends: what the machine queued before goes out first, everything
+    /// that waited on the machine fails with [`Error::Raw`], and the
+    /// socket is the caller's (through the pump of `raw.rs`).
+    #[cfg(feature = "conformance")]
+    async fn run_raw<S: AsyncRead + AsyncWrite>(&mut self, reply: Reply1<super::raw::RawParts>, stream: Pin<&mut S>) {
+        let before = self.write_buf.len();
+        self.machine.poll_transmit(&mut self.write_buf, now());
+        if let Some(recorder) = &mut self.transcript {
+            recorder.sent(&self.write_buf[before..]);
+        }
+        self.abandon_for_raw();
+        let frame_max = self
+            .state
+            .tuned
+            .get()
+            .map_or(acemq_codec::FRAME_MIN_SIZE, |tuned| tuned.frame_max);
+        let (parts, ends) = super::raw::pair(frame_max);
+        // A caller gone already drops its ends: the pump then hangs up.
+        let _ = reply.send(Ok(parts));
+        let transcript = self.transcript.as_deref_mut();
+        let reason = super::raw::pump(stream, &mut self.read_buf, &mut self.write_buf, transcript, ends).await;
+        if let Ok(mut slot) = self.state.close_reason.lock() {
+            slot.get_or_insert(reason.clone());
+        }
+        let _ = self.state.events.send(ConnectionEvent::Closed(reason));
+    }
+
+    /// Everything that waited on the machine fails with [`Error::Raw`]:
+    /// calls, channels (their publishes, taken or not, and consumers),
+    /// settlements, publishers waiting for room; later commands are refused.
+    #[cfg(feature = "conformance")]
+    fn abandon_for_raw(&mut self) {
+        self.commands.close();
+        self.commands_open = false;
+        self.state.end_settles();
+        self.state.room.close();
+        self.state.blocked.send_replace(None);
+        for (_, pending) in self.pending.drain() {
+            match pending {
+                Pending::Open(r) => drop(r.send(Err(Error::Raw))),
+                Pending::Call(r) => drop(r.send(Err(Error::Raw))),
+                Pending::Consume { reply, .. } => drop(reply.send(Err(Error::Raw))),
+            }
+        }
+        for routes in self.channels.drain(..).flatten() {
+            routes.open.store(false, Ordering::SeqCst);
+            routes.confirms.pending.fail(Error::Raw, u64::MAX, &mut self.wake);
+        }
+        wake_all(&mut self.wake);
+        self.stalled.clear();
+        self.retired.clear();
+        for closer in self.closers.drain(..) {
+            let _ = closer.send(Err(Error::Raw));
         }
     }
 
@@ -763,6 +860,13 @@ impl Driver {
         for command in batch.drain(..) {
             let Command::Publishes(run) = command else {
                 self.apply(command);
+                // What follows a switch to raw is dropped with the batch:
+                // its callers hear `Error::Raw` (their publishes, from
+                // their channel's failure).
+                #[cfg(feature = "conformance")]
+                if self.raw.is_some() {
+                    return;
+                }
                 continue;
             };
             if self.state.settles_waiting.load(Ordering::SeqCst) {

@@ -62,6 +62,11 @@ pub enum Error {
         /// How long it was awaited.
         after: std::time::Duration,
     },
+    /// The connection has left the protocol's state machine for raw frames
+    /// (`Connection::raw`, with the `conformance` feature): its channels,
+    /// publishes and calls are over, and a new one fails at once with this.
+    #[error("the connection is raw: its frames are read and written by a RawConnection, not by the engine")]
+    Raw,
     /// The broker answered something this call does not expect.
     #[error("unexpected reply: expected {expected}, got {}", .got.unwrap_or("no reply"))]
     UnexpectedReply {

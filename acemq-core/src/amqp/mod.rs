@@ -26,14 +26,20 @@ mod driver;
 mod error;
 mod message;
 mod pending_confirms;
+#[cfg(feature = "conformance")]
+mod raw;
 pub(crate) mod state;
+mod transcript;
 mod url;
 
 pub use channel::{Channel, Consumer, PublishBody, PublishConfirm, PublishProperties};
 pub use connection::{Config, Connection, Credentials, CredentialsFuture, CredentialsProvider};
 pub use error::{CredentialsError, Error};
 pub use message::{Confirmation, ConnectionEvent, Properties, ReturnedMessage};
+#[cfg(feature = "conformance")]
+pub use raw::{RawConnection, RawError, DEFAULT_RAW_TIMEOUT, READ_AHEAD};
 pub use state::{Delivery, GetMessage};
+pub use transcript::{Direction, Transcript, TranscriptEntry, WireFrame, DISPLAY_BUDGET, MAX_DECODED_FRAME};
 pub use url::{AmqpUrl, UrlError};
 
 pub use crate::io::TlsConfig;

@@ -26,6 +26,7 @@ use super::batch_queue;
 use super::error::Error;
 use super::message::{ConnectionEvent, Properties};
 use super::pending_confirms::PendingConfirms;
+use super::transcript::TranscriptLog;
 use crate::proto::{CloseReason, Reply, Secret, Tuned};
 
 /// What the driver takes from the [`super::Config`]: the bounds of a
@@ -38,6 +39,9 @@ pub(crate) struct Settings {
     pub(crate) deliveries: usize,
     pub(crate) busy_poll: Duration,
     pub(crate) read_interval: Duration,
+    /// How many frames the connection's transcript keeps, when it records
+    /// one ([`super::Config::transcript`]).
+    pub(crate) transcript: Option<usize>,
 }
 
 impl Default for Settings {
@@ -47,6 +51,7 @@ impl Default for Settings {
             deliveries: 1024,
             busy_poll: Duration::ZERO,
             read_interval: Duration::ZERO,
+            transcript: None,
         }
     }
 }
@@ -95,6 +100,12 @@ pub(crate) enum Command {
     /// Settlements wait in the connection's settle queue: sent by the first
     /// one into an empty one, to wake the driver.
     Settled,
+    /// The connection leaves the machine: the driver hands its socket to a
+    /// [`super::RawConnection`] (see `raw.rs`).
+    #[cfg(feature = "conformance")]
+    Raw {
+        reply: Reply1<super::raw::RawParts>,
+    },
 }
 
 /// The command queue's side state: the publishes queued since the driver
@@ -174,6 +185,12 @@ pub(crate) struct ConnectionState {
     pub(crate) busy_poll: Duration,
     /// The least time between two reads ([`super::Config::read_interval`]).
     pub(crate) read_interval: Duration,
+    /// The connection has left the machine for raw frames (set once, by
+    /// the driver, before it fails what was waiting): every later error of
+    /// a handle is [`Error::Raw`].
+    pub(crate) raw: AtomicBool,
+    /// What the transcript recorder keeps, when there is one.
+    pub(crate) transcript: Option<Arc<TranscriptLog>>,
 }
 
 #[derive(Debug, Default)]
@@ -209,6 +226,10 @@ impl ConnectionState {
             delivery_buffer: settings.deliveries.max(1),
             busy_poll: settings.busy_poll,
             read_interval: settings.read_interval,
+            raw: AtomicBool::new(false),
+            transcript: settings
+                .transcript
+                .map(|capacity| Arc::new(TranscriptLog::new(capacity))),
             stalled: AtomicBool::new(false),
             consumer_took: Notify::new(),
             settles: Mutex::new(SettleQueue::default()),
@@ -332,6 +353,9 @@ impl ConnectionState {
     }
 
     pub(crate) fn closed_error(&self) -> Error {
+        if self.raw.load(Ordering::SeqCst) {
+            return Error::Raw;
+        }
         let reason = self.close_reason.lock().ok().and_then(|r| r.clone());
         Error::ConnectionClosed(reason.unwrap_or(CloseReason::ConnectionLost))
     }
