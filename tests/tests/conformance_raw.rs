@@ -115,7 +115,7 @@ fn lines(transcript: &Transcript) -> Vec<(Direction, u16, &'static str)> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn raw_an_unknown_method_is_refused_503_by_acemq_memory_and_hung_up_on_by_rabbitmq() {
+async fn raw_an_unknown_method_is_hung_up_on_by_every_broker() {
     acemq_tests::deadline(async {
         let mut answers = Vec::new();
         for b in brokers().await {
@@ -124,16 +124,9 @@ async fn raw_an_unknown_method_is_refused_503_by_acemq_memory_and_hung_up_on_by_
                 .await
                 .unwrap();
             // RabbitMQ's reader cannot parse a method of an unknown class
-            // and drops the connection without a close; acemq-memory closes
-            // it with 503 COMMAND_INVALID.
-            let expected = match b.version() {
-                None => Answer::Close {
-                    code: 503,
-                    class_id: 0,
-                    method_id: 0,
-                },
-                Some(RabbitVersion::V3_10 | RabbitVersion::V4_0) => Answer::Hangup,
-            };
+            // and drops the connection without a close; acemq-memory does
+            // as it does.
+            let expected = Answer::Hangup;
             let got = answer(&b, &mut raw).await;
             // The transcript shows it as it went: undecodable, sent.
             let transcript = raw.transcript().unwrap();
@@ -508,4 +501,76 @@ async fn transcript_shows_a_hostile_header_table_cut_and_escaped() {
         }
     })
     .await
+}
+
+/// A `Conn`'s two connections are its recovery's and its consumers': they
+/// refuse to go raw, and so do the ones a recovery dials in their place.
+/// The `Conn` goes on working.
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_is_refused_on_a_conns_connections_before_and_after_a_recovery() {
+    acemq_tests::deadline(async {
+        for b in brokers().await {
+            let events = acemq_tests::RecoveryLog::default();
+            let name = unique("raw-refused");
+            let mut config = events.config(acemq_core::Config::default());
+            config.engine.connection_name = Some(name.clone());
+            let conn = b.conn_with(config).await;
+            for (which, low) in [
+                ("publish", conn.publishing_connection()),
+                ("consume", conn.consuming_connection()),
+            ] {
+                let refused = low.raw().await;
+                assert!(
+                    matches!(refused, Err(Error::RawRefused)),
+                    "{:?} {which}: {refused:?}",
+                    b.kind
+                );
+                assert!(!low.is_raw());
+            }
+            // A recovery: the new connections are the Conn's as well.
+            close_both(&b, &name).await;
+            events
+                .wait(
+                    &format!("{:?}: both recovered", b.kind),
+                    Duration::from_secs(60),
+                    |_| events.recovered_on("publish") >= 1 && events.recovered_on("consume") >= 1,
+                )
+                .await;
+            for low in [conn.publishing_connection(), conn.consuming_connection()] {
+                assert!(matches!(low.raw().await, Err(Error::RawRefused)), "{:?}", b.kind);
+            }
+            conn.publisher::<u32>("", &name).send(&1).await.unwrap_or_else(|e| {
+                // Unroutable is fine (no queue of that name): the publish was confirmed.
+                assert!(matches!(e, acemq_core::Error::Unroutable { .. }), "{:?}: {e}", b.kind);
+            });
+            conn.close().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// Closes both connections of the `Conn` named `name` from the broker's
+/// side (RabbitMQ lists a connection a moment after it opens: this waits
+/// for both, at most 15 s).
+async fn close_both(b: &Broker, name: &str) {
+    if b.memory.is_some() {
+        b.force_close(name);
+        return;
+    }
+    let wanted = [format!("{name}-publish"), format!("{name}-consume")];
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let listing = b.rabbitmqctl(&["list_connections", "client_properties"]);
+        if wanted.iter().all(|w| listing.contains(w.as_str())) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{name}'s connections not listed:\n{listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in &wanted {
+        b.force_close(w);
+    }
 }

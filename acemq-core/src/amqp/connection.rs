@@ -602,10 +602,14 @@ impl Connection {
     /// negotiated interval. A `Conn`'s recovery never sees a raw connection (raw
     /// is only for this low-level API).
     ///
-    /// Fails with [`Error::Command`] on a connection that is closing, and
-    /// with [`Error::Raw`] on one that is raw already.
+    /// Fails with [`Error::Command`] on a connection that is closing, with
+    /// [`Error::Raw`] on one that is raw already, and with
+    /// [`Error::RawRefused`] on a `Conn`'s own connections.
     #[cfg(feature = "conformance")]
     pub async fn raw(&self) -> Result<super::RawConnection, Error> {
+        if self.state.raw_refused.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::RawRefused);
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Raw { reply })?;
         let parts = rx.await.map_err(|_| self.state.closed_error())??;
@@ -616,6 +620,11 @@ impl Connection {
     /// most [`Config::publish_buffer`]).
     pub fn publish_backlog(&self) -> usize {
         self.state.publish_backlog()
+    }
+
+    /// Marks the connection as a `Conn`'s: [`Connection::raw`] refuses it.
+    pub(crate) fn refuse_raw(&self) {
+        self.state.raw_refused.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub(crate) fn send(&self, command: Command) -> Result<(), Error> {

@@ -67,6 +67,11 @@ pub enum Error {
     /// publishes and calls are over, and a new one fails at once with this.
     #[error("the connection is raw: its frames are read and written by a RawConnection, not by the engine")]
     Raw,
+    /// `Connection::raw` on a connection a `Conn` manages (its publishing
+    /// or consuming connection): its recovery and consumers own it. Open an
+    /// `amqp::Connection` of your own for raw frames.
+    #[error("the connection belongs to a Conn and cannot go raw: open an amqp::Connection of your own for raw frames")]
+    RawRefused,
     /// The broker answered something this call does not expect.
     #[error("unexpected reply: expected {expected}, got {}", .got.unwrap_or("no reply"))]
     UnexpectedReply {

@@ -189,6 +189,8 @@ pub(crate) struct ConnectionState {
     /// the driver, before it fails what was waiting): every later error of
     /// a handle is [`Error::Raw`].
     pub(crate) raw: AtomicBool,
+    /// A `Conn` manages the connection: `Connection::raw` is refused.
+    pub(crate) raw_refused: AtomicBool,
     /// What the transcript recorder keeps, when there is one.
     pub(crate) transcript: Option<Arc<TranscriptLog>>,
 }
@@ -227,6 +229,7 @@ impl ConnectionState {
             busy_poll: settings.busy_poll,
             read_interval: settings.read_interval,
             raw: AtomicBool::new(false),
+            raw_refused: AtomicBool::new(false),
             transcript: settings
                 .transcript
                 .map(|capacity| Arc::new(TranscriptLog::new(capacity))),

@@ -54,6 +54,7 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     pub(crate) fn new(which: &'static str, conn: amqp::Connection) -> Link {
+        conn.refuse_raw();
         let (state, _) = watch::channel(Snapshot {
             conn,
             generation: 0,
@@ -122,6 +123,7 @@ impl Link {
     pub(super) fn set(&self, conn: Option<amqp::Connection>, phase: LinkPhase) {
         self.state.send_modify(|state| {
             if let Some(conn) = conn {
+                conn.refuse_raw();
                 state.conn = conn;
                 state.generation += 1;
             }
