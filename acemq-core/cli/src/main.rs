@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod dlq;
 mod filter;
-mod render;
+use acemq_cli::render;
 mod topology;
 mod transfer;
 
@@ -51,6 +51,9 @@ Filters (list, replay, delete, move, export; all must match): --error-contains T
 --older-than DURATION (since first seen), --header K=V (repeatable), --group N (from summary).
 Nothing is consumed that a command does not finish with: every message is read without
 an ack, and only what was handled is removed; the rest stay, in their order.
+
+Comparing two brokers (no --url; see `acemq conformance diff --help`):
+  acemq conformance diff URL_A URL_B --cases 200 [--seed S]
 
 Exit codes:
   0  done; no differences
@@ -92,6 +95,15 @@ enum Command {
     /// A queue's topology: is it the wire contract? Declare it.
     #[command(subcommand)]
     Topology(topology::TopologyCommand),
+    /// Tools for broker authors: how a broker answers, compared.
+    #[command(subcommand)]
+    Conformance(ConformanceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConformanceCommand {
+    /// Two brokers on the same random operation sequences: where do they answer differently?
+    Diff(acemq_cli::conformance::diff::DiffArgs),
 }
 
 /// Which set-aside queue of a source queue.
@@ -162,6 +174,17 @@ pub(crate) type Outcome = Result<u8, Failure>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Its brokers are its arguments, not --url; it runs a runtime of its own.
+    if let Command::Conformance(ConformanceCommand::Diff(args)) = &cli.command {
+        let code = acemq_cli::conformance::diff::command::main(
+            args,
+            cli.ca_file.as_deref(),
+            cli.timeout,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        );
+        return ExitCode::from(code);
+    }
     let Some(raw_url) = cli.url.clone().filter(|u| !u.trim().is_empty()) else {
         eprintln!("acemq: no broker URL: pass --url or set AMQP_URL (e.g. amqp://user:password@localhost:5672/%2f)");
         return ExitCode::from(USAGE);
@@ -228,6 +251,7 @@ async fn run(cli: Cli, raw_url: String, url: &AmqpUrl) -> Outcome {
         match cli.command {
             Command::Dlq(command) => dlq::run(&conn, command).await,
             Command::Topology(command) => topology::run(&conn, command).await,
+            Command::Conformance(_) => Err(Failure::usage("a conformance command takes its URLs as arguments".into())),
         }
     };
     let outcome = within(deadline, command).await.unwrap_or_else(|| Err(gave_up(FAILED)));
