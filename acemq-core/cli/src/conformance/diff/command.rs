@@ -45,6 +45,7 @@ and the queues are awaited until quiet, so a transcript does not depend on timin
 
 Names are unique to each sequence and broker (written P in a transcript: P.qc, P.qq, P.qs, P.direct)
 and deleted at the end; the URL's user needs configure, write and read permission on its vhost.
+Reply texts that name the vhost differ unless both URLs name the same one.
 
 What counts as the same: every reply (method, reply code and text), delivery, confirm, return,
 cancel, close and queue count, in order on each channel. Only names and ids are normalised: the
@@ -154,7 +155,7 @@ fn rng(seed: u64) -> TestRng {
 
 /// One sequence on both brokers, bounded by [`PER_SEQUENCE`].
 fn one(rt: &tokio::runtime::Runtime, ops: &[Op], a: &Broker, b: &Broker) -> Result<Option<Difference>, String> {
-    match rt.block_on(tokio::time::timeout(PER_SEQUENCE, compare(ops, a, b))) {
+    match rt.block_on(async { tokio::time::timeout(PER_SEQUENCE, compare(ops, a, b)).await }) {
         Ok(Ok(_)) => Ok(None),
         Ok(Err(d)) => Ok(Some(*d)),
         Err(_) => Err(format!(
