@@ -79,9 +79,7 @@ pub fn memory_broker(name: &str) -> Broker {
         let name = name.clone();
         Box::pin(async move { Ok(Box::new(acemq_memory::Broker::named(&name).connect()) as RawStream) })
     });
-    Broker::new(&url)
-        .expect("a memory:// URL")
-        .with_raw_dialer(dial)
+    Broker::new(&url).expect("a memory:// URL").with_raw_dialer(dial)
 }
 
 /// Runs `ops` on a fresh acemq-memory broker imitating `rabbitmq`'s

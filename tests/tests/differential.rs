@@ -135,7 +135,9 @@ fn replay(ops: Vec<Op>) {
     for rabbit in rabbitmq(&rt) {
         if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
             let (memory, on_rabbit) = rt.block_on(transcripts_with(&ops, &rabbit));
-            let show = |t: &[acemq_tests::differential::Line]| t.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n  ");
+            let show = |t: &[acemq_tests::differential::Line]| {
+                t.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n  ")
+            };
             eprintln!(
                 "acemq-memory {v}:\n  {}\nRabbitMQ {v}:\n  {}",
                 show(&memory),

@@ -251,7 +251,9 @@ async fn run(cli: Cli, raw_url: String, url: &AmqpUrl) -> Outcome {
         match cli.command {
             Command::Dlq(command) => dlq::run(&conn, command).await,
             Command::Topology(command) => topology::run(&conn, command).await,
-            Command::Conformance(_) => Err(Failure::usage("a conformance command takes its URLs as arguments".into())),
+            Command::Conformance(_) => Err(Failure::usage(
+                "a conformance command takes its URLs as arguments".into(),
+            )),
         }
     };
     let outcome = within(deadline, command).await.unwrap_or_else(|| Err(gave_up(FAILED)));

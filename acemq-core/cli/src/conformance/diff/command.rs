@@ -265,7 +265,11 @@ fn transcript_text(d: &Difference, out: &mut String) {
             None => "end: close the connections, delete the queues and exchanges".into(),
         };
         let mark = if step == first { ">> " } else { "   " };
-        let tail = if step == first { "   <- the first difference" } else { "" };
+        let tail = if step == first {
+            "   <- the first difference"
+        } else {
+            ""
+        };
         out.push_str(&format!("{mark}{}{tail}\n", render::safe(&head)));
         let (a, b) = (lines_at(&d.a, step), lines_at(&d.b, step));
         if a == b {
@@ -345,7 +349,13 @@ pub fn main(
     for (name, broker) in [("A", a), ("B", b)] {
         match rt.block_on(server(broker)) {
             Ok(said) => servers.push(said),
-            Err(e) => return fail(err, UNREACHABLE, format!("cannot connect to {name} ({}): {e}", broker.url())),
+            Err(e) => {
+                return fail(
+                    err,
+                    UNREACHABLE,
+                    format!("cannot connect to {name} ({}): {e}", broker.url()),
+                )
+            }
         }
     }
     let seed = args.seed.unwrap_or_else(random_seed);
@@ -359,7 +369,12 @@ pub fn main(
     let started = Instant::now();
     let found = search(&rt, a, b, &search_for, |n| {
         if n % 100 == 0 {
-            let _ = writeln!(err, "acemq: {n} of {} sequences in {:.0?}", args.cases, started.elapsed());
+            let _ = writeln!(
+                err,
+                "acemq: {n} of {} sequences in {:.0?}",
+                args.cases,
+                started.elapsed()
+            );
         }
     });
     let found = match found {
@@ -483,14 +498,20 @@ mod tests {
         let a = vec![line(0, "ch0 basic.recover -> ()"), line(1, "ch1 basic.recover -> ()")];
         let b = vec![
             line(0, "ch0 basic.recover -> ()"),
-            line(1, "ch1 basic.recover -> channel closed 540 \"\u{1b}]52;c;aGk=\u{7}\u{202e}\""),
+            line(
+                1,
+                "ch1 basic.recover -> channel closed 540 \"\u{1b}]52;c;aGk=\u{7}\u{202e}\"",
+            ),
         ];
         let d = Difference::of(&ops, a.clone(), b).expect("a difference");
         assert_eq!(d.step(), 1);
         assert!(Difference::of(&ops, a.clone(), a).is_none());
         let mut text = String::new();
         transcript_text(&d, &mut text);
-        assert!(text.contains(">> step 1: Recover { ch: Ch(1) }   <- the first difference"), "{text}");
+        assert!(
+            text.contains(">> step 1: Recover { ch: Ch(1) }   <- the first difference"),
+            "{text}"
+        );
         assert!(text.contains("     = ch0 basic.recover -> ()"), "{text}");
         assert!(text.contains("     A ch1 basic.recover -> ()"), "{text}");
         assert!(text.contains("\\x1b]52;c;aGk=\\x07\\u{202e}"), "{text}");
@@ -515,9 +536,20 @@ mod tests {
             let err = Cli::try_parse_from(bad).unwrap_err();
             assert_eq!(err.exit_code(), i32::from(USAGE), "{bad:?}");
         }
-        let ok = Cli::try_parse_from(["x", "a", "b", "--cases", "3", "--seed", "9", "--shrink-for", "10s", "--json"])
-            .unwrap()
-            .diff;
+        let ok = Cli::try_parse_from([
+            "x",
+            "a",
+            "b",
+            "--cases",
+            "3",
+            "--seed",
+            "9",
+            "--shrink-for",
+            "10s",
+            "--json",
+        ])
+        .unwrap()
+        .diff;
         assert_eq!(
             (ok.cases, ok.seed, ok.shrink_for, ok.json, ok.max_len),
             (3, Some(9), Duration::from_secs(10), true, 24)

@@ -183,7 +183,11 @@ impl Difference {
         if a == b {
             return None;
         }
-        let line = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+        let line = a
+            .iter()
+            .zip(&b)
+            .position(|(x, y)| x != y)
+            .unwrap_or(a.len().min(b.len()));
         Some(Difference {
             ops: ops.to_vec(),
             a,

@@ -1202,10 +1202,7 @@ impl Run {
                 }
             }
         }
-        let conn = timeout(REPLY, self.broker.open())
-            .await
-            .ok()?
-            .ok()?;
+        let conn = timeout(REPLY, self.broker.open()).await.ok()?.ok()?;
         let ch = timeout(REPLY, conn.channel()).await.ok()?.ok()?;
         self.probe = Some((conn, ch.clone()));
         Some(ch)
