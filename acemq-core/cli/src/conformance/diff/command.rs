@@ -64,7 +64,7 @@ Exit codes:
   0  no difference in the sequences run
   1  a difference, or --timeout passed first
   2  the command line is wrong (a bad URL, an unreadable --ca-file)
-  3  a broker could not be reached or refused the connection
+  3  a broker could not be reached or refused the connection (also in the middle of the run)
 
 Example:
   acemq conformance diff amqp://guest:guest@localhost:5672/ amqp://guest:guest@localhost:5674/ \\
@@ -392,6 +392,8 @@ pub fn main(
     let elapsed = started.elapsed();
     let code = match &found {
         Found::Same { .. } => SAME,
+        // A broker that went away during the run is no difference of behaviour.
+        Found::Different { difference, .. } if unreachable(difference) => UNREACHABLE,
         Found::GaveUp { .. } | Found::Different { .. } => DIFFERENT,
     };
     if args.json {
@@ -418,7 +420,11 @@ pub fn main(
                 shrink_runs,
                 difference,
             } => {
-                value["result"] = json!("different");
+                value["result"] = json!(if code == UNREACHABLE {
+                    "unreachable"
+                } else {
+                    "different"
+                });
                 value["ran"] = json!(case);
                 value["shrunk_from"] = json!(shrunk_from);
                 value["shrink_runs"] = json!(shrink_runs);
@@ -460,11 +466,23 @@ pub fn main(
                 difference.ops.len()
             ));
             transcript_text(difference, &mut text);
+            if code == UNREACHABLE {
+                text.push_str("\na broker could not be reached during the run (exit code 3)\n");
+            }
             text.push_str(&format!("\nseed {seed}; the same sequences again: {}\n", rerun(*case)));
         }
     }
     let _ = out.write_all(text.as_bytes());
     code
+}
+
+/// Whether a side of `d` could not reach its broker at some step (the
+/// runner records it so and goes on).
+fn unreachable(d: &Difference) -> bool {
+    d.a.iter().chain(&d.b).any(|l| {
+        (l.text.starts_with("connection ") && l.text.contains(" could not open: "))
+            || l.text.ends_with("no probe connection")
+    })
 }
 
 /// Prints `message` (escaped) on `err` and returns `code`.
@@ -517,6 +535,11 @@ mod tests {
         assert!(text.contains("\\x1b]52;c;aGk=\\x07\\u{202e}"), "{text}");
         assert!(text.chars().all(|c| c == '\n' || !c.is_control()), "{text}");
         assert!(!text.contains('\u{202e}'));
+        assert!(!unreachable(&d));
+        let mut lost = d.clone();
+        lost.b
+            .push(line(2, "connection 1 could not open: Ok(Err(Io(ConnectionRefused)))"));
+        assert!(unreachable(&lost));
     }
 
     #[test]
