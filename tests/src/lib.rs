@@ -605,7 +605,8 @@ where
 }
 
 // The differential test of acemq-memory against RabbitMQ
-// (`tests/tests/differential.rs`): operations, the runner, normalisation.
+// (`tests/tests/differential.rs`): acemq-cli's harness, run on a fresh
+// acemq-memory imitating each RabbitMQ.
 pub mod differential;
 
 // The model-based test of the consumer (`tests/tests/model.rs`):

@@ -2,7 +2,8 @@
 //! connections, three queues (classic, quorum, stream) and four exchanges
 //! run on both brokers, and their transcripts (every reply, delivery,
 //! confirm, return, close and queue count) must be equal once normalised
-//! (`acemq_tests::differential::normalise`).
+//! (`acemq_cli::conformance::diff::normalise`: the harness is acemq-cli's,
+//! the one `acemq conformance diff` runs).
 //!
 //! Every RabbitMQ the harness knows is compared with in turn (the 3.10
 //! node and, when it is there, the 4.0 node of `ACEMQ_RABBITMQ4_URL`),
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use acemq_memory::RabbitMqVersion;
 use acemq_tests::deadline::deadline_of;
 use acemq_tests::differential::ops::*;
-use acemq_tests::differential::{compare, rabbitmqs, transcripts, Rabbit};
+use acemq_tests::differential::{compare_with, rabbitmqs, transcripts_with, Rabbit};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
 /// Sequences per version in a CI run (200 per version took 191 s against
@@ -102,12 +103,12 @@ fn every_sequence_as(rt: &tokio::runtime::Runtime, rabbit: &Rabbit) {
     let ran = AtomicUsize::new(0);
     let shown = AtomicBool::new(false);
     let started = Instant::now();
-    let result = runner.run(&sequence(MAX_LEN), |ops| {
+    let result = runner.run(&sequence(MAX_LEN, true), |ops| {
         let n = ran.fetch_add(1, Ordering::Relaxed) + 1;
         if n.is_multiple_of(100) {
             eprintln!("differential {version}: {n} sequences in {:.1?}", started.elapsed());
         }
-        rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, rabbit)))
+        rt.block_on(deadline_of(PER_SEQUENCE, compare_with(&ops, rabbit)))
             .map(|_| ())
             .map_err(|diff| {
                 // Shrinking takes a while: the first difference is shown at once.
@@ -133,15 +134,18 @@ fn replay(ops: Vec<Op>) {
     let rt = runtime();
     for rabbit in rabbitmq(&rt) {
         if std::env::var_os("ACEMQ_DIFF_SHOW").is_some() {
-            let (memory, on_rabbit) = rt.block_on(transcripts(&ops, &rabbit));
+            let (memory, on_rabbit) = rt.block_on(transcripts_with(&ops, &rabbit));
+            let show = |t: &[acemq_tests::differential::Line]| {
+                t.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n  ")
+            };
             eprintln!(
                 "acemq-memory {v}:\n  {}\nRabbitMQ {v}:\n  {}",
-                memory.join("\n  "),
-                on_rabbit.join("\n  "),
+                show(&memory),
+                show(&on_rabbit),
                 v = rabbit.version
             );
         }
-        if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare(&ops, &rabbit))) {
+        if let Err(diff) = rt.block_on(deadline_of(PER_SEQUENCE, compare_with(&ops, &rabbit))) {
             panic!("{diff}");
         }
     }

@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod dlq;
 mod filter;
-mod render;
+use acemq_cli::render;
 mod topology;
 mod transfer;
 
@@ -51,6 +51,9 @@ Filters (list, replay, delete, move, export; all must match): --error-contains T
 --older-than DURATION (since first seen), --header K=V (repeatable), --group N (from summary).
 Nothing is consumed that a command does not finish with: every message is read without
 an ack, and only what was handled is removed; the rest stay, in their order.
+
+Comparing two brokers (no --url; see `acemq conformance diff --help`):
+  acemq conformance diff URL_A URL_B --cases 200 [--seed S]
 
 Exit codes:
   0  done; no differences
@@ -92,7 +95,8 @@ enum Command {
     /// A queue's topology: is it the wire contract? Declare it.
     #[command(subcommand)]
     Topology(topology::TopologyCommand),
-    /// Broker conformance: RabbitMQ's behaviours checked against any broker.
+    /// Tools for broker authors: RabbitMQ's behaviours checked against any
+    /// broker, and two brokers compared.
     #[command(subcommand)]
     Conformance(ConformanceCommand),
 }
@@ -104,6 +108,8 @@ enum ConformanceCommand {
     /// prints pass, fail (expected and got) or n/a for each check.
     #[command(after_help = acemq_cli::conformance::check::HELP)]
     Check(acemq_cli::conformance::check::CheckArgs),
+    /// Two brokers on the same random operation sequences: where do they answer differently?
+    Diff(acemq_cli::conformance::diff::DiffArgs),
 }
 
 /// Which set-aside queue of a source queue.
@@ -174,6 +180,17 @@ pub(crate) type Outcome = Result<u8, Failure>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Its brokers are its arguments, not --url; it runs a runtime of its own.
+    if let Command::Conformance(ConformanceCommand::Diff(args)) = &cli.command {
+        let code = acemq_cli::conformance::diff::command::main(
+            args,
+            cli.ca_file.as_deref(),
+            cli.timeout,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        );
+        return ExitCode::from(code);
+    }
     // `conformance check` takes the URL as its argument too.
     let positional = match &cli.command {
         Command::Conformance(ConformanceCommand::Check(args)) => args.url.clone(),

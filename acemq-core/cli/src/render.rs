@@ -11,13 +11,13 @@ use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 /// `2026-12-01T23:30:00Z` (UTC, whole seconds).
-pub(crate) fn time(at: SystemTime) -> String {
+pub fn time(at: SystemTime) -> String {
     let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     timestamp(secs)
 }
 
 /// Seconds since the epoch as `2026-12-01T23:30:00Z`.
-pub(crate) fn timestamp(secs: u64) -> String {
+pub fn timestamp(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rest = secs % 86_400;
     // Howard Hinnant's civil_from_days.
@@ -39,7 +39,7 @@ pub(crate) fn timestamp(secs: u64) -> String {
 }
 
 /// `40s`, `1500ms`, `10m`, `0`.
-pub(crate) fn duration(d: Duration) -> String {
+pub fn duration(d: Duration) -> String {
     if d.is_zero() {
         "0".into()
     } else if d.subsec_millis() != 0 || d.as_secs() == 0 {
@@ -54,7 +54,7 @@ pub(crate) fn duration(d: Duration) -> String {
 }
 
 /// A header value as text: `3`, `"acemq.dlx"`, `2026-12-01T23:30:00Z (1796168600)`, `{...}`.
-pub(crate) fn value(v: &FieldValue) -> String {
+pub fn value(v: &FieldValue) -> String {
     if let FieldValue::Timestamp(t) = v {
         return format!("{} ({t})", timestamp(*t));
     }
@@ -94,7 +94,7 @@ fn decimal(value: u32, scale: u8) -> String {
 
 /// A header value as JSON: integers and timestamps as numbers, byte arrays
 /// in base64, decimals as strings.
-pub(crate) fn json_value(v: &FieldValue) -> Value {
+pub fn json_value(v: &FieldValue) -> Value {
     if let Some(n) = v.as_i64() {
         return json!(n);
     }
@@ -114,7 +114,7 @@ pub(crate) fn json_value(v: &FieldValue) -> Value {
 }
 
 /// A table as a JSON object (a repeated key: the first).
-pub(crate) fn json_table(t: &FieldTable) -> Value {
+pub fn json_table(t: &FieldTable) -> Value {
     let mut map = Map::new();
     for (k, v) in t.iter() {
         map.entry(k.to_string_lossy().into_owned())
@@ -124,7 +124,7 @@ pub(crate) fn json_table(t: &FieldTable) -> Value {
 }
 
 /// Standard base64 with padding.
-pub(crate) fn base64(bytes: &[u8]) -> String {
+pub fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
@@ -134,7 +134,7 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
 /// which writes the clipboard on some terminals) are shown as escapes
 /// (`\x1b`, `\u{9b}`, `\n`). A producer's bytes never reach the terminal
 /// as instructions.
-pub(crate) fn safe(text: &str) -> String {
+pub fn safe(text: &str) -> String {
     escape(text, false)
 }
 
@@ -142,7 +142,7 @@ pub(crate) fn safe(text: &str) -> String {
 /// with the characters JSON lets through raw but a terminal obeys (DEL,
 /// C1 controls, bidirectional overrides) written as `\u` escapes too:
 /// JSON output is safe on a terminal and the same to a parser.
-pub(crate) fn json(value: &Value) -> String {
+pub fn json(value: &Value) -> String {
     let text = value.to_string();
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -159,7 +159,7 @@ pub(crate) fn json(value: &Value) -> String {
 }
 
 /// [`safe`] for a body shown on lines of its own: newlines and tabs stay.
-pub(crate) fn safe_body(text: &str) -> String {
+pub fn safe_body(text: &str) -> String {
     escape(text, true)
 }
 
@@ -187,7 +187,7 @@ fn escape(text: &str, keep_lines: bool) -> String {
 }
 
 /// One set-aside message as JSON; `position` is its place in the queue (from 1).
-pub(crate) fn json_message(position: usize, m: &SetAside) -> Value {
+pub fn json_message(position: usize, m: &SetAside) -> Value {
     let text = std::str::from_utf8(&m.body).ok();
     json!({
         "position": position,
@@ -210,7 +210,7 @@ pub(crate) fn json_message(position: usize, m: &SetAside) -> Value {
 }
 
 /// Where a message first went, as `exchange "x" key "k"`, or `unknown`.
-pub(crate) fn original(m: &SetAside) -> String {
+pub fn original(m: &SetAside) -> String {
     match (&m.original_exchange, &m.original_routing_key) {
         (Some(exchange), Some(key)) => format!("exchange {exchange:?} key {key:?}"),
         (Some(exchange), None) => format!("exchange {exchange:?}, key unknown"),
@@ -220,7 +220,7 @@ pub(crate) fn original(m: &SetAside) -> String {
 }
 
 /// The first line of `text`, at most `max` characters, with `…` if cut.
-pub(crate) fn short(text: &str, max: usize) -> String {
+pub fn short(text: &str, max: usize) -> String {
     let line = text.lines().next().unwrap_or("");
     let cut = line.chars().count() > max || line.len() < text.trim_end().len();
     let mut out: String = line.chars().take(max).collect();

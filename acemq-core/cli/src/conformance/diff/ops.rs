@@ -322,7 +322,7 @@ pub enum Op {
     Flow { ch: Ch, active: bool },
     /// A publish on a connection of its own, written frame by frame with
     /// one body frame of `frame_max` plus `over` bytes of payload (see
-    /// `run::raw`), to the classic queue's name.
+    /// `raw.rs`), to the classic queue's name.
     BodyFrame { over: i16 },
 }
 
@@ -569,9 +569,12 @@ pub fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A sequence: declarations are likely early on, since most operations
-/// are only interesting once something exists.
-pub fn sequence(max_len: usize) -> impl Strategy<Value = Vec<Op>> {
+/// A sequence of up to 9 set-up operations, then 1 to `max_len` others:
+/// declarations are likely early on, since most
+/// operations are only interesting once something exists. With `raw`
+/// false it holds no [`Op::BodyFrame`] (for brokers the harness cannot
+/// write frames to by hand, see [`super::Broker::raw_frames`]).
+pub fn sequence(max_len: usize, raw: bool) -> impl Strategy<Value = Vec<Op>> {
     let setup = prop_oneof![
         2 => declare_queue(),
         2 => (ch(), x()).prop_map(|(ch, x)| Op::DeclareExchange {
@@ -586,10 +589,13 @@ pub fn sequence(max_len: usize) -> impl Strategy<Value = Vec<Op>> {
     ];
     (
         proptest::collection::vec(setup, 0..10),
-        proptest::collection::vec(op(), 1..max_len),
+        proptest::collection::vec(op(), 1..=max_len.max(1)),
     )
-        .prop_map(|(mut setup, rest)| {
+        .prop_map(move |(mut setup, rest)| {
             setup.extend(rest);
+            if !raw {
+                setup.retain(|op| !matches!(op, Op::BodyFrame { .. }));
+            }
             setup
         })
 }

@@ -7,12 +7,27 @@
 //! platform strings of `connection.start`, channel numbers (the client
 //! chooses them), and queue counts while a run converges (only the counts
 //! once it is quiet are recorded, see the runner).
+//!
+//! The same normalisation serves two RabbitMQ versions, acemq-memory
+//! against the RabbitMQ it imitates, or any two brokers: it rewrites only
+//! names and ids the broker or the harness chooses (the sequence's name
+//! prefix, generated consumer tags), a wall-clock time, the order of a
+//! table's keys, and a count that only timing decides. Reply codes, reply
+//! texts, flags, properties and the order of events on a channel are
+//! compared as they are.
 
 use std::collections::HashMap;
 
 use acemq_codec::{BasicProperties, FieldArray, FieldTable, FieldValue};
 
 use super::ops::Q;
+
+/// `text` with the sequence's name prefix (unique to the sequence and the
+/// broker, so it differs between the two runs) written `P`: a queue is
+/// `P.qc` in every transcript.
+pub fn prefix(text: &str, prefix: &str) -> String {
+    text.replace(prefix, "P")
+}
 
 /// The normaliser of one run: it numbers server-chosen names in the order
 /// they first appear, so the same run on both brokers gets the same names.

@@ -34,6 +34,7 @@ use tokio::time::{timeout, Instant};
 
 use super::normalise::{self, Normaliser};
 use super::ops::*;
+use super::{Broker, Line, Transcript};
 
 /// How long one broker reply may take before it is recorded as missing.
 const REPLY: Duration = Duration::from_secs(10);
@@ -129,12 +130,12 @@ struct Conn {
 
 /// One run of a sequence against one broker.
 pub struct Run {
-    url: String,
+    broker: Broker,
     names: Names,
     conns: Vec<Option<Conn>>,
     probe: Option<(Connection, acemq_core::amqp::Channel)>,
     norm: Normaliser,
-    lines: Vec<String>,
+    lines: Transcript,
     /// Asynchronous observations of the current operation, per channel.
     buckets: Vec<Vec<String>>,
     published: u32,
@@ -147,12 +148,12 @@ pub struct Run {
     kinds: [Option<Q>; 3],
 }
 
-/// Runs `ops` against the broker at `url`, with queue and exchange names
-/// under `prefix`, and returns the transcript. Everything is deleted again
-/// at the end.
-pub async fn run(url: &str, prefix: &str, ops: &[Op]) -> Vec<String> {
+/// Runs `ops` against `broker`, with queue and exchange names under
+/// `prefix`, and returns the transcript, in which `prefix` is written `P`
+/// (see [`normalise::prefix`]). Everything is deleted again at the end.
+pub async fn run(broker: &Broker, prefix: &str, ops: &[Op]) -> Transcript {
     let mut run = Run {
-        url: url.to_string(),
+        broker: broker.clone(),
         names: Names::new(prefix),
         conns: (0..CONNECTIONS).map(|_| None).collect(),
         probe: None,
@@ -163,7 +164,7 @@ pub async fn run(url: &str, prefix: &str, ops: &[Op]) -> Vec<String> {
         consumers: 0,
         step: 0,
         last_counts: String::new(),
-        rounds: if url.starts_with("memory://") { 1 } else { 2 },
+        rounds: if broker.url().memory { 1 } else { 2 },
         kinds: [None; 3],
     };
     for (i, op) in ops.iter().enumerate() {
@@ -173,6 +174,9 @@ pub async fn run(url: &str, prefix: &str, ops: &[Op]) -> Vec<String> {
     }
     run.step = ops.len();
     run.cleanup().await;
+    for line in &mut run.lines {
+        line.text = normalise::prefix(&line.text, prefix);
+    }
     run.lines
 }
 
@@ -272,7 +276,10 @@ fn int(i: Int) -> FieldValue {
 
 impl Run {
     fn record(&mut self, line: impl AsRef<str>) {
-        self.lines.push(format!("#{} {}", self.step, line.as_ref()));
+        self.lines.push(Line {
+            step: self.step,
+            text: line.as_ref().to_string(),
+        });
     }
 
     fn queue_arguments(&self, q: Q, args: &QueueArgs, other_type: bool) -> FieldTable {
@@ -339,7 +346,7 @@ impl Run {
             self.connection_lost(c.conn());
         }
         if self.conns[c.conn()].is_none() {
-            match timeout(REPLY, Connection::open(&self.url, Default::default())).await {
+            match timeout(REPLY, self.broker.open()).await {
                 Ok(Ok(conn)) => {
                     let events = conn.events();
                     self.conns[c.conn()] = Some(Conn {
@@ -776,7 +783,7 @@ impl Run {
             Op::BodyFrame { over } => {
                 let payload = (i64::from(super::raw::RAW_FRAME_MAX) + i64::from(over)) as usize;
                 let queue = self.names.queue(Q::Classic);
-                let answer = super::raw::publish_one_body_frame(&self.url, &queue, payload).await;
+                let answer = super::raw::publish_one_body_frame(&self.broker, &queue, payload).await;
                 self.record(format!(
                     "a body frame of frame_max{over:+} bytes to {:?} -> {answer}",
                     queue
@@ -1195,10 +1202,7 @@ impl Run {
                 }
             }
         }
-        let conn = timeout(REPLY, Connection::open(&self.url, Default::default()))
-            .await
-            .ok()?
-            .ok()?;
+        let conn = timeout(REPLY, self.broker.open()).await.ok()?.ok()?;
         let ch = timeout(REPLY, conn.channel()).await.ok()?.ok()?;
         self.probe = Some((conn, ch.clone()));
         Some(ch)

@@ -8,8 +8,10 @@ use std::time::Duration;
 use acemq_codec::*;
 use acemq_core::amqp::AmqpUrl;
 use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
+
+use super::{Broker, RawStream};
 
 /// The `frame_max` the raw connection asks for in `tune-ok`: the smallest
 /// RabbitMQ 3.10 and 4.0 take, so the bodies stay small.
@@ -18,27 +20,20 @@ pub const RAW_FRAME_MAX: u32 = 4096;
 /// How long one answer may take.
 const REPLY: Duration = Duration::from_secs(10);
 
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
 struct Raw {
-    io: Box<dyn Stream>,
+    io: RawStream,
     buf: BytesMut,
     decoder: FrameDecoder,
 }
 
 impl Raw {
-    async fn open(url: &str) -> Result<Raw, String> {
-        let parsed: AmqpUrl = url.parse().map_err(|e| format!("{e}"))?;
-        let (host, port) = parsed.hosts.first().cloned().ok_or("no host")?;
-        let io: Box<dyn Stream> = if parsed.memory {
-            Box::new(acemq_memory::Broker::named(&host).connect())
-        } else {
-            let tcp = timeout(REPLY, tokio::net::TcpStream::connect((host.as_str(), port)))
+    async fn open(broker: &Broker) -> Result<Raw, String> {
+        let io = match broker.dial_raw() {
+            Some(dial) => timeout(REPLY, dial())
                 .await
                 .map_err(|_| "connect timed out".to_string())?
-                .map_err(|e| format!("connect: {e}"))?;
-            Box::new(tcp)
+                .map_err(|e| format!("connect: {e}"))?,
+            None => return Err("this broker takes no hand-written frames".into()),
         };
         Ok(Raw {
             io,
@@ -80,15 +75,20 @@ impl Raw {
         }
     }
 
-    /// The handshake as guest, asking for [`RAW_FRAME_MAX`], and channel 1.
-    async fn handshake(&mut self) -> Result<(), String> {
+    /// The handshake with the URL's user, password and virtual host (PLAIN),
+    /// asking for [`RAW_FRAME_MAX`], and channel 1.
+    async fn handshake(&mut self, url: &AmqpUrl) -> Result<(), String> {
+        let mut response = vec![0];
+        response.extend_from_slice(url.username.as_bytes());
+        response.push(0);
+        response.extend_from_slice(url.password.expose().as_bytes());
         self.write(&PROTOCOL_HEADER).await?;
         let (_, Method::ConnectionStart(_)) = self.method().await? else {
             return Err("no connection.start".into());
         };
         let start_ok = ConnectionStartOk {
             mechanism: "PLAIN".into(),
-            response: b"\0guest\0guest".as_slice().into(),
+            response: response.as_slice().into(),
             locale: "en_US".into(),
             ..Default::default()
         };
@@ -105,7 +105,7 @@ impl Raw {
         self.send(
             0,
             ConnectionOpen {
-                virtual_host: "/".into(),
+                virtual_host: url.vhost.as_str().into(),
                 ..Default::default()
             },
         )
@@ -130,12 +130,12 @@ impl Raw {
 /// default exchange with `routing_key` in one body frame of that payload,
 /// and says what came back: the confirm (so the message is where it goes
 /// before the sequence moves on), or the close the broker sent instead.
-pub async fn publish_one_body_frame(url: &str, routing_key: &str, payload: usize) -> String {
-    let mut raw = match Raw::open(url).await {
+pub async fn publish_one_body_frame(broker: &Broker, routing_key: &str, payload: usize) -> String {
+    let mut raw = match Raw::open(broker).await {
         Ok(raw) => raw,
         Err(e) => return format!("could not connect: {e}"),
     };
-    if let Err(e) = raw.handshake().await {
+    if let Err(e) = raw.handshake(broker.url()).await {
         return format!("handshake failed: {e}");
     }
     let mut out = BytesMut::new();
