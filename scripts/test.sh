@@ -166,6 +166,24 @@ if [ "$lane1_status" != 0 ] || [ "$lane2_status" != 0 ]; then
     echo "test.sh: tests failed (first lane: $lane1_status, second lane: $lane2_status)" >&2
     exit 1
 fi
+# The conformance check, as a broker author runs it, against every RabbitMQ
+# node the run started, each expecting its own version's answers (the
+# totals line; the whole table when a check fails).
+conformance() {
+    local out
+    out="$(cargo run --quiet -p acemq-cli -- conformance check "$1" --rabbitmq-version "$2")" || {
+        printf '%s\n' "$out"
+        return 1
+    }
+    printf 'conformance check %s (%s): %s\n' "$1" "$2" "$(tail -n 1 <<<"$out")"
+}
+conformance "$ACEMQ_RABBITMQ_URL" 3.10
+conformance "$ACEMQ_RABBITMQ4_URL" 4.0
+(
+    eval "$lane2_env"
+    conformance "$ACEMQ_RABBITMQ_URL" 3.10
+    conformance "$ACEMQ_RABBITMQ4_URL" 4.0
+)
 # Another client's own integration suites (py-amqp's and kombu's, fetched
 # from PyPI into target/client-suite) against the acemq-memory server,
 # with both RabbitMQ nodes above as the control (scripts/client-suite.sh).
