@@ -160,7 +160,7 @@ fn rabbitmq_3_10_and_4_0_differ_and_the_transcript_names_the_step() {
             "{}",
             run.out
         );
-        // The rerun line: the seed, and the sequence that differed. An
+        // The rerun line: its --seed, and the sequence that differed. An
         // earlier one differs only if the nodes' timing made it (then the
         // known difference is not reached).
         let case: u32 = run
