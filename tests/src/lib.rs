@@ -32,6 +32,9 @@ pub mod deadline;
 // closes, and an in-test TCP proxy that cuts or blackholes connections.
 pub mod chaos;
 
+/// The workspace's binaries run as child processes.
+pub mod binaries;
+
 /// Recording a `Conn`'s recovery events, to wait on in tests.
 mod events;
 pub use events::RecoveryLog;

@@ -6,12 +6,11 @@
 //! every difference `check` must name, the exit codes, text that cannot
 //! drive the terminal, and a password that never appears in any output.
 
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use acemq_codec::{ExchangeDelete, FieldTable, FieldValue, QueueBind, QueueDeclare, QueueDelete, QueueUnbind};
 use acemq_core::{consume, fatal, Ack, Config, Conn, Envelope, Message, Topology};
@@ -21,8 +20,6 @@ use serde_json::Value;
 
 /// How long one run of the CLI may take.
 const RUN_LIMIT: Duration = Duration::from_secs(60);
-/// How long building a binary may take.
-const BUILD_LIMIT: Duration = Duration::from_secs(600);
 /// The password of the RabbitMQ user the CLI runs as (never printed).
 const RABBIT_PASSWORD: &str = "cli-S3cret-pw-7781";
 const RABBIT_USER: &str = "acemq-cli-test";
@@ -43,124 +40,7 @@ impl std::error::Error for Declined {}
 
 // ---- the binaries ----
 
-/// `target/<profile>/`, where this test's executable lives (in `deps/`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut dir = exe.parent().expect("the test binary's directory");
-    if dir.ends_with("deps") {
-        dir = dir.parent().expect("the profile directory");
-    }
-    dir.to_path_buf()
-}
-
-/// Whether `path`, or a file under it, was modified after `time`.
-fn newer_than(path: &Path, time: std::time::SystemTime) -> bool {
-    let Ok(meta) = path.metadata() else { return false };
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .map(|entries| entries.flatten().any(|e| newer_than(&e.path(), time)))
-            .unwrap_or(false)
-    } else {
-        meta.modified().is_ok_and(|m| m > time)
-    }
-}
-
-/// The binary `name` beside this test's own, built there first (`cargo
-/// build <args>`) when it is missing or older than one of `sources`:
-/// `cargo test` does not build another package's binary.
-fn binary(name: &str, sources: &[&str], args: &[&str]) -> PathBuf {
-    let profile = profile_dir();
-    let binary = profile.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let stale = match binary.metadata().and_then(|m| m.modified()) {
-        Ok(built) => sources.iter().any(|s| newer_than(&root.join(s), built)),
-        Err(_) => true,
-    };
-    if stale {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .arg("build")
-            .arg("--quiet")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", profile.parent().expect("the target directory"));
-        if profile.ends_with("release") {
-            build.arg("--release");
-        }
-        let mut child = build.spawn().expect("cargo starts");
-        let status = wait_for(&mut child, BUILD_LIMIT, &format!("cargo build of {name}"));
-        assert!(status.success(), "building {name} failed: {status}");
-    }
-    assert!(binary.exists(), "no binary at {}", binary.display());
-    binary
-}
-
-fn acemq_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        binary(
-            "acemq",
-            &[
-                "acemq-core/cli/src",
-                "acemq-core/cli/Cargo.toml",
-                "acemq-core/src",
-                "acemq-core/Cargo.toml",
-                "amqp-codec/src",
-                "amqp-codec/Cargo.toml",
-            ],
-            &["-p", "acemq-cli", "--bin", "acemq"],
-        )
-    })
-}
-
-fn server_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        binary(
-            "acemq-memory",
-            &[
-                "acemq-memory/src",
-                "acemq-memory/Cargo.toml",
-                "amqp-codec/src",
-                "amqp-codec/Cargo.toml",
-            ],
-            &["-p", "acemq-memory", "--bin", "acemq-memory"],
-        )
-    })
-}
-
-/// Waits for `child` to exit, killing it and failing after `limit`.
-fn wait_for(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Everything `pipe` says, collected by a thread.
-fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
-    let text = Arc::new(Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    (text, reader)
-}
+use acemq_tests::binaries::{acemq as acemq_binary, acemq_memory as server_binary, drain, wait_for};
 
 /// A running `acemq-memory` server; killed when dropped.
 struct Server {
@@ -406,7 +286,7 @@ async fn acemq_io(url: Option<&str>, args: &[&str], input: Option<Vec<u8>>) -> R
 
 /// Runs `scenario` on every target, each on a runtime of its own, under the
 /// test deadline. The binaries are built first, outside it (within
-/// [`BUILD_LIMIT`]).
+/// `acemq_tests::binaries`' own limit).
 fn on_every_target<F, Fut>(scenario: F)
 where
     F: Fn(Target) -> Fut,

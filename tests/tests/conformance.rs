@@ -8,12 +8,9 @@
 //! line.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use acemq_codec::{Frame, FrameDecoder, Method};
 use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
@@ -25,100 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// How long one run of the whole catalogue may take.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
-/// How long building the binary may take.
-const BUILD_LIMIT: Duration = Duration::from_secs(600);
 
 // ---- the binary ----
 
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut dir = exe.parent().expect("the test binary's directory");
-    if dir.ends_with("deps") {
-        dir = dir.parent().expect("the profile directory");
-    }
-    dir.to_path_buf()
-}
-
-fn newer_than(path: &Path, time: std::time::SystemTime) -> bool {
-    let Ok(meta) = path.metadata() else { return false };
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .map(|entries| entries.flatten().any(|e| newer_than(&e.path(), time)))
-            .unwrap_or(false)
-    } else {
-        meta.modified().is_ok_and(|m| m > time)
-    }
-}
-
-/// The `acemq` binary beside this test's own, built first when missing or
-/// older than its sources (`cargo test` does not build another package's
-/// binary).
-fn acemq_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let profile = profile_dir();
-        let binary = profile.join(format!("acemq{}", std::env::consts::EXE_SUFFIX));
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let sources = [
-            "acemq-core/cli/src",
-            "acemq-core/cli/Cargo.toml",
-            "acemq-core/src",
-            "acemq-core/Cargo.toml",
-            "amqp-codec/src",
-            "amqp-codec/Cargo.toml",
-        ];
-        let stale = match binary.metadata().and_then(|m| m.modified()) {
-            Ok(built) => sources.iter().any(|s| newer_than(&root.join(s), built)),
-            Err(_) => true,
-        };
-        if stale {
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut build = Command::new(cargo);
-            build
-                .args(["build", "--quiet", "-p", "acemq-cli", "--bin", "acemq"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .env("CARGO_TARGET_DIR", profile.parent().expect("the target directory"));
-            if profile.ends_with("release") {
-                build.arg("--release");
-            }
-            let mut child = build.spawn().expect("cargo starts");
-            let status = wait_for(&mut child, BUILD_LIMIT, "cargo build of acemq");
-            assert!(status.success(), "building acemq failed: {status}");
-        }
-        assert!(binary.exists(), "no binary at {}", binary.display());
-        binary
-    })
-}
-
-fn wait_for(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
-    let text = Arc::new(Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    (text, reader)
-}
+use acemq_tests::binaries::{acemq as acemq_binary, drain, wait_for};
 
 /// One run of the CLI.
 struct Run {

@@ -6,9 +6,8 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_codec::{BasicProperties, QueueDeclare};
@@ -23,88 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 const START_LIMIT: Duration = Duration::from_secs(30);
 const EXIT_LIMIT: Duration = Duration::from_secs(10);
 
-/// The `acemq-memory` binary beside this test's own (`target/<profile>/`),
-/// built there first when it is missing or older than its sources.
-fn server_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let mut profile_dir = exe.parent().expect("the test binary's directory");
-        if profile_dir.ends_with("deps") {
-            profile_dir = profile_dir.parent().expect("the profile directory");
-        }
-        let binary = profile_dir.join(format!("acemq-memory{}", std::env::consts::EXE_SUFFIX));
-        if is_stale(&binary) {
-            build_server(profile_dir);
-        }
-        assert!(binary.exists(), "no server binary at {}", binary.display());
-        binary
-    })
-}
-
-/// Whether `binary` is missing or older than a source of it (after
-/// `cargo test -p acemq-tests`, which does not build it, it may be).
-fn is_stale(binary: &Path) -> bool {
-    let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
-        return true;
-    };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    [
-        "acemq-memory/src",
-        "acemq-memory/Cargo.toml",
-        "amqp-codec/src",
-        "amqp-codec/Cargo.toml",
-    ]
-    .iter()
-    .any(|source| newer_than(&root.join(source), built))
-}
-
-/// Whether `path`, or a file under it, was modified after `time`.
-fn newer_than(path: &Path, time: std::time::SystemTime) -> bool {
-    let Ok(meta) = path.metadata() else { return false };
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .map(|entries| entries.flatten().any(|e| newer_than(&e.path(), time)))
-            .unwrap_or(false)
-    } else {
-        meta.modified().is_ok_and(|m| m > time)
-    }
-}
-
-/// `cargo build -p acemq-memory --bin acemq-memory` into the target directory
-/// `profile_dir` belongs to (what `cargo test --workspace --all-targets`
-/// builds anyway; `cargo test -p acemq-tests` does not).
-fn build_server(profile_dir: &Path) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let target_dir = profile_dir.parent().expect("the target directory");
-    let mut build = Command::new(cargo);
-    build
-        .args(["build", "--quiet", "-p", "acemq-memory", "--bin", "acemq-memory"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("CARGO_TARGET_DIR", target_dir);
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let mut child = build.spawn().expect("cargo starts");
-    let status = wait_blocking(&mut child, Duration::from_secs(170), "cargo build of acemq-memory");
-    assert!(status.success(), "building acemq-memory failed: {status}");
-}
-
-/// Waits for `child` to exit, killing it and failing after `limit`.
-fn wait_blocking(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use acemq_tests::binaries::{acemq_memory as server_binary, wait_for as wait_blocking};
 
 /// A running `acemq-memory` child process; killed if the test fails first.
 struct Server {
