@@ -39,6 +39,16 @@ cd "$(dirname "$0")/.."
 # The second lane's suites (tests/tests/NAME.rs).
 LANE2="blocked cancelled chaos_harness differential failover hops model recovery recovery_load scheduler stalled"
 
+# Runs a command for the second pair of nodes: the instance, and none of
+# the variables that pin the first pair's (ports, names, directories).
+lane2() {
+    env -u ACEMQ_RABBITMQ_PORT -u ACEMQ_RABBITMQ_TLS_PORT -u ACEMQ_RABBITMQ_DIST_PORT \
+        -u ACEMQ_RABBITMQ_NODENAME -u ACEMQ_RABBITMQ_DIR \
+        -u ACEMQ_RABBITMQ4_PORT -u ACEMQ_RABBITMQ4_TLS_PORT -u ACEMQ_RABBITMQ4_DIST_PORT \
+        -u ACEMQ_RABBITMQ4_NODENAME -u ACEMQ_RABBITMQ4_DIR \
+        ACEMQ_RABBITMQ_INSTANCE=1 "$@"
+}
+
 started_here=0
 started4_here=0
 lane2_here=0
@@ -50,8 +60,8 @@ stop_node() {
     if [ "$postgres_here" = 1 ]; then scripts/postgres.sh stop || true; fi
     if [ "$cluster_here" = 1 ]; then scripts/rabbitmq.sh cluster stop || true; fi
     if [ "$lane2_here" = 1 ]; then
-        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 stop || true
-        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh stop || true
+        lane2 scripts/rabbitmq.sh 4.0 stop || true
+        lane2 scripts/rabbitmq.sh stop || true
     fi
     if [ "$started4_here" = 1 ]; then scripts/rabbitmq.sh 4.0 stop || true; fi
     if [ "$started_here" = 1 ]; then scripts/rabbitmq.sh stop || true; fi
@@ -73,11 +83,10 @@ if ! scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
     started4_here=1
 fi
 # The second lane's pair of nodes, the same two versions.
-if ! ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh status >/dev/null 2>&1 \
-    || ! ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
+if ! lane2 scripts/rabbitmq.sh status >/dev/null 2>&1 || ! lane2 scripts/rabbitmq.sh 4.0 status >/dev/null 2>&1; then
     lane2_here=1
-    ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh start
-    ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 start
+    lane2 scripts/rabbitmq.sh start
+    lane2 scripts/rabbitmq.sh 4.0 start
 fi
 # A private three-node cluster for the failover test (tests/tests/failover.rs).
 if ! scripts/rabbitmq.sh cluster status >/dev/null 2>&1; then
@@ -100,10 +109,14 @@ eval "$(scripts/rabbitmq.sh cluster env | sed 's/^/export /')"
 eval "$(scripts/postgres.sh env | sed 's/^/export /')"
 
 # The second lane's environment: its nodes (and the cluster).
+# (The first pair's variables, exported above, are cleared first: they
+# would pin the second pair's commands to the first pair's nodes.)
 lane2_env="$(
+    echo "unset ACEMQ_RABBITMQ_PORT ACEMQ_RABBITMQ_TLS_PORT ACEMQ_RABBITMQ_DIST_PORT ACEMQ_RABBITMQ_NODENAME ACEMQ_RABBITMQ_DIR"
+    echo "unset ACEMQ_RABBITMQ4_PORT ACEMQ_RABBITMQ4_TLS_PORT ACEMQ_RABBITMQ4_DIST_PORT ACEMQ_RABBITMQ4_NODENAME ACEMQ_RABBITMQ4_DIR"
     {
-        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh env
-        ACEMQ_RABBITMQ_INSTANCE=1 scripts/rabbitmq.sh 4.0 env
+        lane2 scripts/rabbitmq.sh env
+        lane2 scripts/rabbitmq.sh 4.0 env
     } | sed 's/^/export /'
 )"
 
