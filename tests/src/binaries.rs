@@ -5,7 +5,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -135,4 +135,88 @@ pub fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, std::
         }
     });
     (text, reader)
+}
+
+/// One run of the `acemq` binary: its arguments, exit code and output.
+pub struct Run {
+    /// The command line after `acemq`.
+    pub args: Vec<String>,
+    /// The exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "acemq {:?} exited {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.args, self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Run {
+    /// Fails the test unless it exited with `code`.
+    pub fn assert_code(&self, code: i32) -> &Run {
+        assert_eq!(self.code, Some(code), "{self:?}");
+        self
+    }
+
+    /// Its stdout as one JSON document (failing the test if it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+/// Runs `acemq ARGS` with `AMQP_URL` = `url` (unset when `None`) and
+/// `AMQP_CA_FILE` unset, `input` on its stdin (closed when `None`), failing
+/// the test after `limit`.
+pub async fn run_acemq(url: Option<&str>, args: &[&str], input: Option<Vec<u8>>, limit: Duration) -> Run {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let url = url.map(str::to_string);
+    let label = format!("acemq {}", args.join(" "));
+    crate::step(
+        label,
+        tokio::task::spawn_blocking(move || {
+            let mut command = Command::new(acemq());
+            command
+                .args(&args)
+                .env_remove("AMQP_URL")
+                .env_remove("AMQP_CA_FILE")
+                .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(url) = &url {
+                command.env("AMQP_URL", url);
+            }
+            let mut child = command.spawn().expect("acemq starts");
+            if let Some(input) = input {
+                let mut stdin = child.stdin.take().expect("a piped stdin");
+                // A writer of its own: a CLI that does not read must not
+                // block the test past its limit.
+                std::thread::spawn(move || {
+                    use std::io::Write;
+                    let _ = stdin.write_all(&input);
+                });
+            }
+            let (stdout, out_reader) = drain(child.stdout.take().expect("a piped stdout"));
+            let (stderr, err_reader) = drain(child.stderr.take().expect("a piped stderr"));
+            let status = wait_for(&mut child, limit, &format!("acemq {args:?}"));
+            let _ = out_reader.join();
+            let _ = err_reader.join();
+            let text = |t: Arc<Mutex<String>>| t.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            Run {
+                args,
+                code: status.code(),
+                stdout: text(stdout),
+                stderr: text(stderr),
+            }
+        }),
+    )
+    .await
+    .expect("the CLI's runner does not panic")
 }

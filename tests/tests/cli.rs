@@ -40,7 +40,7 @@ impl std::error::Error for Declined {}
 
 // ---- the binaries ----
 
-use acemq_tests::binaries::{acemq as acemq_binary, acemq_memory as server_binary, drain, wait_for};
+use acemq_tests::binaries::{acemq as acemq_binary, acemq_memory as server_binary, drain, run_acemq, wait_for, Run};
 
 /// A running `acemq-memory` server; killed when dropped.
 struct Server {
@@ -201,35 +201,6 @@ impl Target {
     }
 }
 
-/// One run of the CLI.
-struct Run {
-    args: Vec<String>,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "acemq {:?} exited {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.args, self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-impl Run {
-    fn assert_code(&self, code: i32) -> &Run {
-        assert_eq!(self.code, Some(code), "{self:?}");
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
-    }
-}
-
 /// Runs the CLI with `AMQP_URL` = `url` (unset when `None`), stdin closed,
 /// within [`RUN_LIMIT`].
 async fn acemq_with(url: Option<&str>, args: &[&str]) -> Run {
@@ -238,50 +209,7 @@ async fn acemq_with(url: Option<&str>, args: &[&str]) -> Run {
 
 /// [`acemq_with`], with `input` on stdin (closed when `None`).
 async fn acemq_io(url: Option<&str>, args: &[&str], input: Option<Vec<u8>>) -> Run {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let url = url.map(str::to_string);
-    let label = format!("acemq {}", args.join(" "));
-    step(
-        label,
-        tokio::task::spawn_blocking(move || {
-            let mut command = Command::new(acemq_binary());
-            command
-                .args(&args)
-                .env_remove("AMQP_URL")
-                .env_remove("AMQP_CA_FILE")
-                .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if let Some(url) = &url {
-                command.env("AMQP_URL", url);
-            }
-            let mut child = command.spawn().expect("acemq starts");
-            if let Some(input) = input {
-                let mut stdin = child.stdin.take().unwrap();
-                // A writer of its own: a CLI that does not read must not
-                // block the test past its limit.
-                std::thread::spawn(move || {
-                    use std::io::Write;
-                    let _ = stdin.write_all(&input);
-                });
-            }
-            let (stdout, out_reader) = drain(child.stdout.take().unwrap());
-            let (stderr, err_reader) = drain(child.stderr.take().unwrap());
-            let status = wait_for(&mut child, RUN_LIMIT, &format!("acemq {args:?}"));
-            let _ = out_reader.join();
-            let _ = err_reader.join();
-            let stdout = stdout.lock().unwrap().clone();
-            let stderr = stderr.lock().unwrap().clone();
-            Run {
-                args,
-                code: status.code(),
-                stdout,
-                stderr,
-            }
-        }),
-    )
-    .await
-    .unwrap()
+    run_acemq(url, args, input, RUN_LIMIT).await
 }
 
 /// Runs `scenario` on every target, each on a runtime of its own, under the

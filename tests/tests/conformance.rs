@@ -9,12 +9,12 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+
 use std::time::Duration;
 
 use acemq_codec::{Frame, FrameDecoder, Method};
 use acemq_memory::{Broker, BrokerConfig, RabbitMqVersion};
-use acemq_tests::{brokers, step, RabbitVersion};
+use acemq_tests::{brokers, RabbitVersion};
 use bytes::BytesMut;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,64 +25,11 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 // ---- the binary ----
 
-use acemq_tests::binaries::{acemq as acemq_binary, drain, wait_for};
-
-/// One run of the CLI.
-struct Run {
-    args: Vec<String>,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "acemq {:?} exited {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.args, self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
-    }
-}
+use acemq_tests::binaries::{acemq as acemq_binary, run_acemq, Run};
 
 /// `acemq ARGS`, with `AMQP_URL` unset, within [`RUN_LIMIT`].
 async fn acemq(args: &[&str]) -> Run {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let label = format!("acemq {}", args.join(" "));
-    step(
-        label,
-        tokio::task::spawn_blocking(move || {
-            let mut child = Command::new(acemq_binary())
-                .args(&args)
-                .env_remove("AMQP_URL")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("acemq starts");
-            let (stdout, out_reader) = drain(child.stdout.take().unwrap());
-            let (stderr, err_reader) = drain(child.stderr.take().unwrap());
-            let status = wait_for(&mut child, RUN_LIMIT, &format!("acemq {args:?}"));
-            let _ = out_reader.join();
-            let _ = err_reader.join();
-            let stdout = stdout.lock().unwrap().clone();
-            let stderr = stderr.lock().unwrap().clone();
-            Run {
-                args,
-                code: status.code(),
-                stdout,
-                stderr,
-            }
-        }),
-    )
-    .await
-    .unwrap()
+    run_acemq(None, args, None, RUN_LIMIT).await
 }
 
 /// The failed checks of a JSON report: `id: expected …, got …`.
