@@ -376,6 +376,39 @@ async fn back_up(addr: &str, action: impl std::future::Future<Output = String>) 
 /// Closes every client connection of the node of `version` from the
 /// broker's side (`rabbitmqctl close_all_connections --global`): each gets
 /// `connection.close` 320 CONNECTION_FORCED with `reason` in its text.
+/// Closes (320, with `reason`) the connections whose `rabbitmqctl
+/// list_connections pid COLUMN` line `pick` accepts, once at least `count`
+/// are listed: RabbitMQ lists a connection a moment after it opens, and one
+/// not yet listed would stay open. Fails the test after 15 s.
+pub async fn close_when_listed(
+    version: RabbitVersion,
+    column: &str,
+    count: usize,
+    reason: &str,
+    pick: impl Fn(&str) -> bool,
+) {
+    let until = Instant::now() + Duration::from_secs(15);
+    let pids = loop {
+        let listing = ctl(version, &["list_connections", "pid", column]).await;
+        let pids: Vec<String> = listing
+            .lines()
+            .filter(|line| pick(line))
+            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+            .collect();
+        if pids.len() >= count {
+            break pids;
+        }
+        assert!(
+            Instant::now() < until,
+            "fewer than {count} connections listed after 15 s:\n{listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for pid in &pids {
+        ctl(version, &["close_connection", pid, reason]).await;
+    }
+}
+
 pub async fn close_all_connections(version: RabbitVersion, reason: &str) {
     ctl(version, &["close_all_connections", "--global", reason]).await;
 }

@@ -558,19 +558,12 @@ async fn close_both(b: &Broker, name: &str) {
         return;
     }
     let wanted = [format!("{name}-publish"), format!("{name}-consume")];
-    let until = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let listing = b.rabbitmqctl(&["list_connections", "client_properties"]);
-        if wanted.iter().all(|w| listing.contains(w.as_str())) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{name}'s connections not listed:\n{listing}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for w in &wanted {
-        b.force_close(w);
-    }
+    acemq_tests::chaos::close_when_listed(
+        b.rabbit(),
+        "client_properties",
+        2,
+        "closed by the acemq raw suite",
+        |line| wanted.iter().any(|w| line.contains(w.as_str())),
+    )
+    .await;
 }

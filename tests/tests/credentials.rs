@@ -101,31 +101,11 @@ impl TestUser {
         match (&self.memory, self.rabbit) {
             (Some(memory), _) => memory.faults().close_all("closed by the acemq credentials suite"),
             (None, Some(version)) => {
-                let until = Instant::now() + Duration::from_secs(15);
-                let pids = loop {
-                    let listing = chaos::ctl(version, &["list_connections", "pid", "user"]).await;
-                    let pids: Vec<String> = listing
-                        .lines()
-                        .filter(|l| l.split_whitespace().nth(1) == Some(self.name.as_str()))
-                        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-                        .collect();
-                    if pids.len() >= 2 {
-                        break pids;
-                    }
-                    assert!(
-                        Instant::now() < until,
-                        "fewer than two connections of {} after 15 s:\n{listing}",
-                        self.name
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                };
-                for pid in &pids {
-                    chaos::ctl(
-                        version,
-                        &["close_connection", pid, "closed by the acemq credentials suite"],
-                    )
-                    .await;
-                }
+                let name = self.name.as_str();
+                chaos::close_when_listed(version, "user", 2, "closed by the acemq credentials suite", |line| {
+                    line.split_whitespace().nth(1) == Some(name)
+                })
+                .await;
             }
             _ => unreachable!("a user is on one broker"),
         }
